@@ -1,0 +1,5 @@
+import sys
+
+from calmon.cli import main
+
+sys.exit(main())

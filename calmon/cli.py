@@ -1,0 +1,78 @@
+"""``calmon`` command line: each subcommand calls one function elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from calmon import config as config_mod
+from calmon.errors import CalmonError, ConfigError
+
+EXIT_CONFIG = 2
+
+
+def _load_config(path: str | None) -> config_mod.Config:
+    return config_mod.load(path)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    cfg = _load_config(args.config)
+    sys.stdout.write(config_mod.dump(cfg))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from calmon import replay
+
+    cfg = _load_config(args.config)
+    for p in (args.predictions, args.labels):
+        if not Path(p).is_file():
+            print(f"calmon replay: no such file: {p}", file=sys.stderr)
+            return EXIT_CONFIG
+    view = replay.replay(cfg, Path(args.predictions), Path(args.labels))
+    if args.json:
+        json.dump(replay.to_json(view), sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        replay.print_table(view, sys.stdout)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="calmon", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(sp: argparse.ArgumentParser, default: str | None = None) -> None:
+        sp.add_argument("-c", "--config", default=default,
+                        help="config.yaml (default: %(default)s)")
+
+    sp = sub.add_parser("check-config", help="validate a config and print the effective one")
+    with_config(sp, "config.yaml")
+    sp.set_defaults(func=cmd_check_config)
+
+    sp = sub.add_parser("replay", help="run the engine over JSONL files, no Kafka")
+    sp.add_argument("--predictions", required=True, help="predictions, one JSON record a line")
+    sp.add_argument("--labels", required=True, help="labels, one JSON record a line")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    with_config(sp)
+    sp.set_defaults(func=cmd_replay)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as e:
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_CONFIG
+    except CalmonError as e:
+        print(f"calmon: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

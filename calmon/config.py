@@ -1,0 +1,473 @@
+"""config.yaml -> a frozen, typed Config, validated once at start.
+
+Every problem is reported, not just the first, as ``path.to.key: what is wrong``
+(unknown keys included, so typos are caught). ``${VAR}`` and ``${VAR:-default}``
+in the raw text are expanded from the environment before parsing, so one file
+serves every replica of a StatefulSet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from calmon.errors import ConfigError
+
+# ---------------------------------------------------------------- value kinds
+
+
+@dataclass(frozen=True)
+class Range:
+    """Annotated marker: numeric bounds (inclusive unless ``open_*``)."""
+
+    lo: float | None = None
+    hi: float | None = None
+    open_lo: bool = False
+    open_hi: bool = False
+
+    def check(self, v: float) -> str | None:
+        if self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo):
+            return f"must be {'>' if self.open_lo else '>='} {self.lo:g}"
+        if self.hi is not None and (v >= self.hi if self.open_hi else v > self.hi):
+            return f"must be {'<' if self.open_hi else '<='} {self.hi:g}"
+        return None
+
+
+class _DurationMarker:
+    """Annotated marker: a duration string (``500ms``, ``30s``, ``15m``, ``24h``, ``7d``)."""
+
+
+DURATION = _DurationMarker()
+Duration = Annotated[float, DURATION]  # seconds, > 0
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """``'15m'`` -> 900.0. Raises ValueError when the text is not a positive duration."""
+    m = _DURATION_RE.match(text)
+    if not m:
+        raise ValueError(f"expected a duration like 500ms, 30s, 15m, 24h or 7d, got {text!r}")
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"must be a positive duration, got {text!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact spelling: 86400 -> '1d', 5400 -> '90m', 0.5 -> '500ms'."""
+    for unit in ("d", "h", "m", "s"):
+        n = seconds / _UNITS[unit]
+        if n >= 1 and float(n).is_integer():
+            return f"{int(n)}{unit}"
+    return f"{seconds * 1000:g}ms"
+
+
+# ---------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class Instance:
+    index: Annotated[int, Range(0)]
+    count: Annotated[int, Range(1)]
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap_servers: tuple[str, ...] = ("localhost:9092",)
+    group_id: str = "calmon"
+    predictions_topic: str = "predictions"
+    labels_topic: str = "labels"
+    dead_letter_topic: str | None = None
+    calibrators_topic: str | None = None
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    max_record_bytes: Annotated[int, Range(1)] = 1_048_576
+    instance: Instance | None = None
+    client: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FieldsConfig:
+    """Dotted paths to each field inside a record."""
+
+    id: str = "id"
+    model: str = "model"
+    ts: str = "ts"
+    segment: str = "segment"
+    label: str = "label"
+    prob: str = "prob"
+    logit: str = "logit"
+    probs: str = "probs"
+    logits: str = "logits"
+
+
+@dataclass(frozen=True)
+class MissingLabel:
+    value: Annotated[int, Range(0)]
+    after: Duration
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    ttl: Duration = 7 * 86400.0
+    label_ttl: Duration = 3600.0
+    max_pending: Annotated[int, Range(1)] = 1_000_000
+    missing_label: MissingLabel | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One sliding window: its name as configured (the ``window`` label) and length."""
+
+    name: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    bins: Annotated[int, Range(1, 1000)] = 15
+    fine_bins: Annotated[int, Range(1, 100_000)] = 1000
+    windows: tuple[Window, ...] = (
+        Window("1h", 3600.0),
+        Window("24h", 86400.0),
+        Window("7d", 604800.0),
+    )
+    classwise: bool = False
+
+
+@dataclass(frozen=True)
+class SegmentsConfig:
+    slices: tuple[tuple[str, ...], ...] = (("country",), ("device",))
+    max_values: Annotated[int, Range(1)] = 50
+
+
+@dataclass(frozen=True)
+class Triggers:
+    ece_above: Annotated[float, Range(0, 1)] | None = 0.05
+    ece_increase: Annotated[float, Range(0, 1)] | None = 0.02
+    observed_over_expected: tuple[float, float] | None = (0.9, 1.1)
+
+
+@dataclass(frozen=True)
+class RecalibrationConfig:
+    enabled: bool = True
+    interval: Duration = 300.0
+    method: Literal["temperature", "platt", "isotonic", "histogram", "auto"] = "temperature"
+    per_segment: bool = False
+    min_samples: Annotated[int, Range(1)] = 2000
+    buffer: Annotated[int, Range(10)] = 50_000
+    holdout_fraction: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.3
+    cooldown: Duration = 3600.0
+    alpha: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.01
+    window: str = "24h"
+    triggers: Triggers = field(default_factory=Triggers)
+    output_dir: str = "./calibrators"
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    webhook: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "0.0.0.0"
+    port: Annotated[int, Range(0, 65535)] = 9108
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    dir: str = "./state"
+    checkpoint_interval: Duration = 10.0
+    on_corrupt: Literal["fail", "reset"] = "fail"
+
+
+@dataclass(frozen=True)
+class Config:
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    fields: FieldsConfig = field(default_factory=FieldsConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    segments: SegmentsConfig = field(default_factory=SegmentsConfig)
+    recalibration: RecalibrationConfig = field(default_factory=RecalibrationConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+
+    def window(self, name: str) -> Window:
+        """The configured window called ``name``. Raises KeyError when there is none."""
+        for w in self.metrics.windows:
+            if w.name == name:
+                return w
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------- loading
+
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(data: Any, env: Mapping[str, str], path: str, errors: list[str]) -> Any:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` in string values (never in comments).
+
+    A value that is one whole reference is re-read as a YAML scalar, so
+    ``index: ${POD_INDEX}`` gives an integer. An unset VAR without a default is an
+    error, never an empty string.
+    """
+    if isinstance(data, dict):
+        return {k: expand_env(v, env, _join(path, str(k)), errors) for k, v in data.items()}
+    if isinstance(data, list):
+        return [expand_env(v, env, f"{path}[{i}]", errors) for i, v in enumerate(data)]
+    if not isinstance(data, str) or "${" not in data:
+        return data
+
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if env.get(name):
+            return env[name]
+        if default is not None:
+            return default
+        errors.append(f"{path or '(top)'}: environment variable {name} is not set")
+        return ""
+
+    out = _ENV_RE.sub(sub, data)
+    if _ENV_RE.fullmatch(data.strip()):
+        try:
+            return yaml.safe_load(out) if out.strip() else out
+        except yaml.YAMLError:
+            return out
+    return out
+
+
+def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a config file; ``None`` gives the defaults.
+
+    Raises ConfigError listing every problem when the file is unreadable or invalid.
+    """
+    if path is None:
+        return Config()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read ({e.strerror})"]) from None
+    return loads(text, env)
+
+
+def loads(text: str, env: Mapping[str, str] | None = None) -> Config:
+    """Validate YAML text. Raises ConfigError listing every problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"(file): not valid YAML: {e}"]) from None
+    return from_dict({} if data is None else data, env)
+
+
+def from_dict(data: Any, env: Mapping[str, str] | None = None) -> Config:
+    """Validate an already-parsed mapping. Raises ConfigError listing every problem."""
+    errors: list[str] = []
+    data = expand_env(data, os.environ if env is None else env, "", errors)
+    cfg = _convert(data, Config, "", errors)
+    if not errors:
+        _cross_checks(cfg, errors)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def _cross_checks(cfg: Config, errors: list[str]) -> None:
+    inst = cfg.kafka.instance
+    if inst is not None and inst.index >= inst.count:
+        errors.append(f"kafka.instance.index: must be below count ({inst.count}), got {inst.index}")
+    if cfg.metrics.fine_bins < cfg.metrics.bins:
+        errors.append("metrics.fine_bins: must be at least metrics.bins")
+    names = [w.name for w in cfg.metrics.windows]
+    if len(set(names)) != len(names):
+        errors.append("metrics.windows: windows must be distinct")
+    if cfg.recalibration.window not in names:
+        errors.append(f"recalibration.window: must be one of metrics.windows {names}, "
+                      f"got {cfg.recalibration.window!r}")
+    band = cfg.recalibration.triggers.observed_over_expected
+    if band is not None and not (0 < band[0] < band[1]):
+        errors.append("recalibration.triggers.observed_over_expected: need 0 < low < high")
+    ml = cfg.join.missing_label
+    if ml is not None and ml.after > cfg.join.ttl:
+        errors.append("join.missing_label.after: must not exceed join.ttl")
+    if cfg.kafka.predictions_topic == cfg.kafka.labels_topic:
+        errors.append("kafka.labels_topic: must differ from kafka.predictions_topic")
+
+
+def _describe(v: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string",
+            list: "list", dict: "mapping", type(None): "null"}.get(type(v), type(v).__name__)
+    return f"{kind} {v!r}" if not isinstance(v, dict | list) else kind
+
+
+def _convert(v: Any, tp: Any, path: str, errors: list[str]) -> Any:
+    """Turn parsed YAML into ``tp``; on a problem append to ``errors`` and return None."""
+    here = path or "(top)"
+    origin = get_origin(tp)
+    if origin is Annotated:
+        base, *marks = get_args(tp)
+        if DURATION in marks:
+            if not isinstance(v, str):
+                errors.append(f"{here}: expected a duration like 30s, 15m, 24h, got {_describe(v)}")
+                return None
+            try:
+                return parse_duration(v)
+            except ValueError as e:
+                errors.append(f"{here}: {e}")
+                return None
+        out = _convert(v, base, path, errors)
+        for m in marks:
+            if isinstance(m, Range) and isinstance(out, int | float):
+                problem = m.check(out)
+                if problem:
+                    errors.append(f"{here}: {problem}, got {out!r}")
+                    return None
+        return out
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if v is None:
+            return None
+        return _convert(v, args[0], path, errors)
+    if origin is Literal:
+        allowed = get_args(tp)
+        if v not in allowed:
+            choices = ", ".join(map(str, allowed))
+            errors.append(f"{here}: must be one of {choices}, got {_describe(v)}")
+            return None
+        return v
+    if tp is Window:
+        return _convert_window(v, here, errors)
+    if dataclasses.is_dataclass(tp):
+        return _convert_dataclass(v, tp, path, errors)
+    if tp is bool:
+        if not isinstance(v, bool):
+            errors.append(f"{here}: expected true or false, got {_describe(v)}")
+            return None
+        return v
+    if tp is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            errors.append(f"{here}: expected an integer, got {_describe(v)}")
+            return None
+        return v
+    if tp is float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            errors.append(f"{here}: expected a number, got {_describe(v)}")
+            return None
+        return float(v)
+    if tp is str:
+        if not isinstance(v, str) or not v:
+            errors.append(f"{here}: expected a non-empty string, got {_describe(v)}")
+            return None
+        return v
+    if origin is tuple:
+        return _convert_tuple(v, tp, path, errors)
+    if origin is Mapping or tp is Mapping:
+        if not isinstance(v, dict):
+            errors.append(f"{here}: expected a mapping, got {_describe(v)}")
+            return None
+        return types.MappingProxyType(dict(v))
+    raise TypeError(f"config type {tp!r} at {here} is not handled")  # a bug, not bad input
+
+
+def _convert_tuple(v: Any, tp: Any, path: str, errors: list[str]) -> Any:
+    args = get_args(tp)
+    here = path or "(top)"
+    if args == (str, ...) and isinstance(v, str):  # bootstrap_servers: "a:9092,b:9092"
+        v = [s.strip() for s in v.split(",") if s.strip()]
+    if not isinstance(v, list):
+        errors.append(f"{here}: expected a list, got {_describe(v)}")
+        return None
+    if len(args) == 2 and args[1] is Ellipsis:
+        if not v:
+            errors.append(f"{here}: must not be empty")
+            return None
+        n = len(errors)
+        out = tuple(_convert(x, args[0], f"{path}[{i}]", errors) for i, x in enumerate(v))
+        return out if len(errors) == n else None
+    if len(v) != len(args):
+        errors.append(f"{here}: expected a list of {len(args)} values, got {len(v)}")
+        return None
+    n = len(errors)
+    out = tuple(_convert(x, a, f"{path}[{i}]", errors) for i, (x, a) in enumerate(zip(v, args)))
+    return out if len(errors) == n else None
+
+
+def _convert_window(v: Any, here: str, errors: list[str]) -> Window | None:
+    if not isinstance(v, str):
+        errors.append(f"{here}: expected a duration like 1h, got {_describe(v)}")
+        return None
+    try:
+        return Window(v.strip(), parse_duration(v))
+    except ValueError as e:
+        errors.append(f"{here}: {e}")
+        return None
+
+
+def _convert_dataclass(v: Any, tp: Any, path: str, errors: list[str]) -> Any:
+    here = path or "(top)"
+    if not isinstance(v, dict):
+        errors.append(f"{here}: expected a mapping, got {_describe(v)}")
+        return None
+    hints = typing.get_type_hints(tp, include_extras=True)
+    names = [f.name for f in dataclasses.fields(tp)]
+    for key in v:
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            errors.append(f"{_join(path, str(key))}: unknown key{hint}")
+    kwargs: dict[str, Any] = {}
+    n = len(errors)
+    for f in dataclasses.fields(tp):
+        if f.name not in v:
+            has_default = (f.default is not dataclasses.MISSING
+                           or f.default_factory is not dataclasses.MISSING)
+            if not has_default:
+                errors.append(f"{_join(path, f.name)}: required")
+            continue
+        kwargs[f.name] = _convert(v[f.name], hints[f.name], _join(path, f.name), errors)
+    if len(errors) != n:
+        return None
+    return tp(**kwargs)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# ---------------------------------------------------------------- printing
+
+
+def to_dict(cfg: Any) -> Any:
+    """The effective config as plain YAML-able data, durations spelt as durations."""
+    if isinstance(cfg, Window):
+        return cfg.name
+    if dataclasses.is_dataclass(cfg):
+        hints = typing.get_type_hints(type(cfg), include_extras=True)
+        out = {}
+        for f in dataclasses.fields(cfg):
+            val = getattr(cfg, f.name)
+            is_dur = DURATION in getattr(hints[f.name], "__metadata__", ())
+            out[f.name] = format_duration(val) if is_dur and val is not None else to_dict(val)
+        return out
+    if isinstance(cfg, tuple):
+        return [to_dict(x) for x in cfg]
+    if isinstance(cfg, Mapping):
+        return {k: to_dict(x) for k, x in cfg.items()}
+    return cfg
+
+
+def dump(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)

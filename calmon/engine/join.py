@@ -1,0 +1,334 @@
+"""Pending predictions and labels: the join by id, whichever arrives first.
+
+Event time drives everything (``now`` is the largest prediction ts seen), so a
+replay is deterministic. Deadlines are checked exactly on every lookup; the
+sweep that finalises or expires what nobody looked up is only garbage
+collection, which is why it can run once per batch.
+
+Pending predictions live in numpy columns indexed by a slot (``id -> slot`` is
+the only per-id Python object besides the id string), which keeps a pending
+prediction under ~200 bytes. Multiclass score vectors sit in a side dict.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calmon.config import JoinConfig
+from calmon.engine.records import SCORE_KINDS, Label, Prediction
+
+KIND_CODE = {k: i for i, k in enumerate(SCORE_KINDS)}  # prob 0, logit 1, probs 2, logits 3
+NO_LABEL = -1
+
+
+@dataclass(slots=True)
+class Joined:
+    """One prediction met its label (or its implicit negative)."""
+
+    model: int
+    combo: int
+    ts: float
+    kind: int
+    score: float | tuple[float, ...]
+    label: int
+    label_ts: float | None
+
+
+@dataclass
+class JoinEvents:
+    """What happened since the engine last drained it."""
+
+    joined: list[Joined] = field(default_factory=list)
+    rejected_labels: list[Label] = field(default_factory=list)  # out of range at the meeting
+    duplicate_predictions: int = 0
+    duplicate_labels: int = 0
+    expired: Counter[tuple[int, str]] = field(default_factory=Counter)  # (model, reason)
+    labels_expired: int = 0
+
+
+class Join:
+    def __init__(self, cfg: JoinConfig, capacity_hint: int = 1024) -> None:
+        self.ttl = cfg.ttl
+        self.label_ttl = cfg.label_ttl
+        self.max_pending = cfg.max_pending
+        self.implicit = cfg.missing_label
+        n = max(16, min(capacity_hint, cfg.max_pending))
+        self._slot: dict[str, int] = {}
+        self._ts = np.zeros(n)
+        self._score = np.zeros(n)
+        self._deadline = np.full(n, np.inf)  # inf marks a free slot
+        self._combo = np.zeros(n, np.int32)
+        self._model = np.zeros(n, np.int32)
+        self._kind = np.zeros(n, np.int8)
+        self._label = np.full(n, NO_LABEL, np.int32)
+        self._label_ts = np.full(n, np.nan)
+        self._vectors: dict[int, tuple[float, ...]] = {}
+        self._pid: list[str | None] = [None] * n  # slot -> id
+        self._free: list[int] = list(range(n - 1, -1, -1))
+        self._next_deadline = np.inf
+        # labels waiting for their prediction: id -> (label, deadline)
+        self._labels: dict[str, tuple[Label, float]] = {}
+        self._next_label_deadline = np.inf
+        # ids already joined, so a late second label is a duplicate: id -> deadline
+        self._done: dict[str, float] = {}
+        self._done_order: deque[str] = deque()
+        self.events = JoinEvents()
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def pending(self) -> int:
+        return len(self._slot)
+
+    @property
+    def pending_labels(self) -> int:
+        return len(self._labels)
+
+    def model_of(self, pid: str) -> int | None:
+        slot = self._slot.get(pid)
+        return None if slot is None else self._model.item(slot)
+
+    def classes_of_slot(self, slot: int) -> int:
+        kind = self._kind.item(slot)
+        return 2 if kind < 2 else len(self._vectors[slot])
+
+    # ------------------------------------------------------------ arrivals
+
+    def add_prediction(self, pred: Prediction, model: int, combo: int, now: float) -> None:
+        pid = pred.id
+        slot = self._slot.get(pid)
+        if slot is not None:
+            if self._deadline.item(slot) > now:
+                self.events.duplicate_predictions += 1
+                return
+            self._finish(slot, pid)  # overdue: settle it as the sweep would have
+        if self._is_done(pid, now):
+            self.events.duplicate_predictions += 1
+            return
+        kind = KIND_CODE[pred.kind]
+        binary = kind < 2
+        held = self.implicit is not None and binary
+        deadline = pred.ts + (self.implicit.after if held else self.ttl)  # type: ignore[union-attr]
+        waiting = self._labels.pop(pid, None)
+        label, label_ts = NO_LABEL, None
+        if waiting is not None:
+            lab, label_deadline = waiting
+            classes = 2 if binary else len(pred.score)
+            if label_deadline <= now:
+                self.events.labels_expired += 1
+            elif lab.label >= classes:
+                self.events.rejected_labels.append(lab)
+            elif not held:
+                self._emit(model, combo, pred.ts, kind, pred.score, lab.label, lab.ts)
+                self._mark_done(pid, pred.ts + self.ttl)
+                return
+            else:
+                label, label_ts = lab.label, lab.ts
+        slot = self._alloc()
+        self._slot[pid] = slot
+        self._pid[slot] = pid
+        self._ts[slot] = pred.ts
+        self._deadline[slot] = deadline
+        self._combo[slot] = combo
+        self._model[slot] = model
+        self._kind[slot] = kind
+        self._label[slot] = label
+        self._label_ts[slot] = np.nan if label_ts is None else label_ts
+        if binary:
+            self._score[slot] = pred.score
+        else:
+            self._vectors[slot] = pred.score
+        if deadline < self._next_deadline:
+            self._next_deadline = deadline
+
+    def add_label(self, lab: Label, now: float) -> None:
+        lid = lab.id
+        slot = self._slot.get(lid)
+        if slot is not None and self._deadline.item(slot) <= now:
+            self._finish(slot, lid)
+            slot = None
+        if slot is None:
+            if self._is_done(lid, now):
+                self.events.duplicate_labels += 1
+                return
+            waiting = self._labels.get(lid)
+            if waiting is not None and waiting[1] > now:
+                self.events.duplicate_labels += 1
+                return
+            if waiting is not None:
+                self.events.labels_expired += 1
+            base = lab.ts if lab.ts is not None else now
+            deadline = base + self.label_ttl
+            self._labels[lid] = (lab, deadline)
+            if deadline < self._next_label_deadline:
+                self._next_label_deadline = deadline
+            return
+        if lab.label >= self.classes_of_slot(slot):
+            self.events.rejected_labels.append(lab)
+            return
+        if self._label.item(slot) != NO_LABEL:
+            self.events.duplicate_labels += 1
+            return
+        if self.implicit is not None and self._kind.item(slot) < 2:
+            # held until ts + after, so no window sees a positive before its negatives
+            self._label[slot] = lab.label
+            self._label_ts[slot] = np.nan if lab.ts is None else lab.ts
+            return
+        self._label[slot] = lab.label
+        self._label_ts[slot] = np.nan if lab.ts is None else lab.ts
+        self._finish(slot, lid)
+
+    # ------------------------------------------------------------ settling
+
+    def _finish(self, slot: int, pid: str) -> None:
+        """Settle a pending prediction: joined with its label, its implicit label,
+        or expired by ttl. Frees the slot."""
+        label = self._label.item(slot)
+        kind = self._kind.item(slot)
+        ts = self._ts.item(slot)
+        if label == NO_LABEL and self.implicit is not None and kind < 2:
+            label = self.implicit.value
+            label_ts = None
+        else:
+            lts = self._label_ts.item(slot)
+            label_ts = None if lts != lts else lts  # NaN marks unknown
+        model = self._model.item(slot)
+        if label == NO_LABEL:
+            self.events.expired[(model, "ttl")] += 1
+        else:
+            score = self._score.item(slot) if kind < 2 else self._vectors[slot]
+            self._emit(model, self._combo.item(slot), ts, kind, score, label, label_ts)
+            self._mark_done(pid, ts + self.ttl)
+        self._release(slot, pid)
+
+    def _emit(self, model: int, combo: int, ts: float, kind: int, score: float | tuple,
+              label: int, label_ts: float | None) -> None:
+        self.events.joined.append(Joined(model, combo, ts, kind, score, label, label_ts))
+
+    def _alloc(self) -> int:
+        if not self._free:
+            self._grow()
+        return self._free.pop()
+
+    def _grow(self) -> None:
+        n = len(self._ts)
+        m = n * 2
+        for name, fill in (("_ts", 0.0), ("_score", 0.0), ("_deadline", np.inf), ("_combo", 0),
+                           ("_model", 0), ("_kind", 0), ("_label", NO_LABEL),
+                           ("_label_ts", np.nan)):
+            old = getattr(self, name)
+            new = np.full(m, fill, old.dtype)
+            new[:n] = old
+            setattr(self, name, new)
+        self._pid.extend([None] * (m - n))
+        self._free.extend(range(m - 1, n - 1, -1))
+
+    def _release(self, slot: int, pid: str) -> None:
+        del self._slot[pid]
+        self._pid[slot] = None
+        self._deadline[slot] = np.inf
+        self._label[slot] = NO_LABEL
+        self._vectors.pop(slot, None)
+        self._free.append(slot)
+
+    def _mark_done(self, pid: str, deadline: float) -> None:
+        self._done[pid] = deadline
+        self._done_order.append(pid)
+
+    def _is_done(self, pid: str, now: float) -> bool:
+        d = self._done.get(pid)
+        return d is not None and d > now
+
+    def sweep(self, now: float) -> None:
+        """Settle everything whose deadline passed, then enforce the capacity bound."""
+        if now >= self._next_deadline:
+            due = np.flatnonzero(self._deadline <= now)
+            if len(due):
+                # in deadline order, so what joins is emitted in a repeatable order
+                due = due[np.lexsort((self._ts[due], self._deadline[due]))]
+                for slot in due.tolist():
+                    self._finish(slot, self._pid[slot])  # type: ignore[arg-type]
+            live = self._deadline[np.isfinite(self._deadline)]
+            self._next_deadline = float(live.min()) if len(live) else np.inf
+        if now >= self._next_label_deadline:
+            nxt = np.inf
+            for lid, (_lab, deadline) in list(self._labels.items()):
+                if deadline <= now:
+                    del self._labels[lid]
+                    self.events.labels_expired += 1
+                else:
+                    nxt = min(nxt, deadline)
+            self._next_label_deadline = nxt
+        while self._done_order:
+            pid = self._done_order[0]
+            d = self._done.get(pid)
+            if d is not None and d > now and len(self._done) <= self.max_pending:
+                break
+            self._done_order.popleft()
+            if d is not None:
+                del self._done[pid]
+        self._enforce_capacity()
+
+    def _enforce_capacity(self) -> None:
+        over = len(self._slot) - self.max_pending
+        if over > 0:
+            live = np.flatnonzero(np.isfinite(self._deadline))
+            # oldest prediction ts first; ties by slot so the choice is repeatable
+            oldest = live[np.lexsort((live, self._ts[live]))[:over]]
+            for slot in oldest.tolist():
+                self.events.expired[(self._model.item(slot), "capacity")] += 1
+                self._release(slot, self._pid[slot])  # type: ignore[arg-type]
+            live = self._deadline[np.isfinite(self._deadline)]
+            self._next_deadline = float(live.min()) if len(live) else np.inf
+        over = len(self._labels) - self.max_pending
+        if over > 0:
+            for lid in list(self._labels)[:over]:
+                del self._labels[lid]
+                self.events.labels_expired += 1
+
+    def drain(self) -> JoinEvents:
+        ev, self.events = self.events, JoinEvents()
+        return ev
+
+    # ------------------------------------------------------------ checkpoints
+
+    def snapshot(self) -> dict:
+        items = list(self._slot.items())
+        slots = np.fromiter((s for _, s in items), np.int64, len(items))
+        return {
+            "ids": [pid for pid, _ in items],
+            "ts": self._ts[slots], "score": self._score[slots],
+            "deadline": self._deadline[slots], "combo": self._combo[slots],
+            "model": self._model[slots], "kind": self._kind[slots],
+            "label": self._label[slots], "label_ts": self._label_ts[slots],
+            "vectors": {i: list(self._vectors[s]) for i, s in enumerate(slots.tolist())
+                        if s in self._vectors},
+            "labels": [[lid, lab.label, lab.ts, lab.model, lab.raw, lab.source, d]
+                       for lid, (lab, d) in self._labels.items()],
+            "done": [[pid, self._done[pid]] for pid in self._done_order if pid in self._done],
+        }
+
+    def restore(self, snap: dict) -> None:
+        ids = snap["ids"]
+        while len(self._free) < len(ids):
+            self._grow()
+        for i, pid in enumerate(ids):
+            slot = self._alloc()
+            self._slot[pid] = slot
+            self._pid[slot] = pid
+            for name in ("ts", "score", "deadline", "combo", "model", "kind", "label",
+                         "label_ts"):
+                getattr(self, "_" + name)[slot] = snap[name][i]
+        for i, vec in snap["vectors"].items():
+            self._vectors[self._slot[ids[int(i)]]] = tuple(vec)
+        live = self._deadline[np.isfinite(self._deadline)]
+        self._next_deadline = float(live.min()) if len(live) else np.inf
+        for lid, label, ts, model, raw, source, d in snap["labels"]:
+            self._labels[lid] = (Label(lid, label, ts, model, raw, source), d)
+            self._next_label_deadline = min(self._next_label_deadline, d)
+        for pid, d in snap["done"]:
+            self._done[pid] = d
+            self._done_order.append(pid)

@@ -1,0 +1,300 @@
+"""Raw Kafka-or-file records -> validated predictions and labels, or a reason.
+
+``Parser.parse`` never raises: every way a record can break the contract maps
+to one stable reason code (the ``reason`` label of
+``calmon_invalid_records_total``), listed in ``REASONS``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from calmon.config import FieldsConfig
+
+
+class Kind(enum.Enum):
+    PREDICTION = "prediction"
+    LABEL = "label"
+
+
+@dataclass(frozen=True, slots=True)
+class Raw:
+    """One record as it came off a topic or out of a file, not yet decoded."""
+
+    kind: Kind
+    value: bytes | None
+    timestamp: float | None = None  # broker timestamp in seconds, if any
+    source: str = ""  # "topic/partition/offset" or "file:line", for dead letters
+
+
+# Stable reason codes, each a contract rule a record can break.
+REASONS = (
+    "oversize",  # value longer than kafka.max_record_bytes
+    "empty",  # null or zero-length value (e.g. a tombstone)
+    "not_utf8",
+    "not_json",
+    "not_object",  # valid JSON, but not an object
+    "missing_id",
+    "bad_id",  # id neither a string nor an integer, or empty
+    "missing_model",
+    "bad_model",
+    "missing_ts",  # no ts field and no broker timestamp
+    "bad_ts",
+    "no_score",
+    "multiple_scores",
+    "bad_score",  # wrong type or shape (probs with fewer than 2 classes, ...)
+    "not_finite",  # NaN or infinity in a score
+    "prob_out_of_range",
+    "probs_not_normalized",
+    "bad_segment",
+    "missing_label",
+    "bad_label",  # not an integer class index or boolean
+    "label_out_of_range",  # checked against the prediction's classes when they meet
+    "classes_mismatch",  # a model seen as binary sends K classes, or K then K' classes
+)
+
+BINARY_KINDS = ("prob", "logit")
+SCORE_KINDS = ("prob", "logit", "probs", "logits")
+PROBS_TOLERANCE = 1e-3
+
+
+@dataclass(slots=True)
+class Prediction:
+    id: str
+    model: str
+    ts: float
+    segment: dict[str, str]
+    kind: str  # one of SCORE_KINDS
+    score: Any  # as given: float for prob/logit, tuple of floats for probs/logits
+    p: Any  # binary: P(y=1) as float; multiclass: tuple of class probabilities
+    source: str = ""
+
+    @property
+    def classes(self) -> int:
+        """2 for a binary model, K for a multiclass one."""
+        return 2 if self.kind in BINARY_KINDS else len(self.p)
+
+
+@dataclass(slots=True)
+class Label:
+    id: str
+    label: int
+    ts: float | None
+    model: str | None
+    raw: bytes | None = None  # kept so a label found out of range later can be dead-lettered
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    reason: str
+
+
+class _Invalid(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+_MISSING = object()
+
+
+def _getter(path: str) -> Any:
+    """A fast accessor for a dotted path; a plain key avoids the split on the hot path."""
+    if "." not in path:
+        return lambda obj: obj.get(path, _MISSING)
+    parts = tuple(path.split("."))
+
+    def get(obj: dict) -> Any:
+        for p in parts:
+            if not isinstance(obj, dict) or p not in obj:
+                return _MISSING
+            obj = obj[p]
+        return obj
+
+    return get
+
+
+def sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+def softmax(z: tuple[float, ...]) -> tuple[float, ...]:
+    m = max(z)
+    e = [math.exp(v - m) for v in z]
+    s = math.fsum(e)
+    return tuple(v / s for v in e)
+
+
+def parse_ts(v: Any) -> float:
+    """Epoch seconds or an ISO-8601 string (naive means UTC). Raises _Invalid."""
+    if isinstance(v, bool):
+        raise _Invalid("bad_ts")
+    if isinstance(v, int | float):
+        if not math.isfinite(v):
+            raise _Invalid("bad_ts")
+        return float(v)
+    if isinstance(v, str):
+        try:
+            dt = datetime.fromisoformat(v.strip())
+        except ValueError:
+            raise _Invalid("bad_ts") from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp()
+    raise _Invalid("bad_ts")
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _Invalid("bad_score")
+    f = float(v)
+    if not math.isfinite(f):
+        raise _Invalid("not_finite")
+    return f
+
+
+def _vector(v: Any) -> tuple[float, ...]:
+    if not isinstance(v, list) or len(v) < 2:
+        raise _Invalid("bad_score")
+    return tuple(_number(x) for x in v)
+
+
+class Parser:
+    """Decodes and validates records against the contract, field paths from config."""
+
+    def __init__(self, fields: FieldsConfig, max_record_bytes: int) -> None:
+        self.max_bytes = max_record_bytes
+        self._id = _getter(fields.id)
+        self._model = _getter(fields.model)
+        self._ts = _getter(fields.ts)
+        self._segment = _getter(fields.segment)
+        self._label = _getter(fields.label)
+        self._scores = tuple((k, _getter(getattr(fields, k))) for k in SCORE_KINDS)
+
+    def parse(self, raw: Raw) -> Prediction | Label | Reject:
+        try:
+            obj = self._decode(raw.value)
+            if raw.kind is Kind.PREDICTION:
+                return self._prediction(obj, raw)
+            return self._label_record(obj, raw)
+        except _Invalid as e:
+            return Reject(e.reason)
+        except RecursionError:  # absurdly nested JSON
+            return Reject("not_json")
+
+    def _decode(self, value: bytes | None) -> dict:
+        if not value:
+            raise _Invalid("empty")
+        if len(value) > self.max_bytes:
+            raise _Invalid("oversize")
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Invalid("not_utf8") from None
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            raise _Invalid("not_json") from None
+        if not isinstance(obj, dict):
+            raise _Invalid("not_object")
+        return obj
+
+    def _common_id(self, obj: dict) -> str:
+        v = self._id(obj)
+        if v is _MISSING or v is None:
+            raise _Invalid("missing_id")
+        if isinstance(v, str) and v:
+            return v
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        raise _Invalid("bad_id")
+
+    def _time(self, obj: dict, raw: Raw, required: bool) -> float | None:
+        v = self._ts(obj)
+        if v is _MISSING or v is None:
+            if raw.timestamp is not None:
+                return raw.timestamp
+            if required:
+                raise _Invalid("missing_ts")
+            return None
+        return parse_ts(v)
+
+    def _prediction(self, obj: dict, raw: Raw) -> Prediction:
+        pid = self._common_id(obj)
+        model = self._model(obj)
+        if model is _MISSING or model is None:
+            raise _Invalid("missing_model")
+        if not isinstance(model, str) or not model:
+            raise _Invalid("bad_model")
+        found = [(k, v) for k, get in self._scores
+                 if (v := get(obj)) is not _MISSING and v is not None]
+        if not found:
+            raise _Invalid("no_score")
+        if len(found) > 1:
+            raise _Invalid("multiple_scores")
+        kind, v = found[0]
+        score: Any
+        if kind == "prob":
+            score = p = _number(v)
+            if not 0.0 <= p <= 1.0:
+                raise _Invalid("prob_out_of_range")
+        elif kind == "logit":
+            score = _number(v)
+            p = sigmoid(score)
+        elif kind == "probs":
+            score = _vector(v)
+            if min(score) < 0.0:
+                raise _Invalid("prob_out_of_range")
+            total = math.fsum(score)
+            if abs(total - 1.0) > PROBS_TOLERANCE:
+                raise _Invalid("probs_not_normalized")
+            p = tuple(x / total for x in score)
+        else:
+            score = _vector(v)
+            p = softmax(score)
+        ts = self._time(obj, raw, required=True)
+        seg = self._segment(obj)
+        segment: dict[str, str] = {}
+        if seg is not _MISSING and seg is not None:
+            if not isinstance(seg, dict):
+                raise _Invalid("bad_segment")
+            for k, sv in seg.items():
+                if sv is None:
+                    continue
+                if isinstance(sv, str):
+                    segment[k] = sv
+                elif isinstance(sv, bool):
+                    segment[k] = "true" if sv else "false"
+                elif isinstance(sv, int | float):
+                    segment[k] = str(sv)
+                else:
+                    raise _Invalid("bad_segment")
+        return Prediction(pid, model, ts, segment, kind, score, p, raw.source)  # type: ignore[arg-type]
+
+    def _label_record(self, obj: dict, raw: Raw) -> Label:
+        lid = self._common_id(obj)
+        v = self._label(obj)
+        if v is _MISSING or v is None:
+            raise _Invalid("missing_label")
+        if isinstance(v, bool):
+            label = int(v)
+        elif isinstance(v, int):
+            label = v
+        elif isinstance(v, float) and v.is_integer():
+            label = int(v)
+        else:
+            raise _Invalid("bad_label")
+        if label < 0:
+            raise _Invalid("label_out_of_range")
+        model = self._model(obj)
+        model = model if isinstance(model, str) and model else None
+        ts = self._time(obj, raw, required=False)
+        return Label(lid, label, ts, model, raw.value, raw.source)

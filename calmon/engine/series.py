@@ -1,0 +1,94 @@
+"""Model x segment slice -> series ids, with cardinality folding.
+
+A *series* is one (model, segment label) pair, e.g. ``("ctr-v3", "country=US")``
+or ``("ctr-v3", "__all__")``. A prediction's segment values are folded first
+(values past ``max_values`` per model and key become ``__other__``), then the
+folded combination is interned as a *combo*: a small int that pending
+predictions carry instead of their segment dict, and that maps to the tuple of
+series the sample counts in. Both tables are bounded: at most
+``(max_values + 1) ** keys`` combos and series per model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ALL = "__all__"
+OTHER = "__other__"
+
+
+class SeriesIndex:
+    def __init__(self, slices: tuple[tuple[str, ...], ...], max_values: int) -> None:
+        self.slices = slices
+        self.max_values = max_values
+        # every key any slice uses, in first-use order: a combo stores one value per key
+        self.keys: tuple[str, ...] = tuple(dict.fromkeys(k for s in slices for k in s))
+        self._key_pos = {k: i for i, k in enumerate(self.keys)}
+        self.series: list[tuple[str, str]] = []  # series id -> (model, segment label)
+        self._series_ids: dict[tuple[str, str], int] = {}
+        self.combos: list[tuple[str, tuple[str | None, ...]]] = []  # combo id -> (model, values)
+        self.combo_series: list[tuple[int, ...]] = []  # combo id -> series ids
+        self._combo_ids: dict[tuple[str, tuple[str | None, ...]], int] = {}
+        self._admitted: dict[tuple[str, str], set[str]] = {}  # (model, key) -> kept values
+
+    def combo(self, model: str, segment: dict[str, str]) -> int:
+        """The combo id of a prediction; admits or folds its segment values."""
+        values = tuple(segment.get(k) for k in self.keys)
+        cid = self._combo_ids.get((model, values))
+        if cid is not None:
+            return cid
+        folded = tuple(None if v is None else self._fold(model, k, v)
+                       for k, v in zip(self.keys, values))
+        cid = self._combo_ids.get((model, folded))
+        if cid is None:
+            cid = self._intern(model, folded)
+        if len(self._combo_ids) < 4 * (self.max_values + 1) ** max(1, len(self.keys)):
+            self._combo_ids[(model, values)] = cid  # memo of the unfolded spelling, bounded
+        return cid
+
+    def _fold(self, model: str, key: str, value: str) -> str:
+        kept = self._admitted.setdefault((model, key), set())
+        if value in kept:
+            return value
+        if len(kept) < self.max_values:
+            kept.add(value)
+            return value
+        return OTHER
+
+    def _intern(self, model: str, folded: tuple[str | None, ...]) -> int:
+        cid = len(self.combos)
+        self.combos.append((model, folded))
+        self._combo_ids[(model, folded)] = cid
+        sids = [self.series_id(model, ALL)]
+        for sl in self.slices:
+            vals = [folded[self._key_pos[k]] for k in sl]
+            if any(v is None for v in vals):
+                continue  # a sample lacking a key of this slice does not count in it
+            sids.append(self.series_id(model, ",".join(f"{k}={v}" for k, v in zip(sl, vals))))
+        self.combo_series.append(tuple(sids))
+        return cid
+
+    def series_id(self, model: str, segment: str) -> int:
+        sid = self._series_ids.get((model, segment))
+        if sid is None:
+            sid = len(self.series)
+            self.series.append((model, segment))
+            self._series_ids[(model, segment)] = sid
+        return sid
+
+    def find(self, model: str, segment: str) -> int | None:
+        return self._series_ids.get((model, segment))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "series": [list(s) for s in self.series],
+            "combos": [[m, list(v)] for m, v in self.combos],
+            "admitted": [[m, k, sorted(vs)] for (m, k), vs in self._admitted.items()],
+        }
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        for model, seg in snap["series"]:
+            self.series_id(model, seg)
+        for model, values in snap["combos"]:
+            self._intern(model, tuple(values))
+        self._admitted = {(m, k): set(vs) for m, k, vs in snap["admitted"]}
