@@ -1,0 +1,141 @@
+"""Safe conversions between raw model scores and probabilities.
+
+Every function here returns finite numbers whatever finite or infinite input it gets:
+probabilities are clipped before any log, logits are clipped before any exp, and
+softmax subtracts the row maximum first. NaN input is rejected, never propagated.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from calmon.errors import CalibratorError
+
+EPS: Final = 1e-15
+"""Probabilities are clipped to [EPS, 1 - EPS] before log/logit (logit(1 - EPS) ~ 34.5)."""
+
+LOGIT_CAP: Final = 1e6
+"""Input logits are clipped to +-LOGIT_CAP. sigmoid saturates at ~37 in float64, so a
+larger logit carries no extra information, and the cap keeps s*z finite while fitting."""
+
+_FINITE: Final = 1e300  # last-resort clip before exp: keeps z/T or a*z+b overflows finite
+
+BINARY_INPUTS: Final = ("prob", "logit")
+MULTICLASS_INPUTS: Final = ("probs", "logits")
+INPUTS: Final = BINARY_INPUTS + MULTICLASS_INPUTS
+
+
+def check_input(input: str) -> str:
+    if input not in INPUTS:
+        raise CalibratorError(f"input must be one of {', '.join(INPUTS)}, got {input!r}")
+    return input
+
+
+def is_binary(input: str) -> bool:
+    return check_input(input) in BINARY_INPUTS
+
+
+def as_scores(scores: ArrayLike, input: str) -> np.ndarray:
+    """Validate raw scores of kind ``input``: float64, (n,) binary or (n, K>=2) multiclass,
+    no NaN (infinities are allowed: they are clipped by the conversions)."""
+    binary = is_binary(input)
+    try:
+        arr = np.asarray(scores, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise CalibratorError(f"{input} scores are not a numeric array: {exc}") from None
+    if binary and arr.ndim != 1:
+        raise CalibratorError(f"{input} scores must have shape (n,), got {arr.shape}")
+    if not binary and (arr.ndim != 2 or arr.shape[1] < 2):
+        raise CalibratorError(f"{input} scores must have shape (n, K>=2), got {arr.shape}")
+    if np.isnan(arr).any():
+        raise CalibratorError(f"{input} scores contain NaN")
+    return arr
+
+
+def as_labels(labels: ArrayLike, scores: np.ndarray, input: str) -> np.ndarray:
+    """Validate fit labels against validated ``scores``: int64 0/1 (binary, both present)
+    or 0..K-1 (multiclass), one per score row, at least two of them."""
+    lab = np.asarray(labels)
+    if lab.dtype == bool:
+        lab = lab.astype(np.int64)
+    if lab.ndim != 1 or len(lab) != len(scores):
+        raise CalibratorError(f"labels must have shape ({len(scores)},), got {lab.shape}")
+    if not np.issubdtype(lab.dtype, np.number):
+        raise CalibratorError(f"labels must be integers, got dtype {lab.dtype}")
+    if np.issubdtype(lab.dtype, np.floating) and not (
+        np.isfinite(lab).all() and (lab == np.round(lab)).all()
+    ):
+        raise CalibratorError("labels must be integers")
+    lab = lab.astype(np.int64)
+    if len(lab) < 2:
+        raise CalibratorError(f"need at least 2 samples to fit, got {len(lab)}")
+    k = 2 if is_binary(input) else scores.shape[1]
+    if lab.min() < 0 or lab.max() >= k:
+        raise CalibratorError(f"labels must be in 0..{k - 1}")
+    if is_binary(input) and lab.min() == lab.max():
+        raise CalibratorError(f"only class {lab[0]} present: cannot fit a binary calibrator")
+    return lab
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    z = np.clip(z, -_FINITE, _FINITE)
+    e = np.exp(-np.abs(z))  # in (0, 1]: never overflows
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, EPS, 1.0 - EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = np.clip(z, -_FINITE, _FINITE)
+    e = np.exp(z - z.max(axis=1, keepdims=True))  # largest term is exp(0) = 1: no overflow
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def logsumexp(z: np.ndarray) -> np.ndarray:
+    m = z.max(axis=1)
+    return m + np.log(np.exp(z - m[:, None]).sum(axis=1))
+
+
+def normalize_rows(p: np.ndarray) -> np.ndarray:
+    """Clip to [0, 1] and rescale rows to sum to 1; an all-zero row becomes uniform."""
+    p = np.clip(p, 0.0, 1.0)
+    s = p.sum(axis=1, keepdims=True)
+    ok = s > 0
+    return np.where(ok, p / np.where(ok, s, 1.0), 1.0 / p.shape[1])
+
+
+def to_logits(scores: ArrayLike, input: str) -> np.ndarray:
+    """Raw scores -> finite logits: (n,) log-odds for binary kinds, (n, K) for multiclass
+    (row max subtracted, which softmax ignores, so huge logits lose no information)."""
+    arr = as_scores(scores, input)
+    if input == "logit":
+        return np.clip(arr, -LOGIT_CAP, LOGIT_CAP)
+    if input == "prob":
+        return logit(np.clip(arr, 0.0, 1.0))
+    if input == "logits":
+        z = np.clip(arr, -_FINITE, _FINITE)
+        return np.maximum(z - z.max(axis=1, keepdims=True), -LOGIT_CAP)
+    return np.log(np.clip(normalize_rows(arr), EPS, 1.0 - EPS))
+
+
+def to_probs(scores: ArrayLike, input: str) -> np.ndarray:
+    """Raw scores -> probabilities: (n,) P(y=1) for binary kinds, (n, K) rows summing to 1
+    for multiclass kinds. Never NaN or inf."""
+    arr = as_scores(scores, input)
+    if input == "prob":
+        return np.clip(arr, 0.0, 1.0)
+    if input == "probs":
+        return normalize_rows(arr)
+    z = to_logits(arr, input)
+    return sigmoid(z) if input == "logit" else softmax(z)
+
+
+def finalize(p: np.ndarray) -> np.ndarray:
+    """Calibrated output: clipped to [0, 1], multiclass rows renormalised."""
+    return np.clip(p, 0.0, 1.0) if p.ndim == 1 else normalize_rows(p)
