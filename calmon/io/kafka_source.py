@@ -1,0 +1,301 @@
+"""Predictions and labels from Kafka as raw records plus the offsets they reach.
+
+One kafka-python ``KafkaConsumer`` reads both topics with static ``assign()``:
+no group membership, so no rebalances and no join delay, and an instance's
+partitions are fixed by ``kafka.instance`` so its state dir always matches them.
+The group id is used only to commit offsets so that lag shows up in the usual
+Kafka tooling; the offsets that count are the ones checkpointed with the state.
+
+Not thread-safe (kafka-python consumers are not): poll, commit and assign
+belong to one thread. ``connected()`` only reads flags and may be called from
+another thread (readiness probe).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from calmon.config import KafkaConfig
+from calmon.engine.records import Kind, Raw
+from calmon.errors import CalmonError
+from calmon.io.topics import client_settings, fetch_bytes, owned_partitions
+
+log = logging.getLogger(__name__)
+
+Position = tuple[str, int]  # (topic, partition)
+
+_MISSING_TOPIC_GRACE_S = 5.0
+
+
+class KafkaSourceError(CalmonError):
+    """Raised by ``KafkaSource.assign`` when the broker cannot be reached in time or a
+    configured topic does not exist."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one poll returned, in poll order, and the next offset of every
+    partition that appears in it."""
+
+    records: list[Raw] = field(default_factory=list)
+    positions: dict[Position, int] = field(default_factory=dict)
+
+
+class KafkaSource:
+    """Static-assignment consumer over ``predictions_topic`` and ``labels_topic``."""
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        *,
+        metadata_timeout_s: float = 30.0,
+        log_interval_s: float = 60.0,
+    ) -> None:
+        if config.predictions_topic == config.labels_topic:
+            raise ValueError("predictions_topic and labels_topic must differ")
+        self._config = config
+        self._kinds = {config.predictions_topic: Kind.PREDICTION, config.labels_topic: Kind.LABEL}
+        self._metadata_timeout_s = metadata_timeout_s
+        self._log_interval_s = log_interval_s
+        self._consumer: KafkaConsumer | None = None
+        self._owned: list[Position] = []
+        self._down_since: float | None = None  # monotonic time the broker was first seen down
+        self._last_warning = -float("inf")
+
+    # ------------------------------------------------------------------ setup
+
+    def _settings(self) -> dict[str, Any]:
+        cfg = self._config
+        size = fetch_bytes(cfg.max_record_bytes)
+        defaults: dict[str, Any] = {
+            "client_id": "calmon" if cfg.instance is None else f"calmon-{cfg.instance.index}",
+            "max_partition_fetch_bytes": size,
+            "fetch_max_bytes": max(50 * 1024 * 1024, size),
+            # A misspelt input topic must fail loudly, not be created empty.
+            "allow_auto_create_topics": False,
+            "bootstrap_timeout_ms": int(self._metadata_timeout_s * 1000),
+        }
+        accepted = KafkaConsumer.DEFAULT_CONFIG
+        settings = {k: v for k, v in defaults.items() if k in accepted}
+        settings.update(client_settings(cfg.client, accepted, role="consumer"))
+        # These carry calmon's semantics; a client override would break them.
+        forced = {
+            "bootstrap_servers": list(cfg.bootstrap_servers),
+            "group_id": cfg.group_id or None,
+            "enable_auto_commit": False,
+            "auto_offset_reset": cfg.auto_offset_reset,
+            "key_deserializer": None,
+            "value_deserializer": None,
+        }
+        for key in forced.keys() & cfg.client.keys():
+            log.warning("kafka.client.%s: ignored, calmon sets it itself", key)
+        settings.update(forced)
+        return settings
+
+    def _partitions(self, consumer: KafkaConsumer, topic: str, deadline: float) -> set[int]:
+        """Partition ids of ``topic``; waits for metadata up to ``deadline``."""
+        last_error: Exception | None = None
+        missing_since: float | None = None
+        while True:
+            now = time.monotonic()
+            try:
+                parts = consumer.partitions_for_topic(topic)
+                last_error = None
+            except KafkaError as exc:  # broker unreachable: keep trying until the deadline
+                parts, last_error = None, exc
+            if parts:
+                return set(parts)
+            if parts is not None and last_error is None:
+                # The broker answered without the topic. Give a just-created topic a
+                # few seconds to show up, but report a typo long before the deadline.
+                missing_since = now if missing_since is None else missing_since
+                if now - missing_since >= _MISSING_TOPIC_GRACE_S:
+                    break
+            if now >= deadline:
+                break
+            time.sleep(0.1)
+        if last_error is not None:
+            raise KafkaSourceError(
+                f"cannot read metadata of topic {topic!r} from "
+                f"{','.join(self._config.bootstrap_servers)}: {last_error}"
+            )
+        raise KafkaSourceError(
+            f"topic {topic!r} does not exist (or is not visible to this client) on "
+            f"{','.join(self._config.bootstrap_servers)}"
+        )
+
+    def assign(self, positions: dict[Position, int] | None = None) -> list[Position]:
+        """Take this instance's partitions of both topics and set where to read.
+
+        A partition found in ``positions`` (restored from a checkpoint) starts at
+        that next offset; any other starts at the group's committed offset, else
+        at ``auto_offset_reset``. Returns the owned partitions, sorted.
+        Raises KafkaSourceError when the broker stays unreachable for
+        ``metadata_timeout_s`` or a topic does not exist.
+        """
+        deadline = time.monotonic() + self._metadata_timeout_s
+        if self._consumer is None:
+            try:
+                self._consumer = KafkaConsumer(**self._settings())
+            except KafkaError as exc:
+                raise KafkaSourceError(
+                    f"cannot connect to {','.join(self._config.bootstrap_servers)}: {exc}"
+                ) from exc
+        consumer = self._consumer
+        owned: list[Position] = []
+        for topic in self._kinds:
+            parts = self._partitions(consumer, topic, deadline)
+            owned += [(topic, p) for p in owned_partitions(parts, self._config.instance)]
+        if not owned:
+            log.warning(
+                "instance %s owns no partition of %s", self._config.instance, sorted(self._kinds)
+            )
+        consumer.assign([TopicPartition(t, p) for t, p in owned])
+        stored = positions or {}
+        for t, p in owned:
+            if (t, p) in stored:
+                consumer.seek(TopicPartition(t, p), stored[(t, p)])
+        # Partitions without a stored position are resolved lazily by kafka-python
+        # on the next poll: committed offset first, then auto_offset_reset.
+        self._owned = sorted(owned)
+        log.info("assigned %d partitions: %s", len(owned), self._owned)
+        return list(self._owned)
+
+    @property
+    def owned(self) -> list[Position]:
+        """The partitions taken by the last ``assign()`` (empty before)."""
+        return list(self._owned)
+
+    # ------------------------------------------------------------------ reading
+
+    def poll(self, timeout_ms: int = 1000, max_records: int = 500) -> Batch:
+        """Up to ``max_records`` records, waiting at most about ``timeout_ms``.
+
+        Never raises on broker trouble: it logs at most once per ``log_interval_s``
+        and returns an empty batch; kafka-python reconnects by itself and reading
+        resumes where it stopped.
+        """
+        if self._consumer is None:
+            raise RuntimeError("KafkaSource.poll() before assign()")
+        try:
+            polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except KafkaError as exc:
+            self._trouble(f"poll failed: {exc!r}")
+            return Batch()
+        if not polled:
+            # kafka-python swallows connection errors inside poll(), so an empty
+            # poll is the only hint: ask the connection state.
+            if self.connected():
+                self._recovered()
+            else:
+                self._trouble("broker unreachable")
+            return Batch()
+        self._recovered()
+        batch = Batch()
+        for tp, recs in polled.items():
+            if not recs:
+                continue
+            kind = self._kinds[tp.topic]
+            prefix = f"{tp.topic}/{tp.partition}/"
+            for r in recs:
+                ts = r.timestamp
+                batch.records.append(
+                    Raw(
+                        kind=kind,
+                        value=r.value,
+                        timestamp=ts / 1000.0 if ts is not None and ts >= 0 else None,
+                        source=prefix + str(r.offset),
+                    )
+                )
+            batch.positions[(tp.topic, tp.partition)] = recs[-1].offset + 1
+        return batch
+
+    def commit(self, positions: dict[Position, int]) -> bool:
+        """Commit next offsets to the group (for lag monitoring only).
+
+        Only owned partitions are committed. Returns False, after logging, when
+        the commit failed; never raises on broker trouble.
+        """
+        if self._consumer is None or not self._config.group_id:
+            return False
+        owned = set(self._owned)
+        offsets = {
+            TopicPartition(t, p): _offset_and_metadata(off)
+            for (t, p), off in positions.items()
+            if (t, p) in owned
+        }
+        if not offsets:
+            return True
+        try:
+            self._consumer.commit(offsets)
+        except KafkaError as exc:
+            self._trouble(f"offset commit failed: {exc!r}")
+            return False
+        return True
+
+    def connected(self) -> bool:
+        """True while at least one connection to a known broker is up.
+
+        Cheap (no I/O). kafka-python keeps the connection busy with fetches while
+        the owner polls, so a False here during polling means the broker is gone.
+        """
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        try:
+            client = consumer._client  # no public per-connection state in kafka-python
+            for broker in client.cluster.brokers():
+                node = getattr(broker, "node_id", None)
+                if node is None:
+                    node = broker.nodeId  # kafka-python 2.x BrokerMetadata
+                if client.connected(node):
+                    return True
+            return False
+        except Exception:  # internals moved in another kafka-python version
+            log.debug("cannot read kafka-python connection state", exc_info=True)
+            return True
+
+    def close(self) -> None:
+        """Close the consumer without committing (commits are explicit)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        try:
+            consumer.close(autocommit=False)
+        except Exception:  # closing is best effort; the process may be exiting
+            log.debug("error closing Kafka consumer", exc_info=True)
+
+    # ------------------------------------------------------------------ logging
+
+    def _trouble(self, what: str) -> None:
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        if now - self._last_warning >= self._log_interval_s:
+            self._last_warning = now
+            log.warning(
+                "Kafka %s (%s); down for %.0fs, retrying",
+                what,
+                ",".join(self._config.bootstrap_servers),
+                now - self._down_since,
+            )
+
+    def _recovered(self) -> None:
+        if self._down_since is not None:
+            log.warning("Kafka reachable again after %.0fs", time.monotonic() - self._down_since)
+            self._down_since = None
+            self._last_warning = -float("inf")
+
+
+def _offset_and_metadata(offset: int) -> OffsetAndMetadata:
+    # kafka-python >= 2.1 added leader_epoch to the tuple; -1 means unknown.
+    if len(OffsetAndMetadata._fields) >= 3:
+        return OffsetAndMetadata(offset, "", -1)
+    return OffsetAndMetadata(offset, "")  # pragma: no cover - kafka-python 2.0

@@ -1,0 +1,54 @@
+"""Kafka helpers shared by the source and the producer: partition ownership and
+the translation of ``kafka.client`` into kafka-python keyword arguments."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from calmon.config import Instance
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+
+def owned_partitions(partitions: Iterable[int], instance: Instance | None) -> list[int]:
+    """The partitions this instance reads: p with p % count == index, or all.
+
+    The same rule for every topic keeps predictions and labels with the same key
+    (hence the same partition number) on the same instance, so joins stay local.
+    """
+    ps = sorted(partitions)
+    if instance is None:
+        return ps
+    return [p for p in ps if p % instance.count == instance.index]
+
+
+def fetch_bytes(max_record_bytes: int) -> int:
+    """A per-partition fetch size that holds the largest valid record with room to
+    spare (at least 4 MiB, so 2 MB records always fit).
+
+    Oversize records are still delivered: since KIP-74 a broker returns the first
+    batch of a partition even when it exceeds the limit.
+    """
+    return max(4 * MIB, 2 * max_record_bytes)
+
+
+def client_settings(
+    client: Mapping[str, Any], accepted: Mapping[str, Any], *, role: str
+) -> dict[str, Any]:
+    """The subset of ``kafka.client`` that a kafka-python class accepts.
+
+    ``kafka.client`` is shared by the consumer and the producer, and kafka-python
+    rejects unknown keys, so each side keeps its own keys (``accepted`` is the
+    class's ``DEFAULT_CONFIG``). Keys neither side knows are logged, not fatal.
+    """
+    from kafka import KafkaConsumer, KafkaProducer  # local: keeps import cheap for config checks
+
+    known = set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG)
+    for key in client:
+        if key not in known:
+            log.warning("kafka.client.%s: not a kafka-python setting; ignored by the %s", key, role)
+    return {k: v for k, v in client.items() if k in accepted}
