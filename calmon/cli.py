@@ -4,17 +4,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 
 from calmon import config as config_mod
-from calmon.errors import CalmonError, ConfigError
+from calmon.errors import CalmonError, ConfigError, StateError
 
 EXIT_CONFIG = 2
 
 
 def _load_config(path: str | None) -> config_mod.Config:
     return config_mod.load(path)
+
+
+def setup_logging() -> None:
+    level = os.environ.get("CALMON_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":
+        # kafka-python logs every reconnect attempt at ERROR; calmon says it once a minute
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from calmon.daemon import Daemon
+
+    cfg = _load_config(args.config)
+    setup_logging()
+    return Daemon(cfg).run()
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -48,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-c", "--config", default=default,
                         help="config.yaml (default: %(default)s)")
 
+    sp = sub.add_parser("run", help="the daemon: Kafka in, Prometheus out")
+    with_config(sp, "config.yaml")
+    sp.set_defaults(func=cmd_run)
+
     sp = sub.add_parser("check-config", help="validate a config and print the effective one")
     with_config(sp, "config.yaml")
     sp.set_defaults(func=cmd_check_config)
@@ -68,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         for problem in e.problems:
             print(problem, file=sys.stderr)
+        return EXIT_CONFIG
+    except StateError as e:
+        print(f"calmon: {e}", file=sys.stderr)
         return EXIT_CONFIG
     except CalmonError as e:
         print(f"calmon: {e}", file=sys.stderr)

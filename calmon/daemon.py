@@ -1,0 +1,226 @@
+"""``calmon run``: the one owner of the lifecycle.
+
+Start: load the newest good checkpoint, restore the engine, serve HTTP, assign
+partitions at the checkpointed offsets. Loop: poll a batch -> ``Engine.feed``
+-> dead letters; every ``state.checkpoint_interval`` and at shutdown, between
+two batches, checkpoint in numbered steps. Signal handlers only flip a flag;
+the loop notices within one poll timeout, so SIGTERM ends well inside 10 s.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any, Protocol
+
+from prometheus_client.registry import CollectorRegistry
+
+from calmon.config import Config
+from calmon.engine.engine import Engine
+from calmon.engine.records import Raw
+from calmon.io.checkpoint import CheckpointStore
+from calmon.io.dead_letter import DeadLetters
+from calmon.io.exporter import CalmonCollector, RecalState
+from calmon.io.http import HttpServer, Page
+from calmon.io.kafka_source import Batch, KafkaSource, KafkaSourceError
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_MS = 250
+MAX_RECORDS = 5000
+ASSIGN_TIMEOUT_S = 5.0
+STALL_LOG_INTERVAL_S = 60.0
+
+
+class RunState(enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+
+
+class Source(Protocol):
+    """What the loop needs from a record source (KafkaSource in production)."""
+
+    def assign(self, positions: dict[tuple[str, int], int] | None = None) -> Any: ...
+    def poll(self, timeout_ms: int = ..., max_records: int = ...) -> Batch: ...
+    def commit(self, positions: dict[tuple[str, int], int]) -> bool: ...
+    def connected(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+class Daemon:
+    """Build with a config; ``run()`` blocks until ``request_stop()`` (or a signal)."""
+
+    def __init__(self, cfg: Config, *, registry: CollectorRegistry | None = None,
+                 source: Source | None = None, install_signals: bool = True) -> None:
+        self.cfg = cfg
+        self.engine = Engine(cfg)
+        self.store = CheckpointStore(cfg.state.dir)
+        self.source: Source = source if source is not None else KafkaSource(
+            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S)
+        self.dead_letters = DeadLetters(cfg.kafka)
+        self.positions: dict[tuple[str, int], int] = {}
+        self.state = RunState.STOPPED
+        self.assigned = False
+        self.last_checkpoint: float | None = None
+        self._stop = threading.Event()
+        self._signals = 0
+        self._install_signals = install_signals
+        self._hooks: list[Callable[[], None]] = []  # run after each checkpoint (recal state)
+        self.recal: Any = None  # calmon.recal.Recalibrator, when enabled
+        collector = CalmonCollector(self.engine, lambda: self.last_checkpoint, self._recal_state)
+        self.registry = registry if registry is not None else CollectorRegistry(
+            auto_describe=False)
+        self.registry.register(collector)
+        self.pages: dict[str, Page] = {}
+        self.http: HttpServer | None = None
+
+    # ------------------------------------------------------------ readers
+
+    def ready(self) -> bool:
+        return (self.state is RunState.RUNNING and self.assigned and self.source.connected())
+
+    def status(self) -> dict[str, Any]:
+        view = self.engine.view()
+        last = self.last_checkpoint
+        return {
+            "ready": self.ready(),
+            "state": self.state.value,
+            "pending": view.pending,
+            "pending_labels": view.pending_labels,
+            "last_checkpoint": (None if last is None else
+                                datetime.fromtimestamp(last, UTC).isoformat()),
+            "last_checkpoint_timestamp": last,
+            "event_time": None if view.now == float("-inf") else view.now,
+            "counters": view.counters,
+            "positions": {f"{t}/{p}": o for (t, p), o in sorted(self.positions.items())},
+        }
+
+    def _recal_state(self) -> RecalState:
+        return self.recal.metrics_state() if self.recal is not None else RecalState()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def request_stop(self) -> None:
+        """Ask the loop to checkpoint and stop; safe from any thread or a signal handler."""
+        self._stop.set()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1 and signum == signal.SIGINT:
+            os._exit(130)  # a second Ctrl+C means now
+        self._stop.set()
+
+    def run(self) -> int:
+        """Run until stopped. Returns the exit code (0 on a clean stop).
+
+        Raises StateError at start when no checkpoint is usable and
+        ``state.on_corrupt`` is ``fail``; ConfigError-like problems are the CLI's.
+        """
+        if self._install_signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self.state = RunState.STARTING
+        self._restore()
+        self.http = HttpServer(self.cfg.server.host, self.cfg.server.port, self.registry,
+                               self.ready, self.status, self.pages)
+        self.http.start()
+        log.info("serving metrics on http://%s:%d/metrics", self.cfg.server.host, self.http.port)
+        if self.recal is not None:
+            self.recal.start()
+        self.state = RunState.RUNNING
+        try:
+            self._loop()
+        finally:
+            self.state = RunState.STOPPING
+            self._shutdown()
+            self.state = RunState.STOPPED
+        return 0
+
+    def _restore(self) -> None:
+        ckpt = self.store.load(self.cfg.state.on_corrupt)
+        if ckpt is None:
+            log.info("no checkpoint in %s: starting from empty state", self.store.dir)
+            return
+        try:
+            self.engine.restore(ckpt.state["engine"])
+            if self.recal is not None and "recal" in ckpt.state:
+                self.recal.restore(ckpt.state["recal"])
+        except (ValueError, KeyError) as e:
+            from calmon.errors import StateError
+
+            raise StateError(f"checkpoint {ckpt.seq} in {self.store.dir} cannot be used: {e}"
+                             ) from None
+        self.positions = dict(ckpt.positions)
+        self.last_checkpoint = ckpt.written_at
+        log.info("restored checkpoint %d (%d partitions, %d pending)", ckpt.seq,
+                 len(self.positions), self.engine.join.pending)
+
+    def _loop(self) -> None:
+        interval = self.cfg.state.checkpoint_interval
+        next_ckpt = time.monotonic() + interval
+        last_warn = -float("inf")
+        while not self._stop.is_set():
+            if not self.assigned:
+                try:
+                    self.source.assign(self.positions or None)
+                    self.assigned = True
+                    log.info("partitions assigned")
+                except KafkaSourceError as e:
+                    if time.monotonic() - last_warn >= STALL_LOG_INTERVAL_S:
+                        log.warning("cannot assign partitions yet (%s); retrying", e)
+                        last_warn = time.monotonic()
+                    self._stop.wait(1.0)
+                    continue
+            batch = self.source.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
+            if batch.records:
+                self.process(batch.records)
+                self.positions.update(batch.positions)
+            if time.monotonic() >= next_ckpt:
+                self.checkpoint()
+                next_ckpt = time.monotonic() + interval
+
+    def process(self, records: list[Raw]) -> None:
+        """One poll batch through the engine; rejected records to the dead-letter topic."""
+        for r in self.engine.feed(records):
+            self.dead_letters.send(r.value, r.reason, r.source)
+
+    def checkpoint(self) -> None:
+        """Between two batches: (1) flush dead letters, so nothing counted is lost past the
+        offsets; (2) snapshot the state with the positions it reflects; (3) write it
+        atomically; (4) commit the same offsets to the group, for lag monitoring only."""
+        self.dead_letters.flush(timeout=5.0)  # 1
+        state: dict[str, Any] = {"engine": self.engine.snapshot()}  # 2
+        if self.recal is not None:
+            state["recal"] = self.recal.snapshot()
+        now = time.time()
+        try:
+            self.store.save(state, self.positions, now)  # 3
+        except OSError as e:
+            log.error("checkpoint failed, will retry: %s", e)
+            return
+        self.last_checkpoint = now
+        if self.assigned and self.positions:
+            self.source.commit(self.positions)  # 4
+        for hook in self._hooks:
+            hook()
+
+    def _shutdown(self) -> None:
+        if self.recal is not None:
+            self.recal.stop()
+        try:
+            self.checkpoint()
+        finally:
+            self.source.close()
+            self.dead_letters.close()
+            if self.http is not None:
+                self.http.stop()
+        log.info("stopped cleanly")

@@ -1,0 +1,195 @@
+"""Prometheus exposition: one custom collector that reads engine views at scrape time.
+
+Every metric name calmon exports is spelt here and only here (CONTRACT.md §5).
+Nothing on the hot path calls a metric: each scrape asks the engine for a
+``View`` (cached until the next batch) and turns it into metric families, so a
+series disappears as soon as its segment has left every window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from calmon.engine.engine import DELAY_BUCKETS, Engine, View
+from calmon.engine.records import REASONS
+
+ROW_GAUGES = (
+    ("calmon_ece", "ece", "Expected calibration error over equal-width bins"),
+    ("calmon_mce", "mce", "Maximum calibration error over non-empty bins"),
+    ("calmon_ace", "ace", "Adaptive (equal-mass) calibration error"),
+    ("calmon_brier", "brier", "Brier score"),
+    ("calmon_nll", "nll", "Negative log-likelihood"),
+    ("calmon_accuracy", "accuracy", "Accuracy"),
+    ("calmon_mean_confidence", "mean_confidence",
+     "Mean confidence (binary: mean P(y=1); multiclass: mean top-label probability)"),
+    ("calmon_observed_rate", "observed_rate", "Observed positive rate (binary models)"),
+    ("calmon_observed_over_expected", "observed_over_expected",
+     "Observed over expected positives, sum(y)/sum(p) (binary models)"),
+    ("calmon_ece_noise_floor", "noise_floor",
+     "Expected ECE of a perfectly calibrated model with the same bins"),
+)
+ROW_LABELS = ("model", "segment", "window")
+
+
+@dataclass
+class RecalState:
+    """What the recalibration loop shows (filled by calmon.recal)."""
+
+    calibrated_ece: list[tuple[str, str, str, float]] = field(default_factory=list)
+    recalibrations: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    temperatures: dict[tuple[str, str], float] = field(default_factory=dict)
+    drift: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+
+class CalmonCollector(Collector):
+    def __init__(self, engine: Engine,
+                 last_checkpoint: Callable[[], float | None] = lambda: None,
+                 recal: Callable[[], RecalState] | None = None) -> None:
+        self.engine = engine
+        self.last_checkpoint = last_checkpoint
+        self.recal = recal
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic families: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.engine.view()
+        yield from self._windows(view)
+        yield from self._bins(view)
+        yield from self._flow(view)
+        if self.recal is not None:
+            yield from recal_metrics(self.recal())
+        ts = self.last_checkpoint()
+        g = GaugeMetricFamily("calmon_last_checkpoint_timestamp_seconds",
+                              "Unix time of the last checkpoint written")
+        if ts is not None:
+            g.add_metric([], ts)
+        yield g
+
+    @staticmethod
+    def _windows(view: View) -> Iterator[Metric]:
+        samples = GaugeMetricFamily("calmon_window_samples", "Joined samples in the window",
+                                    labels=ROW_LABELS)
+        fams = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr)
+                for name, attr, doc in ROW_GAUGES]
+        for row in view.rows:
+            key = [row.model, row.segment, row.window]
+            samples.add_metric(key, row.stats.samples)
+            for fam, attr in fams:
+                v = getattr(row.stats, attr)
+                if v is not None:
+                    fam.add_metric(key, v)
+        yield samples
+        for fam, _ in fams:
+            yield fam
+
+    @staticmethod
+    def _bins(view: View) -> Iterator[Metric]:
+        labels = ("model", "segment", "bin")
+        n = CounterMetricFamily("calmon_bin_samples", "Joined samples per bin since start",
+                                labels=labels)
+        conf = CounterMetricFamily("calmon_bin_confidence",
+                                   "Summed confidence per bin since start", labels=labels)
+        corr = CounterMetricFamily("calmon_bin_correct",
+                                   "Summed correct outcomes per bin since start", labels=labels)
+        for sid, arr in sorted(view.totals.bins.items()):
+            model, segment = view.series[sid]
+            for b in range(arr.shape[1]):
+                key = [model, segment, str(b)]
+                n.add_metric(key, arr[0, b])
+                conf.add_metric(key, arr[1, b])
+                corr.add_metric(key, arr[2, b])
+        yield from (n, conf, corr)
+
+    @staticmethod
+    def _flow(view: View) -> Iterator[Metric]:
+        t = view.totals
+        for name, doc, counts in (
+            ("calmon_predictions", "Valid predictions received", t.predictions),
+            ("calmon_labels", "Valid labels received (model empty when not yet known)", t.labels),
+            ("calmon_joined", "Predictions joined with a label", t.joined),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=("model",))
+            for model, v in sorted(counts.items()):
+                fam.add_metric([model], v)
+            yield fam
+        fam = CounterMetricFamily("calmon_join_expired", "Predictions expired unjoined",
+                                  labels=("model", "reason"))
+        for (model, reason), v in sorted(t.expired.items()):
+            fam.add_metric([model, reason], v)
+        yield fam
+        yield CounterMetricFamily("calmon_labels_expired", "Unmatched labels dropped",
+                                  value=t.labels_expired)
+        fam = CounterMetricFamily("calmon_duplicates", "Duplicate records ignored",
+                                  labels=("topic",))
+        for topic in ("predictions", "labels"):
+            fam.add_metric([topic], t.duplicates.get(topic, 0))
+        yield fam
+        fam = CounterMetricFamily("calmon_invalid_records", "Records that broke the contract",
+                                  labels=("topic", "reason"))
+        for topic in ("predictions", "labels"):
+            for reason in REASONS:  # all present from the start, so rate() alerts work
+                fam.add_metric([topic, reason], t.invalid.get((topic, reason), 0))
+        yield fam
+        yield GaugeMetricFamily("calmon_join_pending", "Predictions waiting for labels",
+                                value=view.pending)
+        hist = HistogramMetricFamily("calmon_label_delay_seconds",
+                                     "Label ts minus prediction ts", labels=("model",))
+        for model, counts in sorted(t.delay_counts.items()):
+            cum = counts.cumsum()
+            buckets: list[tuple[str, float]] = [
+                (_le(b), float(c)) for b, c in zip(DELAY_BUCKETS, cum[:-1])]
+            buckets.append(("+Inf", float(cum[-1])))
+            hist.add_metric([model], buckets, t.delay_sum[model])
+        yield hist
+
+
+def recal_metrics(r: RecalState) -> Iterator[Metric]:
+    g = GaugeMetricFamily("calmon_calibrated_ece",
+                          "ECE of the same window after the live calibrator", labels=ROW_LABELS)
+    for model, segment, window, v in r.calibrated_ece:
+        g.add_metric([model, segment, window], v)
+    yield g
+    c = CounterMetricFamily("calmon_recalibrations", "Refits by outcome",
+                            labels=("model", "segment", "method", "outcome"))
+    for key, v in sorted(r.recalibrations.items()):
+        c.add_metric(list(key), v)
+    yield c
+    g = GaugeMetricFamily("calmon_calibrator_version", "Live calibrator version",
+                          labels=("model", "segment"))
+    for key, v in sorted(r.versions.items()):
+        g.add_metric(list(key), v)
+    yield g
+    g = GaugeMetricFamily("calmon_calibrator_temperature",
+                          "Temperature of the live calibrator, when temperature scaling",
+                          labels=("model", "segment"))
+    for key, v in sorted(r.temperatures.items()):
+        g.add_metric(list(key), v)
+    yield g
+    g = GaugeMetricFamily("calmon_drift", "1 while a drift trigger fires",
+                          labels=("model", "segment", "trigger"))
+    for key, v in sorted(r.drift.items()):
+        g.add_metric(list(key), v)
+    yield g
+
+
+def _le(b: float) -> str:
+    return f"{b:g}" if b != int(b) else f"{int(b)}.0"
+
+
+def make_registry(collector: CalmonCollector, **_: Any) -> CollectorRegistry:
+    """A fresh registry holding calmon's collector (tests inject their own)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
