@@ -1,0 +1,171 @@
+"""Shared helpers for the deploy/ tests: paths, config expansion, dashboard queries."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "kubernetes"
+PROM = DEPLOY / "prometheus"
+GRAFANA = DEPLOY / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "calmon.json"
+
+# CONTRACT.md section 0: every config key and its sub-keys (None: free-form value).
+CONTRACT_CONFIG_KEYS: dict[str, set[str] | None] = {
+    "kafka": {
+        "bootstrap_servers",
+        "group_id",
+        "predictions_topic",
+        "labels_topic",
+        "dead_letter_topic",
+        "calibrators_topic",
+        "auto_offset_reset",
+        "max_record_bytes",
+        "instance",
+        "client",
+    },
+    "fields": {"id", "model", "ts", "segment", "label"},
+    "join": {"ttl", "label_ttl", "max_pending", "missing_label"},
+    "metrics": {"bins", "fine_bins", "windows", "classwise"},
+    "segments": {"slices", "max_values"},
+    "recalibration": {
+        "enabled",
+        "interval",
+        "method",
+        "per_segment",
+        "min_samples",
+        "buffer",
+        "holdout_fraction",
+        "cooldown",
+        "alpha",
+        "window",
+        "triggers",
+        "output_dir",
+    },
+    "alerts": {"webhook"},
+    "server": {"host", "port"},
+    "state": {"dir", "checkpoint_interval", "on_corrupt"},
+}
+
+# CONTRACT.md section 5.
+CONTRACT_METRICS = {
+    "calmon_ece",
+    "calmon_mce",
+    "calmon_ace",
+    "calmon_brier",
+    "calmon_nll",
+    "calmon_accuracy",
+    "calmon_mean_confidence",
+    "calmon_observed_rate",
+    "calmon_observed_over_expected",
+    "calmon_window_samples",
+    "calmon_ece_noise_floor",
+    "calmon_calibrated_ece",
+    "calmon_bin_samples_total",
+    "calmon_bin_confidence_total",
+    "calmon_bin_correct_total",
+    "calmon_predictions_total",
+    "calmon_labels_total",
+    "calmon_joined_total",
+    "calmon_join_expired_total",
+    "calmon_labels_expired_total",
+    "calmon_duplicates_total",
+    "calmon_join_pending",
+    "calmon_label_delay_seconds",
+    "calmon_label_delay_seconds_bucket",
+    "calmon_label_delay_seconds_count",
+    "calmon_label_delay_seconds_sum",
+    "calmon_invalid_records_total",
+    "calmon_recalibrations_total",
+    "calmon_calibrator_version",
+    "calmon_calibrator_temperature",
+    "calmon_drift",
+    "calmon_last_checkpoint_timestamp_seconds",
+}
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(text: str, env: Mapping[str, str]) -> str:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` as calmon's config loader does.
+
+    A variable that is unset and has no default raises KeyError.
+    """
+
+    def repl(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env and env[name] != "":
+            return env[name]
+        if default is not None:
+            return default
+        raise KeyError(f"${{{name}}} is not set and has no default")
+
+    return _ENV_REF.sub(repl, text)
+
+
+def load_manifests() -> list[tuple[Path, dict[str, Any]]]:
+    """Every document of every YAML file under deploy/kubernetes, with its file."""
+    docs = []
+    for path in sorted(K8S.glob("*.y*ml")):
+        with path.open() as f:
+            for doc in yaml.safe_load_all(f):
+                if doc is not None:
+                    docs.append((path, doc))
+    return docs
+
+
+def load_dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def iter_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for panel in panels:
+        yield panel
+        yield from iter_panels(panel.get("panels", []))
+
+
+def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, expression) for every panel target and annotation query."""
+    out = []
+    for panel in iter_panels(dashboard["panels"]):
+        for target in panel.get("targets", []):
+            if target.get("expr"):
+                out.append((f"panel {panel['title']!r} target {target['refId']}", target["expr"]))
+    for ann in dashboard.get("annotations", {}).get("list", []):
+        if ann.get("expr"):
+            out.append((f"annotation {ann['name']!r}", ann["expr"]))
+    return out
+
+
+# Sample values for Grafana's variables, as Grafana would interpolate them.
+SAMPLE_VARIABLES = {
+    "__rate_interval": "1m",
+    "__interval": "30s",
+    "__range": "1h",
+    "model": "ctr",
+    "segment": "__all__",
+    "window": "1h",
+}
+
+_VAR_REF = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+
+
+def substitute(expr: str, values: Mapping[str, str] = SAMPLE_VARIABLES) -> str:
+    """Interpolate ``$var`` and ``${var}`` (unknown variables raise KeyError)."""
+
+    def repl(m: re.Match[str]) -> str:
+        return values[m.group(1) or m.group(2)]
+
+    return _VAR_REF.sub(repl, expr)
+
+
+def recording_rule_names() -> set[str]:
+    data = yaml.safe_load((PROM / "recording_rules.yml").read_text())
+    return {r["record"] for g in data["groups"] for r in g["rules"] if "record" in r}

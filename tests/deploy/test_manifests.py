@@ -1,0 +1,346 @@
+"""Static checks of deploy/kubernetes, deploy/Dockerfile and deploy/config.yaml."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy._deploy import (
+    CONTRACT_CONFIG_KEYS,
+    DEPLOY,
+    K8S,
+    ROOT,
+    expand_env,
+    load_manifests,
+)
+
+IMAGE = "ghcr.io/calmon/calmon:0.1.0"
+CONFIG_PATH = "/etc/calmon/config.yaml"
+STATE_MOUNT = "/var/lib/calmon"
+PORT = 9108
+POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"
+SAMPLE_ORDINAL = "2"
+
+MANIFESTS = load_manifests()
+WORKLOADS = [(p, d) for p, d in MANIFESTS if d["kind"] in {"Deployment", "StatefulSet"}]
+
+
+def workload_id(item: tuple[Path, dict[str, Any]]) -> str:
+    path, doc = item
+    return f"{path.name}:{doc['kind']}/{doc['metadata']['name']}"
+
+
+def calmon_container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = [
+        c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == "calmon"
+    ]
+    assert len(containers) == 1, "exactly one container named calmon"
+    return containers[0]
+
+
+def same_file(path: Path, kind: str) -> list[dict[str, Any]]:
+    return [d for p, d in MANIFESTS if p == path and d["kind"] == kind]
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's env as calmon would see it (downward API filled with samples)."""
+    env = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = str(var["value"])
+        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == POD_INDEX_FIELD:
+            env[var["name"]] = SAMPLE_ORDINAL
+    return env
+
+
+def config_text(path: Path, workload: dict[str, Any]) -> str:
+    """The raw config.yaml of the ConfigMap mounted on /etc/calmon."""
+    container = calmon_container(workload)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert "/etc/calmon" in mounts, "the config is mounted at /etc/calmon"
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    volume = volumes[mounts["/etc/calmon"]]
+    assert "configMap" in volume, "the /etc/calmon volume is a ConfigMap"
+    name = volume["configMap"]["name"]
+    maps = [d for d in same_file(path, "ConfigMap") if d["metadata"]["name"] == name]
+    assert maps, f"ConfigMap {name} is defined next to the workload in {path.name}"
+    assert "config.yaml" in maps[0]["data"]
+    return maps[0]["data"]["config.yaml"]
+
+
+def parsed_config(path: Path, workload: dict[str, Any]) -> dict[str, Any]:
+    text = expand_env(config_text(path, workload), container_env(calmon_container(workload)))
+    config = yaml.safe_load(text)
+    assert isinstance(config, dict)
+    return config
+
+
+def check_contract_keys(config: dict[str, Any]) -> None:
+    unknown = set(config) - set(CONTRACT_CONFIG_KEYS)
+    assert not unknown, f"keys outside the contract: {sorted(unknown)}"
+    for key, value in config.items():
+        allowed = CONTRACT_CONFIG_KEYS[key]
+        if allowed is not None and isinstance(value, dict):
+            extra = set(value) - allowed
+            assert not extra, f"{key}: keys outside the contract: {sorted(extra)}"
+    triggers = config.get("recalibration", {}).get("triggers") or {}
+    assert set(triggers) <= {"ece_above", "ece_increase", "observed_over_expected"}
+
+
+def test_every_manifest_is_a_kubernetes_object() -> None:
+    assert {p.name for p, _ in MANIFESTS} >= {
+        "sidecar-deployment.yaml",
+        "statefulset.yaml",
+        "servicemonitor.yaml",
+    }
+    for path, doc in MANIFESTS:
+        assert {"apiVersion", "kind", "metadata"} <= set(doc), path.name
+        assert doc["metadata"].get("name"), path.name
+
+
+def test_there_is_a_sidecar_deployment_and_a_statefulset() -> None:
+    kinds = {(p.name, d["kind"]) for p, d in WORKLOADS}
+    assert ("sidecar-deployment.yaml", "Deployment") in kinds
+    assert ("statefulset.yaml", "StatefulSet") in kinds
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_calmon_container_runs_the_daemon(item: tuple[Path, dict[str, Any]]) -> None:
+    _, workload = item
+    c = calmon_container(workload)
+    assert c["image"] == IMAGE
+    argv = list(c.get("command", ["calmon"])) + list(c.get("args", []))
+    assert argv == ["calmon", "run", "-c", CONFIG_PATH]
+    assert {"containerPort": PORT, "name": "metrics"} in c["ports"]
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_probes(item: tuple[Path, dict[str, Any]]) -> None:
+    _, workload = item
+    c = calmon_container(workload)
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": PORT}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": PORT}
+    # SIGTERM: checkpoint, commit, exit within 10 s.
+    grace = workload["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+    assert grace >= 15
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_resources_and_security(item: tuple[Path, dict[str, Any]]) -> None:
+    _, workload = item
+    c = calmon_container(workload)
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+    assert "memory" in c["resources"]["limits"]
+    pod = workload["spec"]["template"]["spec"]
+    run_as_non_root = c.get("securityContext", {}).get(
+        "runAsNonRoot", pod.get("securityContext", {}).get("runAsNonRoot")
+    )
+    assert run_as_non_root is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_scrape_annotations(item: tuple[Path, dict[str, Any]]) -> None:
+    _, workload = item
+    annotations = workload["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(PORT)
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_state_volume(item: tuple[Path, dict[str, Any]]) -> None:
+    path, workload = item
+    c = calmon_container(workload)
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert STATE_MOUNT in mounts, "a volume is mounted at /var/lib/calmon"
+    state = mounts[STATE_MOUNT]
+    assert not state.get("readOnly", False)
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+    claims = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
+    if state["name"] in volumes:
+        assert {"emptyDir", "persistentVolumeClaim"} & set(volumes[state["name"]])
+    else:
+        assert state["name"] in claims, "the state volume is a volumeClaimTemplate"
+    config = parsed_config(path, workload)
+    state_dir = config["state"]["dir"]
+    assert state_dir == STATE_MOUNT or state_dir.startswith(STATE_MOUNT + "/")
+    # Everything calmon writes is on a volume (the root filesystem is read-only).
+    if c["securityContext"].get("readOnlyRootFilesystem"):
+        writable = [m for m in mounts if not mounts[m].get("readOnly", False)]
+        output_dir = config["recalibration"]["output_dir"]
+        assert any(output_dir == m or output_dir.startswith(m + "/") for m in writable)
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_configmap_uses_only_contract_keys(item: tuple[Path, dict[str, Any]]) -> None:
+    path, workload = item
+    config = parsed_config(path, workload)
+    check_contract_keys(config)
+    assert config["server"]["port"] == PORT
+    assert config["kafka"]["bootstrap_servers"]
+    # Every referenced env var is set in the container or has a default.
+    expand_env(config_text(path, workload), container_env(calmon_container(workload)))
+
+
+def test_statefulset_instance_from_pod_ordinal() -> None:
+    [(path, sts)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "StatefulSet"]
+    c = calmon_container(sts)
+    env = {e["name"]: e for e in c["env"]}
+    ref = env["CALMON_INSTANCE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert ref == POD_INDEX_FIELD
+    assert "${CALMON_INSTANCE_INDEX}" in config_text(path, sts)
+    config = parsed_config(path, sts)
+    instance = config["kafka"]["instance"]
+    assert instance == {"index": int(SAMPLE_ORDINAL), "count": sts["spec"]["replicas"]}
+    assert sts["spec"]["replicas"] >= 2
+    # One state dir each: a PersistentVolumeClaim per pod.
+    [claim] = sts["spec"]["volumeClaimTemplates"]
+    mount = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}[STATE_MOUNT]
+    assert claim["metadata"]["name"] == mount
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_statefulset_headless_service() -> None:
+    [(path, sts)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "StatefulSet"]
+    services = {s["metadata"]["name"]: s for s in same_file(path, "Service")}
+    svc = services[sts["spec"]["serviceName"]]
+    assert svc["spec"]["clusterIP"] == "None"
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sts["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    [port] = svc["spec"]["ports"]
+    assert port["port"] == PORT and port["name"] == "metrics"
+
+
+def test_servicemonitor_selects_the_service() -> None:
+    monitors = [d for _, d in MANIFESTS if d["kind"] == "ServiceMonitor"]
+    assert monitors, "an optional ServiceMonitor is provided"
+    services = [d for _, d in MANIFESTS if d["kind"] == "Service"]
+    for mon in monitors:
+        assert mon["apiVersion"] == "monitoring.coreos.com/v1"
+        selected = [
+            s
+            for s in services
+            if mon["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+        ]
+        assert selected
+        port_names = {p["name"] for s in selected for p in s["spec"]["ports"]}
+        for endpoint in mon["spec"]["endpoints"]:
+            assert endpoint["port"] in port_names
+            assert endpoint.get("path", "/metrics") == "/metrics"
+        # The job label must be "calmon" for the alert rules (up{job="calmon"}).
+        job_label = mon["spec"].get("jobLabel")
+        job = selected[0]["metadata"]["labels"].get(job_label) if job_label else None
+        assert (job or selected[0]["metadata"]["name"]) == "calmon"
+
+
+def test_sidecar_shares_the_pod_with_a_model_server() -> None:
+    [(_, dep)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "Deployment"]
+    names = [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]]
+    assert "calmon" in names and len(names) >= 2
+    # One consumer of the topics: replicas would each count every partition.
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["type"] == "Recreate"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("calmon.cli") is None, reason="calmon.cli is not written yet"
+)
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_calmon_check_config_accepts_the_configmap(
+    item: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    path, workload = item
+    config = tmp_path / "config.yaml"
+    config.write_text(config_text(path, workload))
+    env = dict(os.environ, **container_env(calmon_container(workload)))
+    code = "import sys; from calmon.cli import main; sys.argv[0] = 'calmon'; sys.exit(main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "check-config", "-c", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- the container image ------------------------------------------------------
+
+DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE)
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_entrypoint_and_cmd() -> None:
+    ins = dockerfile_instructions()
+    [entrypoint] = [json.loads(a) for w, a in ins if w == "ENTRYPOINT"]
+    [cmd] = [json.loads(a) for w, a in ins if w == "CMD"]
+    assert entrypoint == ["calmon"]
+    assert cmd == ["run", "-c", CONFIG_PATH]
+    assert ("EXPOSE", str(PORT)) in ins
+    volumes = [a for w, a in ins if w == "VOLUME"]
+    assert any(STATE_MOUNT in v for v in volumes)
+
+
+def test_dockerfile_base_and_user() -> None:
+    ins = dockerfile_instructions()
+    args = dict(a.split("=", 1) for w, a in ins if w == "ARG" and "=" in a)
+    froms = [
+        a.split()[0].replace("${PYTHON_VERSION}", args.get("PYTHON_VERSION", ""))
+        for w, a in ins
+        if w == "FROM"
+    ]
+    assert froms and all(f == "python:3.11-slim" for f in froms)
+    [user] = [a for w, a in ins if w == "USER"]
+    assert user.split(":")[0] not in {"0", "root"}
+    assert any(w == "RUN" and "pip install ." in a for w, a in ins)
+
+
+def test_dockerfile_copies_existing_files() -> None:
+    ins = dockerfile_instructions()
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    readme = "README.md"  # pyproject's readme, written with the top-level docs
+    for word, args in ins:
+        if word != "COPY" or args.startswith("--from"):
+            continue
+        *sources, _dest = args.split()
+        for src in sources:
+            if src != readme:
+                assert (ROOT / src).exists(), f"COPY {src}: no such file in the repo"
+            assert any(line.startswith("!" + src) for line in ignore), (
+                f"{src} is excluded by Dockerfile.dockerignore"
+            )
+
+
+def test_image_default_config_uses_contract_keys() -> None:
+    text = (DEPLOY / "config.yaml").read_text()
+    config = yaml.safe_load(expand_env(text, {}))
+    check_contract_keys(config)
+    assert config["server"]["port"] == PORT
+    assert config["state"]["dir"].startswith(STATE_MOUNT)
+    assert config["recalibration"]["output_dir"].startswith(STATE_MOUNT)
+
+
+def test_manifest_files_are_listed() -> None:
+    # A new manifest must be parsed by these tests: keep them YAML.
+    assert all(p.suffix in {".yaml", ".yml"} for p in K8S.iterdir() if p.is_file())
