@@ -58,6 +58,45 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrators_list(args: argparse.Namespace) -> int:
+    from calmon.recal.registry import Registry
+
+    cfg = _load_config(args.config)
+    entries = Registry(cfg.recalibration.output_dir).entries()
+    if args.json:
+        json.dump(entries, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not entries:
+        print(f"no calibrators in {cfg.recalibration.output_dir}")
+        return 0
+    print(f"{'model':<20} {'segment':<24} {'live':>4}  {'method':<12} {'fitted_at':<21} versions")
+    for e in entries:
+        print(f"{e['model']:<20} {e['segment']:<24} {e['live'] or '-':>4}  "
+              f"{e['method'] or '-':<12} {e['fitted_at'] or '-':<21} "
+              f"{','.join(map(str, e['versions']))}")
+    return 0
+
+
+def cmd_calibrators_rollback(args: argparse.Namespace) -> int:
+    from calmon.recal.registry import Registry
+
+    cfg = _load_config(args.config)
+    publish = None
+    if cfg.kafka.calibrators_topic:
+        from calmon.io.dead_letter import DeadLetters
+
+        producer = DeadLetters(cfg.kafka)
+        topic = cfg.kafka.calibrators_topic
+        publish = lambda key, data: producer.publish(topic, key, data)  # noqa: E731
+    doc = Registry(cfg.recalibration.output_dir, publish).rollback(
+        args.model, args.segment, args.to)
+    if publish is not None:
+        producer.close()
+    print(f"{args.model}/{args.segment}: v{args.to} republished as v{doc['version']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="calmon", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -80,6 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     with_config(sp)
     sp.set_defaults(func=cmd_replay)
+
+    cal = sub.add_parser("calibrators", help="list or roll back published calibrators")
+    calsub = cal.add_subparsers(dest="action", required=True)
+    sp = calsub.add_parser("list", help="every model/segment with its live version")
+    sp.add_argument("--json", action="store_true")
+    with_config(sp, "config.yaml")
+    sp.set_defaults(func=cmd_calibrators_list)
+    sp = calsub.add_parser("rollback", help="republish an old version as the newest")
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--segment", default="__all__")
+    sp.add_argument("--to", type=int, required=True, metavar="VERSION")
+    with_config(sp, "config.yaml")
+    sp.set_defaults(func=cmd_calibrators_rollback)
     return p
 
 

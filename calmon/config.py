@@ -286,6 +286,13 @@ def from_dict(data: Any, env: Mapping[str, str] | None = None) -> Config:
 
 
 def _cross_checks(cfg: Config, errors: list[str]) -> None:
+    for path, value in (("kafka.bootstrap_servers", cfg.kafka.bootstrap_servers),
+                        ("metrics.windows", cfg.metrics.windows)):
+        if not value:
+            errors.append(f"{path}: must not be empty")
+    for i, sl in enumerate(cfg.segments.slices):
+        if not sl:
+            errors.append(f"segments.slices[{i}]: a slice needs at least one key")
     inst = cfg.kafka.instance
     if inst is not None and inst.index >= inst.count:
         errors.append(f"kafka.instance.index: must be below count ({inst.count}), got {inst.index}")
@@ -391,9 +398,6 @@ def _convert_tuple(v: Any, tp: Any, path: str, errors: list[str]) -> Any:
         errors.append(f"{here}: expected a list, got {_describe(v)}")
         return None
     if len(args) == 2 and args[1] is Ellipsis:
-        if not v:
-            errors.append(f"{here}: must not be empty")
-            return None
         n = len(errors)
         out = tuple(_convert(x, args[0], f"{path}[{i}]", errors) for i, x in enumerate(v))
         return out if len(errors) == n else None

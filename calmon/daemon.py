@@ -25,11 +25,13 @@ from prometheus_client.registry import CollectorRegistry
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.records import Raw
+from calmon.errors import StateError
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.dead_letter import DeadLetters
 from calmon.io.exporter import CalmonCollector, RecalState
 from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSource, KafkaSourceError
+from calmon.recal.loop import Recalibrator
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,12 @@ class Daemon:
         self._signals = 0
         self._install_signals = install_signals
         self._hooks: list[Callable[[], None]] = []  # run after each checkpoint (recal state)
-        self.recal: Any = None  # calmon.recal.Recalibrator, when enabled
+        self.recal: Recalibrator | None = None
+        if cfg.recalibration.enabled:
+            topic = cfg.kafka.calibrators_topic
+            publish = None if topic is None else (
+                lambda key, data: self.dead_letters.publish(topic, key, data))
+            self.recal = Recalibrator(cfg, self.engine, publish)
         collector = CalmonCollector(self.engine, lambda: self.last_checkpoint, self._recal_state)
         self.registry = registry if registry is not None else CollectorRegistry(
             auto_describe=False)
@@ -155,8 +162,6 @@ class Daemon:
             if self.recal is not None and "recal" in ckpt.state:
                 self.recal.restore(ckpt.state["recal"])
         except (ValueError, KeyError) as e:
-            from calmon.errors import StateError
-
             raise StateError(f"checkpoint {ckpt.seq} in {self.store.dir} cannot be used: {e}"
                              ) from None
         self.positions = dict(ckpt.positions)

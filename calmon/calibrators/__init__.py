@@ -16,11 +16,13 @@ from calmon.calibrators.platt import PlattCalibrator
 from calmon.calibrators.registry import METHODS, fit, load
 from calmon.calibrators.scores import INPUTS, to_probs
 from calmon.calibrators.temperature import TemperatureCalibrator
+from calmon.calibrators.watcher import CalibratorWatcher
 
 __all__ = [
     "INPUTS",
     "METHODS",
     "Calibrator",
+    "CalibratorWatcher",
     "HistogramCalibrator",
     "IsotonicCalibrator",
     "PlattCalibrator",

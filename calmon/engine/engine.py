@@ -23,6 +23,7 @@ import numpy as np
 
 from calmon.config import Config
 from calmon.engine import metrics
+from calmon.engine.buffer import Buffers, SampleSet
 from calmon.engine.join import Join, Joined
 from calmon.engine.metrics import Stats
 from calmon.engine.records import Kind, Label, Parser, Prediction, Raw
@@ -100,6 +101,8 @@ class Engine:
         self.index = SeriesIndex(cfg.segments.slices, cfg.segments.max_values)
         self.join = Join(cfg.join)
         self.windows = Windows(cfg.metrics.windows, cfg.metrics.bins, cfg.metrics.fine_bins)
+        rc = cfg.recalibration
+        self.buffers = Buffers(rc.buffer) if rc.enabled else None
         self.models: list[str] = []
         self._model_idx: dict[str, int] = {}
         self._classes: list[int] = []  # per model: 0 binary, K multiclass
@@ -264,6 +267,25 @@ class Engine:
         self.windows.add(samples, self.now)
         self._count_bins(samples)
         self._count_delays(joined, ts, models)
+        if self.buffers is not None:
+            self._buffer(joined, fan, ts, label, kinds)
+
+    def _buffer(self, joined: list[Joined], fan: list[tuple[int, ...]], ts: np.ndarray,
+                label: np.ndarray, kinds: np.ndarray) -> None:
+        assert self.buffers is not None
+        per_segment = self.cfg.recalibration.per_segment
+        targets: dict[int, list[int]] = {}
+        for i, f in enumerate(fan):
+            for sid in (f if per_segment else f[:1]):  # f[0] is the model's __all__
+                targets.setdefault(sid, []).append(i)
+        for sid, idx in targets.items():
+            classes = self._classes[self._model_idx[self.index.series[sid][0]]]
+            ii = np.asarray(idx)
+            if classes == 0:
+                score = np.fromiter((joined[i].score for i in idx), np.float64, len(idx))
+            else:
+                score = np.array([joined[i].score for i in idx], np.float64).reshape(-1, classes)
+            self.buffers.add(sid, classes, ts[ii], label[ii], kinds[ii], score)
 
     def _count_bins(self, s: Samples) -> None:
         bins = self.cfg.metrics.bins
@@ -324,6 +346,25 @@ class Engine:
             self._view_cache = view
             return view
 
+    def samples(self, model: str, segment: str) -> SampleSet | None:
+        """A copy of the recent joined samples of one series (None without a buffer)."""
+        with self.lock:
+            sid = self.index.find(model, segment)
+            if self.buffers is None or sid is None:
+                return None
+            return self.buffers.samples(sid)
+
+    def buffered_series(self) -> list[tuple[str, str, int]]:
+        """(model, segment, classes) of every series with a sample buffer."""
+        with self.lock:
+            if self.buffers is None:
+                return []
+            out = []
+            for sid in sorted(self.buffers.rings):
+                model, segment = self.index.series[sid]
+                out.append((model, segment, self._classes[self._model_idx[model]]))
+            return out
+
     def status_counters(self) -> dict[str, int]:
         with self.lock:
             return dict(self.counters)
@@ -335,18 +376,28 @@ class Engine:
         with self.lock:
             return {
                 "version": SNAPSHOT_VERSION,
+                "layout": self._layout(),
                 "now": self.now,
                 "models": [[m, c] for m, c in zip(self.models, self._classes)],
                 "counters": dict(self.counters),
                 "series": self.index.snapshot(),
                 "join": self.join.snapshot(),
                 "windows": self.windows.snapshot(),
+                "buffers": None if self.buffers is None else self.buffers.snapshot(),
             }
+
+    def _layout(self) -> dict[str, Any]:
+        m = self.cfg.metrics
+        return {"bins": m.bins, "fine_bins": m.fine_bins,
+                "windows": [[w.name, w.seconds] for w in m.windows]}
 
     def restore(self, snap: dict[str, Any]) -> None:
         """Replace the state by a snapshot. Raises ValueError for an unknown version."""
         if snap.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {snap.get('version')!r}")
+        if snap.get("layout") != self._layout():
+            raise ValueError(f"the state was kept with metrics {snap.get('layout')}, but the "
+                             f"config now says {self._layout()}; use a new state.dir")
         with self.lock:
             self.now = float(snap["now"])
             self.models = [m for m, _ in snap["models"]]
@@ -359,6 +410,8 @@ class Engine:
             self.join = Join(self.cfg.join)
             self.join.restore(snap["join"])
             self.windows.restore(snap["windows"])
+            if self.buffers is not None and snap.get("buffers"):
+                self.buffers.restore(snap["buffers"])
             self.version += 1
 
 

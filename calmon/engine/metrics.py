@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calmon.engine.windows import CONF_SCALE, NLL_SCALE, Layout
+from calmon.engine.windows import CONF_SCALE, NLL_SCALE, Layout, bin_index
 
 
 @dataclass(frozen=True)
@@ -142,3 +142,25 @@ def from_vector(vec: np.ndarray, layout: Layout, binary: bool) -> Stats:
         noise_floor=noise_floor(count, conf),
         bins=bins,
     )
+
+
+def confidence_and_correct(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample calibration target: binary P(y=1) against y; multiclass top-label
+    confidence against correctness (Guo et al. 2017)."""
+    if probs.ndim == 1:
+        return probs, labels.astype(np.float64)
+    return probs.max(axis=1), (probs.argmax(axis=1) == labels).astype(np.float64)
+
+
+def bins_from_samples(conf: np.ndarray, correct: np.ndarray, bins: int) -> Bins:
+    b = bin_index(conf, bins)
+    return Bins(np.bincount(b, minlength=bins).astype(np.float64),
+                np.bincount(b, conf, minlength=bins), np.bincount(b, correct, minlength=bins))
+
+
+def nll_from_samples(probs: np.ndarray, labels: np.ndarray) -> float:
+    if probs.ndim == 1:
+        py = np.where(labels == 1, probs, 1.0 - probs)
+    else:
+        py = probs[np.arange(len(labels)), labels]
+    return float(np.mean(-np.log(np.clip(py, 1e-15, 1.0))))

@@ -1,0 +1,133 @@
+"""Published calibrators on disk: ``<output_dir>/<model>/<segment>/v<N>.json`` and
+``latest.json``, each written temp-then-rename so readers never see half a file.
+
+The files are the source of truth for versions, so versions continue across
+restarts and a rollback by the CLI is seen by a running daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from calmon.calibrators import Calibrator, load
+from calmon.calibrators.watcher import safe_name as _safe
+from calmon.errors import CalibratorError
+
+_VERSION = re.compile(r"^v(\d+)\.json$")
+Publish = Callable[[str, bytes], object]  # (key "<model>/<segment>", JSON bytes)
+
+
+@dataclass(frozen=True)
+class Live:
+    calibrator: Calibrator
+    doc: dict[str, Any]
+
+    @property
+    def version(self) -> int:
+        return int(self.doc.get("version", 0))
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Registry:
+    def __init__(self, output_dir: str | Path, publish: Publish | None = None) -> None:
+        self.root = Path(output_dir)
+        self.publish_to_topic = publish
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str], tuple[float, Live | None]] = {}
+
+    def dir_of(self, model: str, segment: str) -> Path:
+        return self.root / _safe(model) / _safe(segment)
+
+    def versions(self, model: str, segment: str) -> list[int]:
+        d = self.dir_of(model, segment)
+        if not d.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in d.iterdir() if (m := _VERSION.match(p.name)))
+
+    def live(self, model: str, segment: str) -> Live | None:
+        """The calibrator in ``latest.json`` (re-read when the file changes), or None."""
+        path = self.dir_of(model, segment) / "latest.json"
+        try:
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+        with self._lock:
+            cached = self._cache.get((model, segment))
+            if cached is not None and cached[0] == mtime:
+                return cached[1]
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                live: Live | None = Live(load(doc), doc)
+            except (OSError, ValueError, CalibratorError):
+                live = None
+            self._cache[(model, segment)] = (mtime, live)
+            return live
+
+    def publish(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Give ``doc`` the next version, write it and ``latest.json``, and send it to
+        the calibrators topic when one is set. Returns the document as written."""
+        model, segment = doc["model"], doc["segment"]
+        with self._lock:
+            d = self.dir_of(model, segment)
+            d.mkdir(parents=True, exist_ok=True)
+            existing = self.versions(model, segment)
+            doc = {**doc, "version": (existing[-1] + 1) if existing else 1}
+            data = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
+            write_atomic(d / f"v{doc['version']}.json", data)
+            write_atomic(d / "latest.json", data)
+        if self.publish_to_topic is not None:
+            self.publish_to_topic(f"{model}/{segment}", data)
+        return doc
+
+    def read(self, model: str, segment: str, version: int) -> dict[str, Any]:
+        """Raises CalibratorError when that version does not exist or is unreadable."""
+        path = self.dir_of(model, segment) / f"v{version}.json"
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise CalibratorError(f"{path}: {e}") from None
+
+    def rollback(self, model: str, segment: str, to_version: int) -> dict[str, Any]:
+        """Republish an old version's parameters as a new version."""
+        old = self.read(model, segment, to_version)
+        load(old)  # refuse to republish something that does not load
+        doc = {k: v for k, v in old.items() if k != "version"}
+        doc.update(trigger="rollback", rollback_of=to_version,
+                   fitted_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return self.publish(doc)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """One summary per model/segment: live version, method, all versions."""
+        out = []
+        if not self.root.is_dir():
+            return out
+        for mdir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for sdir in sorted(p for p in mdir.iterdir() if p.is_dir()):
+                model, segment = unquote(mdir.name), unquote(sdir.name)
+                live = self.live(model, segment)
+                out.append({
+                    "model": model, "segment": segment,
+                    "versions": self.versions(model, segment),
+                    "live": None if live is None else live.version,
+                    "method": None if live is None else live.doc.get("method"),
+                    "fitted_at": None if live is None else live.doc.get("fitted_at"),
+                    "trigger": None if live is None else live.doc.get("trigger"),
+                })
+        return out
