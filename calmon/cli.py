@@ -35,6 +35,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return Daemon(cfg).run()
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from calmon.demo.run import run_demo
+
+    return run_demo(args.duration, args.rate, args.port)
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     sys.stdout.write(config_mod.dump(cfg))
@@ -108,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("run", help="the daemon: Kafka in, Prometheus out")
     with_config(sp, "config.yaml")
     sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("demo", help="broker, drifting traffic and the daemon, no setup")
+    sp.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                    help="stop after this many seconds (default: until Ctrl+C)")
+    sp.add_argument("--rate", type=float, default=300.0, help="predictions per second")
+    sp.add_argument("--port", type=int, default=9108, help="HTTP port for /metrics")
+    sp.set_defaults(func=cmd_demo)
 
     sp = sub.add_parser("check-config", help="validate a config and print the effective one")
     with_config(sp, "config.yaml")

@@ -26,6 +26,7 @@ from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.records import Raw
 from calmon.errors import StateError
+from calmon.io import reliability
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.dead_letter import DeadLetters
 from calmon.io.exporter import CalmonCollector, RecalState
@@ -39,6 +40,7 @@ POLL_TIMEOUT_MS = 250
 MAX_RECORDS = 5000
 ASSIGN_TIMEOUT_S = 5.0
 STALL_LOG_INTERVAL_S = 60.0
+INVALID_LOG_INTERVAL_S = 60.0  # an invalid record is logged at most once per reason per minute
 
 
 class RunState(enum.Enum):
@@ -51,7 +53,8 @@ class RunState(enum.Enum):
 class Source(Protocol):
     """What the loop needs from a record source (KafkaSource in production)."""
 
-    def assign(self, positions: dict[tuple[str, int], int] | None = None) -> Any: ...
+    def assign(self, positions: dict[tuple[str, int], int] | None = None, *,
+               from_checkpoint: bool = False) -> Any: ...
     def poll(self, timeout_ms: int = ..., max_records: int = ...) -> Batch: ...
     def commit(self, positions: dict[tuple[str, int], int]) -> bool: ...
     def connected(self) -> bool: ...
@@ -73,9 +76,11 @@ class Daemon:
         self.state = RunState.STOPPED
         self.assigned = False
         self.last_checkpoint: float | None = None
+        self.restored = False  # state came from a checkpoint: its positions are the truth
         self._stop = threading.Event()
         self._signals = 0
         self._install_signals = install_signals
+        self._invalid_logged: dict[str, float] = {}  # reason -> monotonic time last logged
         self._hooks: list[Callable[[], None]] = []  # run after each checkpoint (recal state)
         self.recal: Recalibrator | None = None
         if cfg.recalibration.enabled:
@@ -87,7 +92,9 @@ class Daemon:
         self.registry = registry if registry is not None else CollectorRegistry(
             auto_describe=False)
         self.registry.register(collector)
-        self.pages: dict[str, Page] = {}
+        cal_bins = self.recal.calibrated_bins if self.recal is not None else None
+        self.pages: dict[str, Page] = {
+            "/reliability": lambda query: reliability.page(self.engine, cal_bins, query)}
         self.http: HttpServer | None = None
 
     # ------------------------------------------------------------ readers
@@ -165,6 +172,7 @@ class Daemon:
             raise StateError(f"checkpoint {ckpt.seq} in {self.store.dir} cannot be used: {e}"
                              ) from None
         self.positions = dict(ckpt.positions)
+        self.restored = True
         self.last_checkpoint = ckpt.written_at
         log.info("restored checkpoint %d (%d partitions, %d pending)", ckpt.seq,
                  len(self.positions), self.engine.join.pending)
@@ -176,7 +184,10 @@ class Daemon:
         while not self._stop.is_set():
             if not self.assigned:
                 try:
-                    self.source.assign(self.positions or None)
+                    # Partitions missing from a restored checkpoint start at
+                    # auto_offset_reset, never at the group's committed offsets: those
+                    # may belong to a newer checkpoint that was lost (corrupt, fallen back).
+                    self.source.assign(self.positions or None, from_checkpoint=self.restored)
                     self.assigned = True
                     log.info("partitions assigned")
                 except KafkaSourceError as e:
@@ -196,7 +207,17 @@ class Daemon:
     def process(self, records: list[Raw]) -> None:
         """One poll batch through the engine; rejected records to the dead-letter topic."""
         for r in self.engine.feed(records):
+            self._log_invalid(r.reason, r.source)
             self.dead_letters.send(r.value, r.reason, r.source)
+
+    def _log_invalid(self, reason: str, source: str) -> None:
+        now = time.monotonic()
+        last = self._invalid_logged.get(reason)
+        if last is None or now - last >= INVALID_LOG_INTERVAL_S:
+            self._invalid_logged[reason] = now
+            log.warning("invalid record (%s) at %s; counted in calmon_invalid_records_total, "
+                        "not logged again for this reason for %.0fs", reason, source,
+                        INVALID_LOG_INTERVAL_S)
 
     def checkpoint(self) -> None:
         """Between two batches: (1) flush dead letters, so nothing counted is lost past the

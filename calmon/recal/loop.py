@@ -24,12 +24,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
-
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.engine import Engine, Row, View
-from calmon.engine.metrics import bins_from_samples, confidence_and_correct, ece
+from calmon.engine.metrics import Bins, bins_from_samples, confidence_and_correct, ece
 from calmon.io.exporter import RecalState
 from calmon.recal.alerts import AlertSender
 from calmon.recal.refit import Refit, apply_or_identity, input_kind, refit, scores_as
@@ -122,14 +120,31 @@ class Recalibrator:
             live = self.registry.live(model, ALL)  # per-segment falls back to the model's
         return live
 
-    def _window_mask(self, samples: SampleSet, seconds: float, now: float) -> np.ndarray:
-        return samples.ts > now - seconds
+    def _bins_after(self, live: Live | None, samples: SampleSet, seconds: float,
+                    now: float) -> Bins | None:
+        """Bins of the buffered samples inside a window, after the live calibrator."""
+        mask = samples.ts > now - seconds
+        if not mask.any():
+            return None
+        kind = input_kind(samples)
+        probs = apply_or_identity(None if live is None else live.calibrator,
+                                  scores_as(samples, kind)[mask], kind)
+        conf, correct = confidence_and_correct(probs, samples.label[mask])
+        return bins_from_samples(conf, correct, self.cfg.metrics.bins)
+
+    def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
+        """The reliability diagram of a window after the live calibrator (for /reliability),
+        from the buffered samples; None without a live calibrator or samples."""
+        live = self._live(model, segment)
+        samples = self.engine.samples(model, segment)
+        if live is None or samples is None or len(samples) == 0:
+            return None
+        return self._bins_after(live, samples, self.cfg.window(window).seconds, self.engine.now)
 
     def _calibrated_ece(self, model: str, segment: str, samples: SampleSet, live: Live | None,
                         rows: dict[tuple[str, str, str], Row],
                         view: View) -> list[tuple[str, str, str, float]]:
         out = []
-        kind = input_kind(samples)
         for w in self.cfg.metrics.windows:
             row = rows.get((model, segment, w.name))
             if row is None or row.stats.samples == 0:
@@ -137,13 +152,9 @@ class Recalibrator:
             if live is None:  # identity: exactly the raw window ECE
                 out.append((model, segment, w.name, float(row.stats.ece or 0.0)))
                 continue
-            mask = self._window_mask(samples, w.seconds, view.now)
-            if not mask.any():
-                continue
-            probs = apply_or_identity(live.calibrator, scores_as(samples, kind)[mask], kind)
-            conf, correct = confidence_and_correct(probs, samples.label[mask])
-            b = bins_from_samples(conf, correct, self.cfg.metrics.bins)
-            out.append((model, segment, w.name, ece(b.count, b.conf, b.correct)))
+            b = self._bins_after(live, samples, w.seconds, view.now)
+            if b is not None:
+                out.append((model, segment, w.name, ece(b.count, b.conf, b.correct)))
         return out
 
     def _decide(self, model: str, segment: str, samples: SampleSet, live: Live | None,
@@ -151,15 +162,12 @@ class Recalibrator:
         row = rows.get((model, segment, self.rc.window))
         if row is None:
             return None
-        if live is None:
-            bins = row.stats.bins  # the exact window counts
-        else:  # what the model's scores look like after the live calibrator
-            w = self.cfg.window(self.rc.window)
-            mask = self._window_mask(samples, w.seconds, view.now)
-            kind = input_kind(samples)
-            probs = apply_or_identity(live.calibrator, scores_as(samples, kind)[mask], kind)
-            conf, correct = confidence_and_correct(probs, samples.label[mask])
-            bins = bins_from_samples(conf, correct, self.cfg.metrics.bins)
+        bins: Bins | None = row.stats.bins  # without a calibrator: the exact window counts
+        if live is not None:  # what the model's scores look like after the live calibrator
+            bins = self._bins_after(live, samples, self.cfg.window(self.rc.window).seconds,
+                                    view.now)
+            if bins is None:
+                return None
         reading = Reading(bins, row.binary, self.published_ece.get((model, segment)))
         return decide(self.rc, reading)
 
@@ -171,7 +179,7 @@ class Recalibrator:
                decision: Decision, view: View) -> Refit:
         self.last_refit[(model, segment)] = self.clock()
         w = self.cfg.window(self.rc.window)
-        mask = self._window_mask(samples, w.seconds, view.now)
+        mask = samples.ts > view.now - w.seconds
         recent = SampleSet(samples.ts[mask], samples.label[mask], samples.kind[mask],
                            samples.score[mask])
         trigger = decision.fired[0]

@@ -1,0 +1,164 @@
+"""``calmon demo``: broker, traffic and daemon on this machine, no setup.
+
+Starts the embedded Kafka-compatible broker on a free port, creates the
+topics, runs the traffic generator and the daemon (metrics on ``--port``,
+recalibration every few seconds), and prints a compact status line per model
+plus every recalibration as it happens. Ctrl+C (or ``--duration``) stops the
+daemon with a checkpoint, then the traffic, then the broker; the temporary
+directory goes too, so nothing is left running or listening.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from calmon import config
+from calmon.daemon import Daemon
+from calmon.demo.broker import TansuBroker, resolve_binary
+from calmon.demo.traffic import Traffic
+
+log = logging.getLogger(__name__)
+
+TOPICS = ("predictions", "labels", "dead-letters", "calibrators")
+STATUS_EVERY = 5.0
+
+
+def demo_config(bootstrap: str, port: int, workdir: Path) -> config.Config:
+    return config.from_dict({
+        "kafka": {"bootstrap_servers": bootstrap, "dead_letter_topic": "dead-letters",
+                  "calibrators_topic": "calibrators",
+                  "client": {"request_timeout_ms": 5000, "reconnect_backoff_max_ms": 1000}},
+        "join": {"missing_label": {"value": 0, "after": "5s"}, "label_ttl": "5m"},
+        "metrics": {"windows": ["30s", "5m", "1h"]},
+        "segments": {"slices": [["country"], ["device"], ["country", "device"]],
+                     "max_values": 10},
+        "recalibration": {"interval": "3s", "method": "auto", "min_samples": 200,
+                          "cooldown": "10s", "window": "30s", "buffer": 20000,
+                          "output_dir": str(workdir / "calibrators"),
+                          "triggers": {"ece_above": 0.03}},
+        "server": {"host": "127.0.0.1", "port": port},
+        "state": {"dir": str(workdir / "state"), "checkpoint_interval": "5s"},
+    })
+
+
+def create_topics(bootstrap: str, partitions: int = 4) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    try:
+        admin.create_topics([NewTopic(t, partitions, 1) for t in TOPICS])
+    finally:
+        admin.close()
+
+
+class StatusPrinter:
+    """Prints a line per model every few seconds, and each recalibration at once."""
+
+    def __init__(self, daemon: Daemon, traffic: Traffic, out: TextIO) -> None:
+        self.daemon = daemon
+        self.traffic = traffic
+        self.out = out
+        self._seen: dict[tuple[str, str], int] = {}
+        self._outcomes: dict[tuple[str, str, str, str], int] = {}
+
+    def run(self, stop: threading.Event) -> None:
+        next_status = time.monotonic() + STATUS_EVERY
+        while not stop.wait(0.5):
+            self._recalibrations()
+            if time.monotonic() >= next_status:
+                self._status()
+                next_status += STATUS_EVERY
+
+    def _recalibrations(self) -> None:
+        recal = self.daemon.recal
+        if recal is None:
+            return
+        for key, n in recal.metrics_state().recalibrations.items():
+            if key[3] != "published" and n > self._outcomes.get(key, 0):
+                self.out.write(f"  >> refit {key[0]}/{key[1]} with {key[2]}: {key[3]} "
+                               "(does not beat the live calibrator on holdout)\n")
+            self._outcomes[key] = n
+        for e in recal.registry.entries():
+            key = (e["model"], e["segment"])
+            if e["live"] is not None and self._seen.get(key) != e["live"]:
+                self._seen[key] = e["live"]
+                live = recal.registry.live(*key)
+                fit = (live.doc.get("fit") or {}) if live else {}
+                before = (fit.get("holdout_before") or {}).get("ece")
+                after = (fit.get("holdout_after") or {}).get("ece")
+                nums = f" holdout ECE {before:.3f} -> {after:.3f}" if before and after else ""
+                self.out.write(f"  >> recalibrated {e['model']}/{e['segment']}: v{e['live']} "
+                               f"{e['method']} (trigger {e['trigger']}){nums}\n")
+                self.out.flush()
+
+    def _status(self) -> None:
+        view = self.daemon.engine.view()
+        window = self.daemon.cfg.metrics.windows[0].name
+        cal = {}
+        if self.daemon.recal is not None:
+            cal = {(m, s, w): v for m, s, w, v in self.daemon.recal.metrics_state().calibrated_ece}
+        self.out.write(f"[{time.strftime('%H:%M:%S')}] sent {self.traffic.sent} predictions, "
+                       f"{self.traffic.labels_sent} labels; pending {view.pending}\n")
+        for row in view.rows:
+            if row.segment != "__all__" or row.window != window:
+                continue
+            raw = row.stats.ece
+            live = self._seen.get((row.model, "__all__"))
+            c = cal.get((row.model, row.segment, window)) if live else None
+            shown_raw = f"{raw:.3f}" if raw is not None else "  -  "
+            shown_cal = f"-> calibrated {c:.3f}" if c is not None else " " * 19
+            self.out.write(
+                f"  {row.model:<7} joined {view.totals.joined.get(row.model, 0):>7}   "
+                f"ECE({window}) raw {shown_raw} {shown_cal}   "
+                f"calibrator {('v' + str(live)) if live else '-'}\n")
+        self.out.flush()
+
+
+def run_demo(duration: float | None, rate: float, port: int, out: TextIO = sys.stdout) -> int:
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    workdir = Path(tempfile.mkdtemp(prefix="calmon-demo-"))
+    broker = TansuBroker(resolve_binary(), log=workdir / "broker.log")
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        broker.start()
+        create_topics(broker.bootstrap)
+        cfg = demo_config(broker.bootstrap, port, workdir)
+        daemon = Daemon(cfg)
+        traffic = Traffic(broker.bootstrap, "predictions", "labels", rate)
+        printer = StatusPrinter(daemon, traffic, out)
+        for name, target in (("traffic", traffic.run), ("status", printer.run)):
+            t = threading.Thread(target=target, args=(stop,), name=f"calmon-demo-{name}",
+                                 daemon=True)
+            t.start()
+            threads.append(t)
+        if duration:
+            timer = threading.Timer(duration, daemon.request_stop)
+            timer.daemon = True
+            timer.start()
+        out.write(f"calmon demo: broker {broker.bootstrap}, {rate:g} predictions/s\n"
+                  f"  metrics      http://127.0.0.1:{port}/metrics\n"
+                  f"  reliability  http://127.0.0.1:{port}/reliability\n"
+                  f"  status       http://127.0.0.1:{port}/status\n"
+                  f"  calibrators  {cfg.recalibration.output_dir}\n"
+                  "Drift starts after ~10 s; recalibrations are printed as they happen. "
+                  "Ctrl+C stops.\n")
+        out.flush()
+        code = daemon.run()
+        out.write("calmon demo: stopped.\n")
+        return code
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

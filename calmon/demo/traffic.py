@@ -1,0 +1,113 @@
+"""Synthetic traffic for ``calmon demo``: three models whose calibration drifts.
+
+* ``ctr``: a binary click model (logits) with implicit negatives — only clicks
+  get a label; it turns over-confident (logits x 2.5) after ``drift_at``.
+* ``triage``: a 5-class classifier (probabilities) that turns under-confident
+  (logits x 0.4) a little later.
+* ``fraud``: a binary model (probabilities) with country and device segments,
+  where the base rate in ``country=BR`` shifts up (a prior shift) mid-run.
+
+Labels follow their predictions after a random delay, sometimes out of order,
+keyed by id like a real pipeline.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+COUNTRIES = ("US", "DE", "BR", "IN", "JP")
+DEVICES = ("ios", "android", "web")
+
+
+@dataclass
+class Drift:
+    ctr_at: float = 10.0  # seconds after start
+    triage_at: float = 20.0
+    fraud_at: float = 15.0
+
+
+def _sigmoid(z: float) -> float:
+    return float(1.0 / (1.0 + np.exp(-z)))
+
+
+class Traffic:
+    def __init__(self, bootstrap: str, predictions_topic: str, labels_topic: str, rate: float,
+                 seed: int = 7, drift: Drift | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.predictions_topic = predictions_topic
+        self.labels_topic = labels_topic
+        self.rate = rate
+        self.rng = np.random.default_rng(seed)
+        self.drift = drift or Drift()
+        self.sent = 0
+        self.labels_sent = 0
+        self._seq = 0
+        self._due: list[tuple[float, int, bytes, bytes]] = []  # (send at, seq, key, label)
+
+    def _prediction(self, model: str, elapsed: float, now: float) -> tuple[dict, int | None]:
+        """One prediction record and its true label (None: no label will be sent)."""
+        rng = self.rng
+        self._seq += 1
+        pid = f"{model}-{self._seq}"
+        country = COUNTRIES[int(rng.integers(len(COUNTRIES)))]
+        device = DEVICES[int(rng.integers(len(DEVICES)))]
+        seg = {"country": country, "device": device}
+        if model == "ctr":
+            z = float(rng.normal(-2.5, 1.2))
+            y = int(rng.random() < _sigmoid(z))
+            scale = 2.5 if elapsed >= self.drift.ctr_at else 1.0
+            rec = {"id": pid, "model": model, "ts": now, "segment": seg, "logit": z * scale}
+            return rec, (1 if y else None)  # implicit negatives: only clicks are labelled
+        if model == "fraud":
+            z = float(rng.normal(-1.5, 1.5))
+            shift = 1.5 if (country == "BR" and elapsed >= self.drift.fraud_at) else 0.0
+            y = int(rng.random() < _sigmoid(z + shift))
+            rec = {"id": pid, "model": model, "ts": now, "segment": seg, "prob": _sigmoid(z)}
+            return rec, (1 if y else None)
+        z = rng.normal(0.0, 1.6, 5)
+        p = np.exp(z) / np.exp(z).sum()
+        y = int(rng.choice(5, p=p))
+        scale = 0.4 if elapsed >= self.drift.triage_at else 1.0
+        q = np.exp(z * scale) / np.exp(z * scale).sum()
+        return {"id": pid, "model": "triage", "ts": now, "segment": seg,
+                "probs": [round(float(v), 9) for v in q]}, y
+
+    def run(self, stop: threading.Event) -> None:
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=20)
+        start = time.time()
+        tick = 0.1
+        carry = 0.0
+        try:
+            while not stop.is_set():
+                now = time.time()
+                elapsed = now - start
+                carry += self.rate * tick
+                n, carry = int(carry), carry - int(carry)
+                for _ in range(n):
+                    model = ("ctr", "fraud", "triage")[int(self.rng.integers(3))]
+                    rec, y = self._prediction(model, elapsed, now)
+                    key = rec["id"].encode()
+                    producer.send(self.predictions_topic, key=key, value=json.dumps(rec).encode())
+                    self.sent += 1
+                    if y is not None:
+                        delay = float(self.rng.exponential(1.0))
+                        label = json.dumps({"id": rec["id"], "label": y, "ts": now + delay})
+                        heapq.heappush(self._due, (now + delay, self._seq, key, label.encode()))
+                while self._due and self._due[0][0] <= now:
+                    _, _, key, value = heapq.heappop(self._due)
+                    producer.send(self.labels_topic, key=key, value=value)
+                    self.labels_sent += 1
+                stop.wait(tick)  # the traffic's own pace, not synchronisation
+        finally:
+            producer.close(timeout=2)

@@ -1,0 +1,118 @@
+"""``/reliability``: reliability diagrams as plain HTML + inline SVG, no JavaScript.
+
+One diagram per model and segment for the chosen window: a bar per non-empty
+bin at its accuracy (observed frequency), a dot at its mean confidence, the
+diagonal of perfect calibration, and the sample count under each bar. The
+calibrated diagram (after the live calibrator) sits beside the raw one.
+Query: ``?window=24h&model=ctr&segment=__all__`` (all optional).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+
+from calmon.engine.engine import Engine
+from calmon.engine.metrics import Bins, ece
+
+W, H, PAD = 360, 260, 34  # svg size and plot padding
+CalibratedBins = Callable[[str, str, str], Bins | None]
+
+
+def diagram(bins: Bins, title: str, kind: str) -> str:
+    """One SVG: a ``<rect class="bar">`` per non-empty bin."""
+    n_bins = len(bins.count)
+    pw, ph = W - 2 * PAD, H - 2 * PAD
+    bw = pw / n_bins
+
+    def x(v: float) -> float:
+        return PAD + v * pw
+
+    def y(v: float) -> float:
+        return PAD + (1 - v) * ph
+
+    parts = [f'<svg class="diagram {kind}" xmlns="http://www.w3.org/2000/svg" width="{W}" '
+             f'height="{H}" viewBox="0 0 {W} {H}" role="img" aria-label="{html.escape(title)}">',
+             f'<rect x="{PAD}" y="{PAD}" width="{pw}" height="{ph}" fill="#fafafa" '
+             'stroke="#999"/>',
+             f'<line class="diagonal" x1="{x(0)}" y1="{y(0)}" x2="{x(1)}" y2="{y(1)}" '
+             'stroke="#888" stroke-dasharray="4 3"/>']
+    for t in (0.0, 0.5, 1.0):
+        parts.append(f'<text x="{x(t)}" y="{H - PAD + 14}" font-size="10" '
+                     f'text-anchor="middle">{t:g}</text>')
+        parts.append(f'<text x="{PAD - 6}" y="{y(t) + 3}" font-size="10" '
+                     f'text-anchor="end">{t:g}</text>')
+    fill = "#4878d0" if kind == "raw" else "#6acc64"
+    for b in range(n_bins):
+        n = float(bins.count[b])
+        if n <= 0:
+            continue
+        acc = float(bins.correct[b]) / n
+        conf = float(bins.conf[b]) / n
+        top = y(acc)
+        parts.append(
+            f'<rect class="bar" data-bin="{b}" data-count="{n:.0f}" x="{x(b / n_bins) + 1:.2f}" '
+            f'y="{top:.2f}" width="{bw - 2:.2f}" height="{PAD + ph - top:.2f}" fill="{fill}" '
+            f'fill-opacity="0.75"><title>bin {b}: n={n:.0f}, accuracy {acc:.3f}, '
+            f'confidence {conf:.3f}</title></rect>')
+        parts.append(f'<circle class="conf" cx="{x(conf):.2f}" cy="{y(conf):.2f}" r="2.5" '
+                     'fill="#c44e52"/>')
+        parts.append(f'<text class="count" x="{x((b + 0.5) / n_bins):.2f}" y="{PAD - 4}" '
+                     f'font-size="8" text-anchor="middle">{n:.0f}</text>')
+    parts.append(f'<text x="{W / 2}" y="{H - 4}" font-size="11" text-anchor="middle">'
+                 'confidence</text>')
+    parts.append(f'<text x="{W / 2}" y="14" font-size="12" text-anchor="middle" '
+                 f'font-weight="bold">{html.escape(title)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _ece_text(bins: Bins) -> str:
+    if bins.count.sum() == 0:
+        return "no samples"
+    return f"ECE {ece(bins.count, bins.conf, bins.correct):.4f}, n={bins.count.sum():.0f}"
+
+
+def page(engine: Engine, calibrated: CalibratedBins | None,
+         query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+    view = engine.view()
+    windows = [w.name for w in engine.cfg.metrics.windows]
+    window = query.get("window", [windows[-1]])[0]
+    if window not in windows:
+        return 400, "text/plain; charset=utf-8", f"unknown window {window!r}\n".encode()
+    want_model = query.get("model", [None])[0]
+    want_segment = query.get("segment", [None])[0]
+    links = " ".join(
+        f'<a href="?window={html.escape(w)}"{" class=sel" if w == window else ""}>'
+        f"{html.escape(w)}</a>" for w in windows)
+    body = [f"<h1>calmon reliability</h1><p>window: {links}</p>"]
+    shown = 0
+    for row in view.rows:
+        if row.window != window or row.stats.samples == 0:
+            continue
+        if want_model not in (None, row.model) or want_segment not in (None, row.segment):
+            continue
+        shown += 1
+        name = f"{row.model} / {row.segment}"
+        raw = row.stats.bins
+        cells = [f'<figure>{diagram(raw, "raw", "raw")}<figcaption>{_ece_text(raw)}'
+                 "</figcaption></figure>"]
+        cal = calibrated(row.model, row.segment, window) if calibrated else None
+        if cal is not None and cal.count.sum() > 0:
+            cells.append(f'<figure>{diagram(cal, "calibrated", "calibrated")}<figcaption>'
+                         f"{_ece_text(cal)} (buffered samples)</figcaption></figure>")
+        target = "P(y=1) vs y" if row.binary else "top-label confidence vs correct"
+        body.append(f'<section class="series" data-model="{html.escape(row.model)}" '
+                    f'data-segment="{html.escape(row.segment)}"><h2>{html.escape(name)}</h2>'
+                    f"<p>{target}; bars: observed frequency per bin, dots: mean confidence"
+                    f"</p><div class=row>{''.join(cells)}</div></section>")
+    if not shown:
+        body.append("<p>No joined samples in this window yet.</p>")
+    doc = ("<!doctype html><html><head><meta charset=utf-8><title>calmon reliability</title>"
+           "<style>body{font-family:sans-serif;margin:1.5em;color:#222}"
+           ".row{display:flex;gap:1em;flex-wrap:wrap}figure{margin:0}"
+           "figcaption{font-size:12px;text-align:center}a.sel{font-weight:bold}"
+           "section{border-top:1px solid #ddd;margin-top:1em}</style></head><body>"
+           + "".join(body) + "</body></html>")
+    return 200, "text/html; charset=utf-8", doc.encode()
+
