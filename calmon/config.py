@@ -266,11 +266,35 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
 
 def loads(text: str, env: Mapping[str, str] | None = None) -> Config:
     """Validate YAML text. Raises ConfigError listing every problem."""
+    # ``${...}`` is not valid YAML inside a flow mapping ({index: ${I}, count: 2}):
+    # hide each reference behind a plain-scalar placeholder while parsing, then put
+    # it back, so it is expanded wherever it stands (and, in a comment, nowhere).
+    refs: list[str] = []
+
+    def hide(m: re.Match[str]) -> str:
+        refs.append(m.group(0))
+        return f"{_REF_MARK}{len(refs) - 1}__"
+
     try:
-        data = yaml.safe_load(text)
+        data = yaml.safe_load(_ENV_RE.sub(hide, text))
     except yaml.YAMLError as e:
         raise ConfigError([f"(file): not valid YAML: {e}"]) from None
-    return from_dict({} if data is None else data, env)
+    return from_dict({} if data is None else _unhide(data, refs), env)
+
+
+_REF_MARK = "__calmon_env_ref_"
+_REF_RE = re.compile(re.escape(_REF_MARK) + r"(\d+)__")
+
+
+def _unhide(data: Any, refs: list[str]) -> Any:
+    if isinstance(data, dict):
+        return {_unhide(k, refs): _unhide(v, refs) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_unhide(v, refs) for v in data]
+    if isinstance(data, str) and _REF_MARK in data:
+        return _REF_RE.sub(lambda m: refs[int(m.group(1))] if int(m.group(1)) < len(refs)
+                           else m.group(0), data)
+    return data
 
 
 def from_dict(data: Any, env: Mapping[str, str] | None = None) -> Config:

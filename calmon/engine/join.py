@@ -72,6 +72,7 @@ class Join:
         # labels waiting for their prediction: id -> (label, deadline)
         self._labels: dict[str, tuple[Label, float]] = {}
         self._next_label_deadline = np.inf
+        self._undated_labels = False  # labels waiting for the first prediction to start a clock
         # ids already joined, so a late second label is a duplicate: id -> deadline
         self._done: dict[str, float] = {}
         self._done_order: deque[str] = deque()
@@ -161,10 +162,13 @@ class Join:
             if waiting is not None:
                 self.events.labels_expired += 1
             base = lab.ts if lab.ts is not None else now
-            deadline = base + self.label_ttl
+            # no ts and no prediction seen yet: the clock starts with the first prediction
+            deadline = base + self.label_ttl if base > -np.inf else np.inf
             self._labels[lid] = (lab, deadline)
             if deadline < self._next_label_deadline:
                 self._next_label_deadline = deadline
+            if deadline == np.inf:
+                self._undated_labels = True
             return
         if lab.label >= self.classes_of_slot(slot):
             self.events.rejected_labels.append(lab)
@@ -253,15 +257,19 @@ class Join:
                     self._finish(slot, self._pid[slot])  # type: ignore[arg-type]
             live = self._deadline[np.isfinite(self._deadline)]
             self._next_deadline = float(live.min()) if len(live) else np.inf
-        if now >= self._next_label_deadline:
+        if now >= self._next_label_deadline or (self._undated_labels and now > -np.inf):
             nxt = np.inf
-            for lid, (_lab, deadline) in list(self._labels.items()):
+            for lid, (lab, deadline) in list(self._labels.items()):
+                if deadline == np.inf and now > -np.inf:
+                    deadline = now + self.label_ttl
+                    self._labels[lid] = (lab, deadline)
                 if deadline <= now:
                     del self._labels[lid]
                     self.events.labels_expired += 1
                 else:
                     nxt = min(nxt, deadline)
             self._next_label_deadline = nxt
+            self._undated_labels = False
         while self._done_order:
             pid = self._done_order[0]
             d = self._done.get(pid)
@@ -329,6 +337,7 @@ class Join:
         for lid, label, ts, model, raw, source, d in snap["labels"]:
             self._labels[lid] = (Label(lid, label, ts, model, raw, source), d)
             self._next_label_deadline = min(self._next_label_deadline, d)
+            self._undated_labels |= d == np.inf
         for pid, d in snap["done"]:
             self._done[pid] = d
             self._done_order.append(pid)

@@ -61,6 +61,9 @@ REASONS = (
 BINARY_KINDS = ("prob", "logit")
 SCORE_KINDS = ("prob", "logit", "probs", "logits")
 PROBS_TOLERANCE = 1e-3
+# event times calmon accepts: what datetime can represent (years 1..9999), so window
+# buckets never overflow and ts + ttl stays distinct from ts
+TS_MIN, TS_MAX = -62135596800.0, 253402300799.0
 
 
 @dataclass(slots=True)
@@ -138,9 +141,13 @@ def parse_ts(v: Any) -> float:
     if isinstance(v, bool):
         raise _Invalid("bad_ts")
     if isinstance(v, int | float):
-        if not math.isfinite(v):
+        try:
+            f = float(v)  # an integer too large for a float overflows
+        except OverflowError:
+            raise _Invalid("bad_ts") from None
+        if not TS_MIN <= f <= TS_MAX:  # also rejects NaN and infinities
             raise _Invalid("bad_ts")
-        return float(v)
+        return f
     if isinstance(v, str):
         try:
             dt = datetime.fromisoformat(v.strip())
@@ -155,7 +162,10 @@ def parse_ts(v: Any) -> float:
 def _number(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise _Invalid("bad_score")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer too large for a float
+        raise _Invalid("not_finite") from None
     if not math.isfinite(f):
         raise _Invalid("not_finite")
     return f
@@ -253,7 +263,10 @@ class Parser:
             score = _vector(v)
             if min(score) < 0.0:
                 raise _Invalid("prob_out_of_range")
-            total = math.fsum(score)
+            try:
+                total = math.fsum(score)
+            except OverflowError:  # e.g. [1e308, 1e308]
+                raise _Invalid("probs_not_normalized") from None
             if abs(total - 1.0) > PROBS_TOLERANCE:
                 raise _Invalid("probs_not_normalized")
             p = tuple(x / total for x in score)

@@ -1,0 +1,366 @@
+"""Record parsing: every reason code, timestamps, field paths, and property tests
+that no input makes the parser or the engine raise."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from calmon.config import FieldsConfig, from_dict
+from calmon.engine.engine import Engine
+from calmon.engine.records import REASONS, Kind, Label, Parser, Prediction, Raw, Reject
+from tests.engine.reference import T0, L, P
+
+MAX_BYTES = 1000
+PARSER = Parser(FieldsConfig(), MAX_BYTES)
+
+PROPS = settings(max_examples=200, deadline=None, database=None,
+                 suppress_health_check=[HealthCheck.too_slow])
+
+
+def pred(**obj) -> bytes:
+    return json.dumps({"id": "a", "model": "m", "ts": T0, "prob": 0.5, **obj}).encode()
+
+
+def pred_without(*keys: str, **obj) -> bytes:
+    full = {"id": "a", "model": "m", "ts": T0, "prob": 0.5, **obj}
+    return json.dumps({k: v for k, v in full.items() if k not in keys}).encode()
+
+
+# (expected reason, kind, value, broker timestamp)
+PARSER_CASES: list[tuple[str, Kind, bytes | None, float | None]] = [
+    ("oversize", Kind.PREDICTION, pred(pad="x" * MAX_BYTES), None),
+    ("oversize", Kind.LABEL, b'{"id":"a","label":1,"x":"' + b"y" * MAX_BYTES + b'"}', None),
+    ("empty", Kind.PREDICTION, b"", None),
+    ("empty", Kind.LABEL, None, None),  # a tombstone
+    ("not_utf8", Kind.PREDICTION, b'{"id": "\xff\xfe", "model": "m"}', None),
+    ("not_utf8", Kind.LABEL, b"\x80abc", None),
+    ("not_json", Kind.PREDICTION, b'{"id": "a", ', None),
+    ("not_json", Kind.LABEL, b"label=1", None),
+    ("not_object", Kind.PREDICTION, b"[1, 2]", None),
+    ("not_object", Kind.LABEL, b'"a"', None),
+    ("not_object", Kind.LABEL, b"null", None),
+    ("missing_id", Kind.PREDICTION, pred_without("id"), None),
+    ("missing_id", Kind.LABEL, b'{"label": 1}', None),
+    ("missing_id", Kind.PREDICTION, pred(id=None), None),
+    ("bad_id", Kind.PREDICTION, pred(id=1.5), None),
+    ("bad_id", Kind.PREDICTION, pred(id=""), None),
+    ("bad_id", Kind.LABEL, b'{"id": true, "label": 1}', None),
+    ("bad_id", Kind.LABEL, b'{"id": ["a"], "label": 1}', None),
+    ("missing_model", Kind.PREDICTION, pred_without("model"), None),
+    ("bad_model", Kind.PREDICTION, pred(model=3), None),
+    ("bad_model", Kind.PREDICTION, pred(model=""), None),
+    ("missing_ts", Kind.PREDICTION, pred_without("ts"), None),
+    ("bad_ts", Kind.PREDICTION, pred(ts="yesterday"), None),
+    ("bad_ts", Kind.PREDICTION, pred(ts=True), None),
+    ("bad_ts", Kind.PREDICTION, pred(ts=[1]), None),
+    ("bad_ts", Kind.PREDICTION, b'{"id":"a","model":"m","ts":NaN,"prob":0.5}', None),
+    ("bad_ts", Kind.PREDICTION, b'{"id":"a","model":"m","ts":Infinity,"prob":0.5}', None),
+    ("bad_ts", Kind.LABEL, b'{"id":"a","label":1,"ts":"2025-13-45"}', None),
+    ("no_score", Kind.PREDICTION, pred_without("prob"), None),
+    ("no_score", Kind.PREDICTION, pred(prob=None), None),
+    ("multiple_scores", Kind.PREDICTION, pred(logit=0.3), None),
+    ("multiple_scores", Kind.PREDICTION, pred_without("prob", probs=[0.5, 0.5],
+                                                      logits=[0, 1]), None),
+    ("bad_score", Kind.PREDICTION, pred(prob="0.5"), None),
+    ("bad_score", Kind.PREDICTION, pred(prob=True), None),
+    ("bad_score", Kind.PREDICTION, pred_without("prob", probs=[1.0]), None),
+    ("bad_score", Kind.PREDICTION, pred_without("prob", probs=0.5), None),
+    ("bad_score", Kind.PREDICTION, pred_without("prob", logits=[1, "2"]), None),
+    ("bad_score", Kind.PREDICTION, pred_without("prob", logits=[[1], [2]]), None),
+    ("not_finite", Kind.PREDICTION, b'{"id":"a","model":"m","ts":1,"prob":NaN}', None),
+    ("not_finite", Kind.PREDICTION, b'{"id":"a","model":"m","ts":1,"logit":Infinity}', None),
+    ("not_finite", Kind.PREDICTION, b'{"id":"a","model":"m","ts":1,"logits":[0,-Infinity]}',
+     None),
+    ("not_finite", Kind.PREDICTION, b'{"id":"a","model":"m","ts":1,"probs":[NaN,0.5]}', None),
+    ("prob_out_of_range", Kind.PREDICTION, pred(prob=1.5), None),
+    ("prob_out_of_range", Kind.PREDICTION, pred(prob=-0.01), None),
+    ("prob_out_of_range", Kind.PREDICTION, pred_without("prob", probs=[1.2, -0.2]), None),
+    ("probs_not_normalized", Kind.PREDICTION, pred_without("prob", probs=[0.5, 0.6]), None),
+    ("probs_not_normalized", Kind.PREDICTION, pred_without("prob", probs=[0.2, 0.3, 0.4]),
+     None),
+    ("probs_not_normalized", Kind.PREDICTION, pred_without("prob", probs=[0.5, 0.502]), None),
+    ("bad_segment", Kind.PREDICTION, pred(segment="US"), None),
+    ("bad_segment", Kind.PREDICTION, pred(segment={"country": ["US"]}), None),
+    ("bad_segment", Kind.PREDICTION, pred(segment={"country": {"iso": "US"}}), None),
+    ("missing_label", Kind.LABEL, b'{"id": "a"}', None),
+    ("missing_label", Kind.LABEL, b'{"id": "a", "label": null}', None),
+    ("bad_label", Kind.LABEL, b'{"id": "a", "label": "1"}', None),
+    ("bad_label", Kind.LABEL, b'{"id": "a", "label": 0.5}', None),
+    ("bad_label", Kind.LABEL, b'{"id": "a", "label": NaN}', None),
+    ("bad_label", Kind.LABEL, b'{"id": "a", "label": [1]}', None),
+    ("label_out_of_range", Kind.LABEL, b'{"id": "a", "label": -1}', None),
+    # numbers too large for a float are not finite, never an exception
+    ("not_finite", Kind.PREDICTION, b'{"id":"a","model":"m","ts":1,"prob":1' + b"0" * 400 + b"}",
+     None),
+    ("not_finite", Kind.PREDICTION,
+     b'{"id":"a","model":"m","ts":1,"logits":[1,2' + b"0" * 400 + b"]}", None),
+    ("bad_ts", Kind.PREDICTION, b'{"id":"a","model":"m","ts":1' + b"0" * 400 + b',"prob":0.5}',
+     None),
+    ("probs_not_normalized", Kind.PREDICTION,
+     b'{"id":"a","model":"m","ts":1,"probs":[1e308,1e308]}', None),
+]
+
+
+@pytest.mark.parametrize(("reason", "kind", "value", "broker_ts"), PARSER_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(PARSER_CASES)])
+def test_parser_reason(reason: str, kind: Kind, value: bytes | None,
+                       broker_ts: float | None) -> None:
+    assert reason in REASONS
+    assert PARSER.parse(Raw(kind, value, broker_ts)) == Reject(reason)
+
+
+def test_deeply_nested_json_is_not_json() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    big = Parser(FieldsConfig(), 10**6)
+    assert big.parse(Raw(Kind.PREDICTION, deep)) == Reject("not_json")
+    nested = b'{"id": "a", "label": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    assert big.parse(Raw(Kind.LABEL, nested)) == Reject("not_json")
+
+
+def engine_reasons() -> dict[str, list[tuple[Kind, str]]]:
+    """Reasons only the engine can decide: they need an earlier record."""
+    out: dict[str, list[tuple[Kind, str]]] = {}
+    e = Engine(from_dict({}))
+    rej = e.feed([P("b1", T0, "bin", prob=0.5), L("b1", 2, T0),  # binary: 0/1 only
+                  P("k1", T0, "k3", probs=[0.2, 0.3, 0.5]), L("k1", 3, T0),
+                  P("x1", T0, "bin", probs=[0.5, 0.5]),  # bin is binary
+                  P("x2", T0, "k3", probs=[0.5, 0.5]),  # k3 has 3 classes
+                  P("x3", T0, "k3", logit=1.0)])
+    for r in rej:
+        out.setdefault(r.reason, []).append((r.kind, r.value))
+    return out
+
+
+def test_engine_reasons() -> None:
+    got = engine_reasons()
+    assert {k: [kind for kind, _ in v] for k, v in got.items()} == {
+        "label_out_of_range": [Kind.LABEL, Kind.LABEL],
+        "classes_mismatch": [Kind.PREDICTION] * 3,
+    }
+
+
+def test_every_reason_is_produced() -> None:
+    produced = {c[0] for c in PARSER_CASES} | set(engine_reasons())
+    assert produced == set(REASONS)
+
+
+def test_engine_counts_invalid_by_topic_and_reason() -> None:
+    e = Engine(from_dict({"kafka": {"max_record_bytes": MAX_BYTES}}))
+    raws = [Raw(kind, value, ts) for _, kind, value, ts in PARSER_CASES]
+    rejected = e.feed(raws)
+    assert [r.reason for r in rejected] == [c[0] for c in PARSER_CASES]
+    assert [r.value for r in rejected] == [c[2] for c in PARSER_CASES]  # forwarded unchanged
+    v = e.view()
+    assert v.counters["invalid"] == len(PARSER_CASES)
+    assert v.counters["predictions"] == 0 and v.counters["labels"] == 0
+    expected: dict[tuple[str, str], int] = {}
+    for reason, kind, _, _ in PARSER_CASES:
+        key = ("predictions" if kind is Kind.PREDICTION else "labels", reason)
+        expected[key] = expected.get(key, 0) + 1
+    assert dict(v.totals.invalid) == expected
+
+
+# ---------------------------------------------------------------- valid records
+
+
+@pytest.mark.parametrize(("ts", "expected"), [
+    (T0, T0),
+    (int(T0), T0),
+    (T0 + 0.25, T0 + 0.25),
+    ("2025-11-30T00:00:00Z", T0),
+    ("2025-11-30T00:00:00+00:00", T0),
+    ("2025-11-30T01:30:00+01:30", T0),
+    ("2025-11-29T19:00:00-05:00", T0),
+    ("2025-11-30T00:00:00.250Z", T0 + 0.25),
+    ("2025-11-30T00:00:00", T0),  # naive: UTC
+    ("2025-11-30 00:00:07", T0 + 7),
+    (0, 0.0),
+])
+def test_timestamps(ts, expected: float) -> None:
+    out = PARSER.parse(Raw(Kind.PREDICTION, pred(ts=ts)))
+    assert isinstance(out, Prediction)
+    assert out.ts == expected
+    lab = PARSER.parse(Raw(Kind.LABEL, json.dumps({"id": "a", "label": 1, "ts": ts}).encode()))
+    assert isinstance(lab, Label) and lab.ts == expected
+
+
+def test_iso_timestamps_agree_with_datetime() -> None:
+    for text in ("2024-02-29T23:59:59.999999+00:00", "1970-01-01T00:00:00Z",
+                 "2030-06-15T12:00:00+09:00"):
+        expected = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        out = PARSER.parse(Raw(Kind.PREDICTION, pred(ts=text)))
+        assert isinstance(out, Prediction) and out.ts == expected
+
+
+def test_kafka_timestamp_fallback() -> None:
+    no_ts = pred_without("ts")
+    out = PARSER.parse(Raw(Kind.PREDICTION, no_ts, 1234.5))
+    assert isinstance(out, Prediction) and out.ts == 1234.5
+    out = PARSER.parse(Raw(Kind.PREDICTION, pred(ts=None), 99.0))
+    assert isinstance(out, Prediction) and out.ts == 99.0
+    out = PARSER.parse(Raw(Kind.PREDICTION, pred(ts=T0), 1234.5))  # the record's ts wins
+    assert isinstance(out, Prediction) and out.ts == T0
+    lab = PARSER.parse(Raw(Kind.LABEL, b'{"id": "a", "label": 1}', 77.0))
+    assert isinstance(lab, Label) and lab.ts == 77.0
+    lab = PARSER.parse(Raw(Kind.LABEL, b'{"id": "a", "label": 1}'))  # optional for labels
+    assert isinstance(lab, Label) and lab.ts is None
+
+
+def test_scores_and_labels() -> None:
+    out = PARSER.parse(Raw(Kind.PREDICTION, pred_without("prob", logit=2.0)))
+    assert isinstance(out, Prediction) and out.classes == 2
+    assert abs(out.p - 1 / (1 + math.exp(-2.0))) < 1e-15
+    out = PARSER.parse(Raw(Kind.PREDICTION, pred_without("prob", probs=[0.5, 0.5005])))
+    assert isinstance(out, Prediction) and out.classes == 2  # within 1e-3: renormalised
+    assert abs(sum(out.p) - 1.0) < 1e-12 and abs(out.p[0] - 0.5 / 1.0005) < 1e-15
+    out = PARSER.parse(Raw(Kind.PREDICTION, pred_without("prob", logits=[1, 2, 3, 4])))
+    assert isinstance(out, Prediction) and out.classes == 4
+    z = [math.exp(v) for v in (1, 2, 3, 4)]
+    assert all(abs(a - b / sum(z)) < 1e-15 for a, b in zip(out.p, z))
+    out = PARSER.parse(Raw(Kind.PREDICTION, pred(id=91, segment={
+        "country": "US", "n": 3, "mobile": True, "gone": None})))
+    assert isinstance(out, Prediction)
+    assert out.id == "91"
+    assert out.segment == {"country": "US", "n": "3", "mobile": "true"}
+    for raw, expected in ((b'{"id":"a","label":true}', 1), (b'{"id":"a","label":false}', 0),
+                          (b'{"id":"a","label":2}', 2), (b'{"id":"a","label":1.0}', 1)):
+        lab = PARSER.parse(Raw(Kind.LABEL, raw))
+        assert isinstance(lab, Label) and lab.label == expected
+
+
+def test_integer_and_string_ids_join() -> None:
+    e = Engine(from_dict({}))
+    assert e.feed([P(91, T0, prob=0.5), L("91", 1), P("92", T0, prob=0.5), L(92, 0)]) == []
+    assert e.view().counters["joined"] == 2
+
+
+def test_configurable_dotted_field_paths() -> None:
+    cfg = from_dict({"fields": {"id": "meta.request_id", "model": "meta.model",
+                                "ts": "meta.time", "segment": "ctx", "label": "outcome.y",
+                                "prob": "out.p"}})
+    e = Engine(cfg)
+    p = json.dumps({"meta": {"request_id": "r1", "model": "ctr", "time": T0},
+                    "ctx": {"country": "FR"}, "out": {"p": 0.75}}).encode()
+    lab = json.dumps({"meta": {"request_id": "r1"}, "outcome": {"y": 1}}).encode()
+    assert e.feed([Raw(Kind.PREDICTION, p), Raw(Kind.LABEL, lab)]) == []
+    v = e.view()
+    assert v.counters["joined"] == 1
+    rows = {(r.segment, r.window): r.stats for r in v.rows if r.model == "ctr"}
+    assert rows[("country=FR", "1h")].samples == 1
+    assert abs(rows[("__all__", "1h")].mean_confidence - 0.75) < 1e-9
+    parsed = Parser(cfg.fields, 1000).parse(Raw(Kind.PREDICTION, p))
+    assert isinstance(parsed, Prediction) and parsed.ts == T0
+    # the default paths do not find these fields
+    assert PARSER.parse(Raw(Kind.PREDICTION, p)) == Reject("missing_id")
+    # a path through a non-object is simply missing
+    bad = json.dumps({"meta": "r1", "out": {"p": 0.5}}).encode()
+    assert Parser(cfg.fields, 1000).parse(Raw(Kind.PREDICTION, bad)) == Reject("missing_id")
+
+
+# ---------------------------------------------------------------- properties
+
+json_scalars = (st.none() | st.booleans() | st.integers() | st.floats()
+                | st.text(max_size=12))
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                  max_size=4),
+    max_leaves=12,
+)
+timestamps = (st.floats() | st.integers() | st.datetimes().map(lambda d: d.isoformat())
+              | st.just("2025-11-30T00:00:00Z") | st.floats(T0, T0 + 86400))
+plausible = {
+    "id": st.sampled_from(["a", "b", "c", 1, 2]) | json_values,
+    "model": st.sampled_from(["m", "n"]) | json_values,
+    "ts": timestamps | json_values,
+    "segment": st.dictionaries(st.sampled_from(["country", "device"]),
+                               json_scalars, max_size=2) | json_values,
+    "label": st.integers(-2, 12) | st.booleans() | json_values,
+    "prob": st.floats(0, 1) | json_values,
+    "logit": st.floats() | json_values,
+    "probs": st.lists(st.floats(0, 1), min_size=0, max_size=5)
+    | st.integers(2, 4).map(lambda k: [1.0 / k] * k) | json_values,
+    "logits": st.lists(st.floats(), min_size=0, max_size=5) | json_values,
+}
+records = st.fixed_dictionaries({}, optional=plausible)
+
+
+def to_bytes(obj) -> bytes:
+    return json.dumps(obj).encode()  # NaN and Infinity as JSON literals
+
+
+def check_result(out) -> None:
+    assert type(out) in (Prediction, Label, Reject)
+    if isinstance(out, Reject):
+        assert out.reason in REASONS
+    elif isinstance(out, Prediction):
+        assert isinstance(out.id, str) and out.id
+        assert math.isfinite(out.ts)
+        if out.kind in ("prob", "logit"):
+            assert 0.0 <= out.p <= 1.0
+        else:
+            assert len(out.p) >= 2 and abs(sum(out.p) - 1.0) < 1e-9
+            assert all(0.0 <= x <= 1.0 for x in out.p)
+    else:
+        assert isinstance(out.id, str) and out.id
+        assert isinstance(out.label, int) and out.label >= 0
+
+
+@PROPS
+@given(value=json_values, kind=st.sampled_from(Kind))
+@example(value=10**400, kind=Kind.PREDICTION)
+@example(value={"id": "a", "model": "m", "ts": 1, "prob": 10**400}, kind=Kind.PREDICTION)
+@example(value={"id": "a", "label": 10**400}, kind=Kind.LABEL)
+def test_parse_never_raises_on_json(value, kind: Kind) -> None:
+    check_result(PARSER.parse(Raw(kind, to_bytes(value))))
+
+
+@PROPS
+@given(obj=records, kind=st.sampled_from(Kind), broker_ts=st.none() | st.floats(0, 2e9))
+@example(obj={"id": "a", "model": "m", "ts": 10**30, "probs": [1e308, 1e308]},
+         kind=Kind.PREDICTION, broker_ts=None)
+def test_parse_never_raises_on_plausible_records(obj, kind: Kind, broker_ts) -> None:
+    check_result(PARSER.parse(Raw(kind, to_bytes(obj), broker_ts)))
+
+
+@PROPS
+@given(value=st.binary(max_size=400), kind=st.sampled_from(Kind))
+def test_parse_never_raises_on_bytes(value: bytes, kind: Kind) -> None:
+    check_result(PARSER.parse(Raw(kind, value)))
+
+
+batches = st.lists(
+    st.tuples(st.sampled_from(Kind), st.binary(max_size=80) | records.map(to_bytes)),
+    max_size=20,
+)
+
+
+IMPLICIT = from_dict({"join": {"missing_label": {"value": 0, "after": "30m"}}})
+
+
+@settings(PROPS, max_examples=120)
+@given(batch_list=st.lists(batches, min_size=1, max_size=3))
+def test_engine_feed_never_raises(batch_list) -> None:
+    e = Engine(IMPLICIT)
+    rejected = 0
+    fed = 0
+    for batch in batch_list:
+        out = e.feed([Raw(kind, value) for kind, value in batch])
+        assert all(r.reason in REASONS for r in out)
+        rejected += len(out)
+        fed += len(batch)
+    v = e.view()
+    c = v.counters
+    assert c["invalid"] == rejected
+    # every record is a prediction, a label or invalid (an out-of-range label is both
+    # a counted label and an invalid record)
+    assert c["predictions"] + c["labels"] + c["invalid"] >= fed
+    for row in v.rows:
+        for name, value in row.stats.as_row().items():
+            assert value is None or math.isfinite(value), name

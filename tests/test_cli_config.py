@@ -1,0 +1,220 @@
+"""``calmon check-config``: the repo's config, every error reported as
+``path.to.key: ...`` with exit 2, environment expansion, defaults."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from calmon.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+ERROR_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*: \S.*$")
+
+# The contract's section 0, written out here rather than read from calmon.config.
+CONTRACT_DEFAULTS = {
+    "kafka": {"bootstrap_servers": ["localhost:9092"], "group_id": "calmon",
+              "predictions_topic": "predictions", "labels_topic": "labels",
+              "dead_letter_topic": None, "calibrators_topic": None,
+              "auto_offset_reset": "earliest", "max_record_bytes": 1048576,
+              "instance": None, "client": {}},
+    "fields": {"id": "id", "model": "model", "ts": "ts", "segment": "segment",
+               "label": "label"},
+    "join": {"ttl": "7d", "label_ttl": "1h", "max_pending": 1000000, "missing_label": None},
+    "metrics": {"bins": 15, "fine_bins": 1000, "windows": ["1h", "24h", "7d"],
+                "classwise": False},
+    "segments": {"slices": [["country"], ["device"]], "max_values": 50},
+    "recalibration": {"enabled": True, "interval": "5m", "method": "temperature",
+                      "per_segment": False, "min_samples": 2000, "buffer": 50000,
+                      "holdout_fraction": 0.3, "cooldown": "1h", "alpha": 0.01,
+                      "window": "24h",
+                      "triggers": {"ece_above": 0.05, "ece_increase": 0.02,
+                                   "observed_over_expected": [0.9, 1.1]},
+                      "output_dir": "./calibrators"},
+    "alerts": {"webhook": None},
+    "server": {"host": "0.0.0.0", "port": 9108},
+    "state": {"dir": "./state", "checkpoint_interval": "10s", "on_corrupt": "fail"},
+}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def check(capsys, tmp_path: Path, text: str) -> tuple[int, str, str]:
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    return run(capsys, "check-config", "-c", str(path))
+
+
+def assert_subset(expected: dict, actual: dict, where: str = "") -> None:
+    for key, value in expected.items():
+        assert key in actual, f"{where}{key} missing"
+        if isinstance(value, dict) and value:
+            assert_subset(value, actual[key], f"{where}{key}.")
+        else:
+            assert actual[key] == value, f"{where}{key}: {actual[key]!r} != {value!r}"
+
+
+def test_repo_config_is_valid_via_the_command_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALMON_")}
+    proc = subprocess.run([sys.executable, "-m", "calmon", "check-config", "-c", "config.yaml"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    effective = yaml.safe_load(proc.stdout)
+    assert_subset(CONTRACT_DEFAULTS, effective)
+
+
+def test_effective_config_round_trips(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("CALMON_BOOTSTRAP", raising=False)
+    rc, out, err = run(capsys, "check-config", "-c", str(REPO / "config.yaml"))
+    assert rc == 0, err
+    rc2, out2, err2 = check(capsys, tmp_path, out)
+    assert rc2 == 0, err2
+    assert out2 == out
+
+
+def test_every_error_is_reported_with_its_path(capsys, tmp_path: Path) -> None:
+    rc, out, err = check(capsys, tmp_path, """
+join:
+  max_pendng: 10        # misspelt
+  ttl: -5m              # negative duration
+metrics:
+  bins: fifteen         # a string where a number belongs
+""")
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 3, err
+    assert all(ERROR_LINE.match(line) for line in lines), err
+    by_key = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in lines}
+    assert set(by_key) == {"join.max_pendng", "join.ttl", "metrics.bins"}
+    assert "max_pending" in by_key["join.max_pendng"]  # suggests the right spelling
+    assert "-5m" in by_key["join.ttl"]
+    assert "fifteen" in by_key["metrics.bins"]
+
+
+def test_unknown_top_level_key(capsys, tmp_path: Path) -> None:
+    rc, _, err = check(capsys, tmp_path, "metrcs:\n  bins: 10\nbogus: 1\n")
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert all(ERROR_LINE.match(line) for line in lines), err
+    keys = {line.split(": ", 1)[0] for line in lines}
+    assert keys == {"metrcs", "bogus"}
+    assert "metrics" in next(line for line in lines if line.startswith("metrcs:"))
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("metrics:\n  windows: [1h, 0s]\n", "metrics.windows[1]"),
+    ("join:\n  label_ttl: 5\n", "join.label_ttl"),
+    ("server:\n  port: 70000\n", "server.port"),
+    ("recalibration:\n  method: magic\n", "recalibration.method"),
+    ("recalibration:\n  holdout_fraction: '0.3'\n", "recalibration.holdout_fraction"),
+    ("kafka:\n  instance: {index: 2, count: 2}\n", "kafka.instance.index"),
+    ("join:\n  ttl: 10m\n  missing_label: {value: 0, after: 30m}\n",
+     "join.missing_label.after"),
+    ("segments:\n  max_values: -1\n", "segments.max_values"),
+    ("state:\n  checkpoint_interval: soon\n", "state.checkpoint_interval"),
+])
+def test_single_errors_name_their_key(capsys, tmp_path: Path, text: str, key: str) -> None:
+    rc, _, err = check(capsys, tmp_path, text)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == [key], err
+    assert all(ERROR_LINE.match(line) for line in lines), err
+
+
+def test_env_expansion(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("POD_INDEX", "1")
+    monkeypatch.setenv("CALMON_TEST_MAXP", "5000")
+    monkeypatch.setenv("CALMON_TEST_HOST", "kafka-0")
+    monkeypatch.delenv("CALMON_TEST_UNSET", raising=False)
+    rc, out, err = check(capsys, tmp_path, """
+kafka:
+  bootstrap_servers: "${CALMON_TEST_HOST}:9092"
+  group_id: ${CALMON_TEST_UNSET:-calmon-fallback}
+  instance: {index: ${POD_INDEX}, count: 2}
+join:
+  max_pending: ${CALMON_TEST_MAXP}
+  label_ttl: ${CALMON_TEST_UNSET:-15m}
+state:
+  dir: /var/lib/calmon/${POD_INDEX}   # ${NOT_EXPANDED_IN_COMMENTS}
+""")
+    assert rc == 0, err
+    eff = yaml.safe_load(out)
+    assert eff["kafka"]["bootstrap_servers"] == ["kafka-0:9092"]
+    assert eff["kafka"]["group_id"] == "calmon-fallback"
+    assert eff["kafka"]["instance"] == {"index": 1, "count": 2}  # an integer, not "1"
+    assert eff["join"]["max_pending"] == 5000
+    assert eff["join"]["label_ttl"] == "15m"
+    assert eff["state"]["dir"] == "/var/lib/calmon/1"
+
+    monkeypatch.setenv("CALMON_TEST_UNSET", "from-env")
+    rc, out, err = check(capsys, tmp_path, "kafka:\n  group_id: ${CALMON_TEST_UNSET:-x}\n")
+    assert rc == 0, err
+    assert yaml.safe_load(out)["kafka"]["group_id"] == "from-env"
+
+
+def test_env_errors(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("CALMON_TEST_UNSET", raising=False)
+    monkeypatch.setenv("CALMON_TEST_WORD", "lots")
+    rc, out, err = check(capsys, tmp_path, """
+kafka:
+  group_id: ${CALMON_TEST_UNSET}
+join:
+  max_pending: ${CALMON_TEST_WORD}
+""")
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert all(ERROR_LINE.match(line) for line in lines), err
+    by_key: dict[str, str] = {}
+    for line in lines:
+        key, what = line.split(": ", 1)
+        by_key[key] = by_key.get(key, "") + what + "\n"
+    assert set(by_key) == {"kafka.group_id", "join.max_pending"}
+    assert "CALMON_TEST_UNSET" in by_key["kafka.group_id"]  # the variable is named
+    assert "lots" in by_key["join.max_pending"]
+
+
+def test_defaults_when_keys_are_absent(capsys, tmp_path: Path) -> None:
+    rc, out, err = check(capsys, tmp_path, "# nothing set\n")
+    assert rc == 0, err
+    assert_subset(CONTRACT_DEFAULTS, yaml.safe_load(out))
+
+    rc, out, err = check(capsys, tmp_path, "metrics:\n  bins: 10\njoin:\n  ttl: 2d\n")
+    assert rc == 0, err
+    eff = yaml.safe_load(out)
+    assert eff["metrics"] == {**CONTRACT_DEFAULTS["metrics"], "bins": 10}
+    assert eff["join"] == {**CONTRACT_DEFAULTS["join"], "ttl": "2d"}
+    assert eff["segments"] == CONTRACT_DEFAULTS["segments"]
+
+
+def test_durations_and_missing_label(capsys, tmp_path: Path) -> None:
+    rc, out, err = check(capsys, tmp_path, """
+join:
+  missing_label: {value: 0, after: 30m}
+metrics:
+  windows: [90m, 24h]
+recalibration:
+  window: 24h
+  interval: 500ms
+""")
+    assert rc == 0, err
+    eff = yaml.safe_load(out)
+    assert eff["join"]["missing_label"] == {"value": 0, "after": "30m"}
+    assert eff["metrics"]["windows"] == ["90m", "24h"]
+    assert eff["recalibration"]["interval"] == "500ms"
+
+
+def test_unreadable_file(capsys, tmp_path: Path) -> None:
+    rc, out, err = run(capsys, "check-config", "-c", str(tmp_path / "nope.yaml"))
+    assert rc == 2 and out == ""
+    assert "nope.yaml" in err

@@ -1,0 +1,207 @@
+"""``calmon replay``: JSON and table output over JSONL files, independent of the
+order of the lines and of how the records are batched."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calmon import replay as replay_mod
+from calmon.cli import main
+from tests.engine.reference import (
+    T0,
+    assert_close,
+    binary_terms,
+    expected_row,
+    multiclass_terms,
+)
+
+ROW_KEYS = {"model", "segment", "window", "samples", "ece", "mce", "ace", "brier", "nll",
+            "accuracy", "mean_confidence", "observed_rate", "observed_over_expected",
+            "noise_floor"}
+COUNTER_KEYS = {"predictions", "labels", "joined", "invalid", "expired", "duplicates"}
+CONFIG = """
+join:
+  ttl: 6h
+metrics:
+  windows: [1h, 24h]
+segments:
+  slices: [[country]]
+recalibration:
+  window: 24h
+"""
+
+
+def make_records(seed: int = 0):
+    """Predictions and labels of a binary and a 3-class model over two hours, plus
+    an invalid line, a duplicate label, and a prediction that never gets a label
+    and expires."""
+    rng = random.Random(seed)
+    preds, labels = [], []
+    truth = {"ctr": ([], []), "cls": ([], [])}
+    for i in range(400):
+        ts = T0 + rng.uniform(0, 7200)
+        country = rng.choice(["US", "FR"])
+        if i % 2 == 0:
+            p = rng.random()
+            preds.append({"id": f"b{i}", "model": "ctr", "ts": ts, "prob": p,
+                          "segment": {"country": country}})
+            y = int(rng.random() < p)
+            truth["ctr"][0].append(p)
+        else:
+            w = [rng.random() + 0.01 for _ in range(3)]
+            p = [x / sum(w) for x in w]
+            preds.append({"id": f"c{i}", "model": "cls", "ts": ts, "probs": p,
+                          "segment": {"country": country}})
+            y = rng.randrange(3)
+            truth["cls"][0].append(p)
+        truth["ctr" if i % 2 == 0 else "cls"][1].append(y)
+        label_ts = ts + rng.uniform(1, 600)
+        if i % 7 == 0:  # some as ISO-8601
+            labels.append({"id": preds[-1]["id"], "label": y,
+                           "ts": datetime.fromtimestamp(label_ts, UTC).isoformat()})
+        else:
+            labels.append({"id": preds[-1]["id"], "label": y, "ts": label_ts})
+    labels.append(dict(labels[0], ts=labels[0]["ts"] if isinstance(labels[0]["ts"], str)
+                       else labels[0]["ts"] + 5))  # duplicate label
+    preds.append({"id": "never", "model": "ctr", "ts": T0, "prob": 0.5})  # expires
+    preds.append({"id": "late", "model": "ctr", "ts": T0 + 7 * 3600, "prob": 0.5})
+    lines_p = [json.dumps(r) for r in preds] + ["{not json"]
+    lines_l = [json.dumps(r) for r in labels] + ['{"id": "b0", "label": "yes"}']
+    return lines_p, lines_l, truth
+
+
+def write(path: Path, lines: list[str], newline: str = "\n") -> Path:
+    path.write_bytes(newline.join(lines).encode() + newline.encode())
+    return path
+
+
+@pytest.fixture
+def files(tmp_path: Path):
+    lines_p, lines_l, truth = make_records()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG)
+    return (write(tmp_path / "p.jsonl", lines_p), write(tmp_path / "l.jsonl", lines_l), cfg,
+            lines_p, lines_l, truth)
+
+
+def run_json(capsys, p: Path, lab: Path, cfg: Path) -> tuple[str, dict]:
+    rc = main(["replay", "--predictions", str(p), "--labels", str(lab), "-c", str(cfg),
+               "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return out, json.loads(out)
+
+
+def test_json_output_has_the_contract_keys_and_values(capsys, files) -> None:
+    p, lab, cfg, _, _, truth = files
+    _, doc = run_json(capsys, p, lab, cfg)
+    assert set(doc) == {"rows", "counters"}
+    assert set(doc["counters"]) == COUNTER_KEYS
+    assert doc["counters"] == {"predictions": 402, "labels": 401, "joined": 400,
+                               "invalid": 2, "expired": 1, "duplicates": 1}
+    assert doc["rows"]
+    for row in doc["rows"]:
+        assert set(row) == ROW_KEYS
+    seen = {(r["model"], r["segment"], r["window"]) for r in doc["rows"]}
+    for model in ("ctr", "cls"):
+        for window in ("1h", "24h"):
+            for seg in ("__all__", "country=US", "country=FR"):
+                assert (model, seg, window) in seen
+    # the 24h window holds everything: compare with the numpy reference
+    rows = {(r["model"], r["segment"], r["window"]): r for r in doc["rows"]}
+    refs = {"ctr": binary_terms(np.array(truth["ctr"][0]), np.array(truth["ctr"][1])),
+            "cls": multiclass_terms(np.array(truth["cls"][0]), np.array(truth["cls"][1]))}
+    for model, ref in refs.items():
+        row = rows[(model, "__all__", "24h")]
+        exp = expected_row(ref, 15, 1000)
+        assert row["samples"] == exp["samples"] == 200
+        for name in ("ece", "mce", "ace", "brier", "nll", "accuracy", "mean_confidence",
+                     "observed_rate", "observed_over_expected"):
+            assert_close(row[name], exp[name], 1e-9, f"{model} {name}")
+        assert 0 < row["noise_floor"] < 1
+
+
+def test_metric_that_does_not_apply_is_null(capsys, files) -> None:
+    p, lab, cfg, *_ = files
+    _, doc = run_json(capsys, p, lab, cfg)
+    for row in doc["rows"]:
+        if row["model"] == "cls":
+            assert row["observed_rate"] is None
+            assert row["observed_over_expected"] is None
+        elif row["samples"]:
+            assert row["observed_rate"] is not None
+            assert row["observed_over_expected"] is not None
+        else:  # an empty window: nothing applies
+            assert all(row[k] is None for k in ROW_KEYS - {"model", "segment", "window",
+                                                            "samples"})
+
+
+def test_interleavings_print_identical_json(capsys, files, tmp_path: Path,
+                                            monkeypatch) -> None:
+    p, lab, cfg, lines_p, lines_l, _ = files
+    reference, _ = run_json(capsys, p, lab, cfg)
+    rng = random.Random(9)
+    for k in range(3):
+        sp, sl = lines_p[:], lines_l[:]
+        rng.shuffle(sp)
+        rng.shuffle(sl)
+        if k == 1:  # blank lines and CRLF line ends
+            sp.insert(5, "")
+            sl.insert(0, "   ")
+        p2 = write(tmp_path / f"p{k}.jsonl", sp, "\r\n" if k == 1 else "\n")
+        l2 = write(tmp_path / f"l{k}.jsonl", sl, "\r\n" if k == 1 else "\n")
+        for batch in (5000, 37, 1):  # the records split into engine batches differently
+            monkeypatch.setattr(replay_mod, "BATCH", batch)
+            out, _ = run_json(capsys, p2, l2, cfg)
+            assert out == reference, (k, batch)
+
+
+def test_table_prints_one_line_per_row(capsys, files) -> None:
+    p, lab, cfg, *_ = files
+    _, doc = run_json(capsys, p, lab, cfg)
+    rc = main(["replay", "--predictions", str(p), "--labels", str(lab), "-c", str(cfg)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header[:4] == ["model", "segment", "window", "samples"]
+    body = lines[1:lines.index("")]
+    assert len(body) == len(doc["rows"])
+    for line, row in zip(body, doc["rows"]):
+        cells = line.split()
+        assert cells[:4] == [row["model"], row["segment"], row["window"], str(row["samples"])]
+        assert len(cells) == len(header)
+    counters = lines[lines.index("") + 1]
+    for key, value in doc["counters"].items():
+        assert f"{key}={value}" in counters
+
+
+def test_replay_via_subprocess(tmp_path: Path) -> None:
+    p = write(tmp_path / "p.jsonl", [json.dumps({"id": 1, "model": "m", "ts": T0,
+                                                 "logit": 0.0})])
+    lab = write(tmp_path / "l.jsonl", [json.dumps({"id": "1", "label": True})])
+    proc = subprocess.run([sys.executable, "-m", "calmon", "replay", "--predictions", str(p),
+                           "--labels", str(lab), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["counters"]["joined"] == 1
+    row = next(r for r in doc["rows"] if r["window"] == "1h" and r["segment"] == "__all__")
+    assert row["samples"] == 1
+    assert row["mean_confidence"] == 0.5 and row["accuracy"] == 1.0
+    assert abs(row["nll"] - np.log(2)) < 1e-9
+
+
+def test_missing_file_exits_2(capsys, tmp_path: Path) -> None:
+    p = write(tmp_path / "p.jsonl", ["{}"])
+    rc = main(["replay", "--predictions", str(p), "--labels", str(tmp_path / "nope.jsonl")])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "nope.jsonl" in err
