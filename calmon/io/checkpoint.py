@@ -138,20 +138,39 @@ class CheckpointStore:
             tmp.unlink(missing_ok=True)  # a write that never reached its rename
         files = self._files()
         problems = []
+        bad: list[Path] = []
         for seq, path in reversed(files):
             try:
-                return self._read(seq, path)
+                ckpt = self._read(seq, path)
             except (OSError, ValueError, KeyError, struct.error) as e:
                 problems.append(f"{path.name}: {e}")
+                bad.append(path)
                 log.error("checkpoint %s is unreadable (%s); trying an older one", path, e)
+                continue
+            self._set_aside(bad)
+            return ckpt
         if not files:
             return None
         msg = (f"no usable checkpoint in {self.dir}: " + "; ".join(problems)
                + " (set state.on_corrupt: reset to start from empty state)")
         if on_corrupt == "reset":
             log.error("%s; starting from empty state as state.on_corrupt is reset", msg)
+            self._set_aside(bad)
             return None
         raise StateError(msg)
+
+    @staticmethod
+    def _set_aside(paths: list[Path]) -> None:
+        """Rename unreadable checkpoints to ``*.corrupt`` (kept for inspection), so
+        that the next saves neither count them among the ``KEEP`` newest nor prune
+        the good checkpoint the state was restored from in their favour."""
+        for path in paths:
+            aside = path.with_name(path.name + ".corrupt")
+            try:
+                os.replace(path, aside)
+                log.warning("moved unreadable checkpoint %s to %s", path, aside.name)
+            except OSError as e:
+                log.error("cannot move unreadable checkpoint %s aside: %s", path, e)
 
     @staticmethod
     def _read(seq: int, path: Path) -> Checkpoint:

@@ -131,12 +131,18 @@ class KafkaSource:
             f"{','.join(self._config.bootstrap_servers)}"
         )
 
-    def assign(self, positions: dict[Position, int] | None = None) -> list[Position]:
+    def assign(
+        self, positions: dict[Position, int] | None = None, *, from_checkpoint: bool = False
+    ) -> list[Position]:
         """Take this instance's partitions of both topics and set where to read.
 
         A partition found in ``positions`` (restored from a checkpoint) starts at
         that next offset; any other starts at the group's committed offset, else
-        at ``auto_offset_reset``. Returns the owned partitions, sorted.
+        at ``auto_offset_reset``. With ``from_checkpoint`` (``positions`` came with
+        a restored state, possibly an older one than the group's committed offsets
+        belong to), a partition missing from ``positions`` was never counted in that
+        state, so it starts at ``auto_offset_reset`` and committed offsets are not
+        used. Returns the owned partitions, sorted.
         Raises KafkaSourceError when the broker stays unreachable for
         ``metadata_timeout_s`` or a topic does not exist.
         """
@@ -159,9 +165,17 @@ class KafkaSource:
             )
         consumer.assign([TopicPartition(t, p) for t, p in owned])
         stored = positions or {}
+        unknown = []
         for t, p in owned:
             if (t, p) in stored:
                 consumer.seek(TopicPartition(t, p), stored[(t, p)])
+            else:
+                unknown.append(TopicPartition(t, p))
+        if from_checkpoint and unknown:
+            if self._config.auto_offset_reset == "earliest":
+                consumer.seek_to_beginning(*unknown)
+            else:
+                consumer.seek_to_end(*unknown)
         # Partitions without a stored position are resolved lazily by kafka-python
         # on the next poll: committed offset first, then auto_offset_reset.
         self._owned = sorted(owned)
