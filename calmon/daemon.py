@@ -15,7 +15,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any, Protocol
@@ -25,7 +24,7 @@ from prometheus_client.registry import CollectorRegistry
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.records import Raw
-from calmon.errors import StateError
+from calmon.errors import ConfigError, StateError
 from calmon.io import reliability
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.dead_letter import DeadLetters
@@ -81,7 +80,7 @@ class Daemon:
         self._signals = 0
         self._install_signals = install_signals
         self._invalid_logged: dict[str, float] = {}  # reason -> monotonic time last logged
-        self._hooks: list[Callable[[], None]] = []  # run after each checkpoint (recal state)
+        self._written: tuple[Any, ...] | None = None  # what the last checkpoint held
         self.recal: Recalibrator | None = None
         if cfg.recalibration.enabled:
             topic = cfg.kafka.calibrators_topic
@@ -143,11 +142,20 @@ class Daemon:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         self.state = RunState.STARTING
-        self._restore()
-        self.http = HttpServer(self.cfg.server.host, self.cfg.server.port, self.registry,
-                               self.ready, self.status, self.pages)
+        host, port = self.cfg.server.host, self.cfg.server.port
+        try:  # serving first: /healthz answers while a large state loads, /readyz says 503
+            self.http = HttpServer(host, port, self.registry, self.ready, self.status,
+                                   self.pages)
+        except OSError as e:
+            raise ConfigError([f"server.port: cannot listen on {host}:{port} ({e.strerror})"]
+                              ) from None
         self.http.start()
-        log.info("serving metrics on http://%s:%d/metrics", self.cfg.server.host, self.http.port)
+        log.info("serving metrics on http://%s:%d/metrics", host, self.http.port)
+        try:
+            self._restore()
+        except BaseException:
+            self.http.stop()
+            raise
         if self.recal is not None:
             self.recal.start()
         self.state = RunState.RUNNING
@@ -163,6 +171,9 @@ class Daemon:
         ckpt = self.store.load(self.cfg.state.on_corrupt)
         if ckpt is None:
             log.info("no checkpoint in %s: starting from empty state", self.store.dir)
+            # after a reset of corrupt state the group's offsets describe the lost state:
+            # read from auto_offset_reset instead
+            self.restored = self.store.discarded
             return
         try:
             self.engine.restore(ckpt.state["engine"])
@@ -223,10 +234,14 @@ class Daemon:
         """Between two batches: (1) flush dead letters, so nothing counted is lost past the
         offsets; (2) snapshot the state with the positions it reflects; (3) write it
         atomically; (4) commit the same offsets to the group, for lag monitoring only."""
+        recal = self.recal.snapshot() if self.recal is not None else None
+        mark = (self.engine.version, tuple(sorted(self.positions.items())), repr(recal))
+        if mark == self._written:
+            return  # nothing new since the last checkpoint: no write, no fsync
         self.dead_letters.flush(timeout=5.0)  # 1
         state: dict[str, Any] = {"engine": self.engine.snapshot()}  # 2
-        if self.recal is not None:
-            state["recal"] = self.recal.snapshot()
+        if recal is not None:
+            state["recal"] = recal
         now = time.time()
         try:
             self.store.save(state, self.positions, now)  # 3
@@ -234,10 +249,9 @@ class Daemon:
             log.error("checkpoint failed, will retry: %s", e)
             return
         self.last_checkpoint = now
+        self._written = mark
         if self.assigned and self.positions:
             self.source.commit(self.positions)  # 4
-        for hook in self._hooks:
-            hook()
 
     def _shutdown(self) -> None:
         if self.recal is not None:

@@ -117,11 +117,11 @@ def test_invalid_records_are_counted_and_dead_lettered(
             for (k, r), n in want_reasons.items()}
     assert {k: v for k, v in invalid.items() if v} == want
 
-    # valid counts: 600 + 100 predictions; labels count at arrival, so the 100
-    # labels found out of range when they met their prediction are counted too
+    # valid counts: 600 + 100 predictions (the 100 whose label is out of range are
+    # valid), 600 labels (the 100 out-of-range ones are invalid, not labels)
     c = st["counters"]
     assert c["predictions"] == N_VALID + 100
-    assert c["labels"] == N_VALID + 100
+    assert c["labels"] == N_VALID
     assert c["joined"] == N_VALID
     assert c["invalid"] == 1000
     assert c["duplicates"] == 0 and c["expired"] == 0

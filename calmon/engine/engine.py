@@ -176,13 +176,14 @@ class Engine:
         return None
 
     def _label(self, lab: Label) -> str | None:
-        self.counters["labels"] += 1
         model = lab.model
         if model is None:
             midx = self.join.model_of(lab.id)
             model = "" if midx is None else self.models[midx]
+        if not self.join.add_label(lab, self.now):
+            return "label_out_of_range"
+        self.counters["labels"] += 1
         self.totals.labels[model] += 1
-        self.join.add_label(lab, self.now)
         return None
 
     def _settle(self, rejected: list[Rejected]) -> None:
@@ -200,6 +201,9 @@ class Engine:
             self.counters["labels_expired"] += ev.labels_expired
             self.totals.labels_expired += ev.labels_expired
         for lab in ev.rejected_labels:
+            # it waited for its prediction as a valid label: now it is not one. The state
+            # counter moves; the process counter cannot go down (Prometheus semantics)
+            self.counters["labels"] -= 1
             self._invalid(Kind.LABEL, "label_out_of_range")
             rejected.append(Rejected(Kind.LABEL, lab.raw, lab.source, "label_out_of_range"))
         if ev.joined:

@@ -145,7 +145,8 @@ class Join:
         if deadline < self._next_deadline:
             self._next_deadline = deadline
 
-    def add_label(self, lab: Label, now: float) -> None:
+    def add_label(self, lab: Label, now: float) -> bool:
+        """False when the label is out of range for its (pending) prediction."""
         lid = lab.id
         slot = self._slot.get(lid)
         if slot is not None and self._deadline.item(slot) <= now:
@@ -154,11 +155,11 @@ class Join:
         if slot is None:
             if self._is_done(lid, now):
                 self.events.duplicate_labels += 1
-                return
+                return True
             waiting = self._labels.get(lid)
             if waiting is not None and waiting[1] > now:
                 self.events.duplicate_labels += 1
-                return
+                return True
             if waiting is not None:
                 self.events.labels_expired += 1
             base = lab.ts if lab.ts is not None else now
@@ -169,21 +170,21 @@ class Join:
                 self._next_label_deadline = deadline
             if deadline == np.inf:
                 self._undated_labels = True
-            return
+            return True
         if lab.label >= self.classes_of_slot(slot):
-            self.events.rejected_labels.append(lab)
-            return
+            return False
         if self._label.item(slot) != NO_LABEL:
             self.events.duplicate_labels += 1
-            return
+            return True
         if self.implicit is not None and self._kind.item(slot) < 2:
             # held until ts + after, so no window sees a positive before its negatives
             self._label[slot] = lab.label
             self._label_ts[slot] = np.nan if lab.ts is None else lab.ts
-            return
+            return True
         self._label[slot] = lab.label
         self._label_ts[slot] = np.nan if lab.ts is None else lab.ts
         self._finish(slot, lid)
+        return True
 
     # ------------------------------------------------------------ settling
 

@@ -93,6 +93,7 @@ def decode(payload: bytes) -> dict[str, Any]:
 class CheckpointStore:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
+        self.discarded = False  # load() found checkpoints but reset past all of them
 
     def _files(self) -> list[tuple[int, Path]]:
         if not self.dir.is_dir():
@@ -156,6 +157,7 @@ class CheckpointStore:
         if on_corrupt == "reset":
             log.error("%s; starting from empty state as state.on_corrupt is reset", msg)
             self._set_aside(bad)
+            self.discarded = True
             return None
         raise StateError(msg)
 

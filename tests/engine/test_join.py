@@ -278,9 +278,11 @@ def _out_of_range(label_first: bool, score: dict, bad: int, good: int) -> None:
     assert v.counters["invalid"] == 1
     assert v.totals.invalid == {("labels", "label_out_of_range"): 1}
     assert v.counters["joined"] == 0 and v.pending == 1 and v.pending_labels == 0
+    assert v.counters["labels"] == 0  # an invalid label is not a label
     assert e.feed([L("r", good)]) == []  # a valid label still joins
     v = e.view()
     assert v.counters["joined"] == 1 and v.counters["duplicates"] == 0
+    assert v.counters["labels"] == 1
 
 
 def test_label_out_of_range_binary_both_orders() -> None:
