@@ -100,8 +100,12 @@ class CalibratorWatcher:
         return changed
 
     def _offer(self, doc: dict[str, Any]) -> bool:
-        key = (str(doc["model"]), str(doc.get("segment", ALL)))
-        version = int(doc.get("version", 0))
+        """Raises CalibratorError for anything that is not a calibrator document."""
+        try:
+            key = (str(doc["model"]), str(doc.get("segment", ALL)))
+            version = int(doc.get("version", 0))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CalibratorError(f"not a calibrator document: {e!r}") from None
         held = self._live.get(key)
         if held is not None and held[0] >= version:
             return False

@@ -24,10 +24,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.engine import Engine, Row, View
 from calmon.engine.metrics import Bins, bins_from_samples, confidence_and_correct, ece
+from calmon.engine.windows import BUCKETS
 from calmon.io.exporter import RecalState
 from calmon.recal.alerts import AlertSender
 from calmon.recal.refit import Refit, apply_or_identity, input_kind, refit, scores_as
@@ -37,6 +40,13 @@ from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
 log = logging.getLogger(__name__)
 
 ALL = "__all__"
+
+
+def in_window(ts: np.ndarray, seconds: float, now: float) -> np.ndarray:
+    """Which samples the engine's window of ``seconds`` holds: the same buckets as the
+    window's row (calmon.engine.windows), not simply ``ts > now - seconds``."""
+    width = seconds / BUCKETS
+    return np.floor(ts / width) > math.floor(now / width) - BUCKETS
 
 
 class Recalibrator:
@@ -96,18 +106,21 @@ class Recalibrator:
             if samples is None or len(samples) == 0:
                 continue
             live = self._live(model, segment)
-            calibrated += self._calibrated_ece(model, segment, samples, live, rows, view)
             decision = self._decide(model, segment, samples, live, rows, view)
-            if decision is None:
-                continue
-            for trig in TRIGGERS:
-                was = self._drift.get((model, segment, trig), 0)
-                now_fires = int(trig in decision.fired)
-                drift[(model, segment, trig)] = now_fires
-                if now_fires and not was:
-                    self._alert_drift(model, segment, trig, decision)
-            if decision.fired and self._cooled(model, segment):
-                results.append(self._refit(model, segment, samples, live, decision, view))
+            if decision is not None:
+                for trig in TRIGGERS:
+                    was = self._drift.get((model, segment, trig), 0)
+                    now_fires = int(trig in decision.fired)
+                    drift[(model, segment, trig)] = now_fires
+                    if now_fires and not was:
+                        self._alert_drift(model, segment, trig, decision)
+                if decision.fired and self._cooled(model, segment):
+                    result = self._refit(model, segment, samples, live, decision, view)
+                    results.append(result)
+                    if result.outcome == "published":
+                        live = self._live(model, segment)
+            # after any refit, so the gauge shows the calibrator live from now on
+            calibrated += self._calibrated_ece(model, segment, samples, live, rows, view)
         with self._lock:
             self._calibrated = calibrated
             self._drift = drift
@@ -123,7 +136,7 @@ class Recalibrator:
     def _bins_after(self, live: Live | None, samples: SampleSet, seconds: float,
                     now: float) -> Bins | None:
         """Bins of the buffered samples inside a window, after the live calibrator."""
-        mask = samples.ts > now - seconds
+        mask = in_window(samples.ts, seconds, now)
         if not mask.any():
             return None
         kind = input_kind(samples)
@@ -179,7 +192,7 @@ class Recalibrator:
                decision: Decision, view: View) -> Refit:
         self.last_refit[(model, segment)] = self.clock()
         w = self.cfg.window(self.rc.window)
-        mask = samples.ts > view.now - w.seconds
+        mask = in_window(samples.ts, w.seconds, view.now)
         recent = SampleSet(samples.ts[mask], samples.label[mask], samples.kind[mask],
                            samples.score[mask])
         trigger = decision.fired[0]
