@@ -181,8 +181,16 @@ class Recalibrator:
                                     view.now)
             if bins is None:
                 return None
-        reading = Reading(bins, row.binary, self.published_ece.get((model, segment)))
+        reading = Reading(bins, row.binary, self._baseline(model, segment, live))
         return decide(self.rc, reading)
+
+    def _baseline(self, model: str, segment: str, live: Live | None) -> float | None:
+        """The ECE ``ece_increase`` compares with: the live document's holdout ECE (so a
+        rollback by the CLI moves it too), else the last publish this process made."""
+        try:
+            return float(live.doc["fit"]["holdout_after"]["ece"])  # type: ignore[union-attr]
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return self.published_ece.get((model, segment))
 
     def _cooled(self, model: str, segment: str) -> bool:
         last = self.last_refit.get((model, segment))

@@ -45,6 +45,23 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def write_new(path: Path, data: bytes) -> bool:
+    """Write ``path`` complete or not at all, and only if it does not exist yet
+    (``link`` refuses to replace), so two publishers never share a version."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class Registry:
     def __init__(self, output_dir: str | Path, publish: Publish | None = None) -> None:
         self.root = Path(output_dir)
@@ -87,10 +104,12 @@ class Registry:
         with self._lock:
             d = self.dir_of(model, segment)
             d.mkdir(parents=True, exist_ok=True)
-            existing = self.versions(model, segment)
-            doc = {**doc, "version": (existing[-1] + 1) if existing else 1}
-            data = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
-            write_atomic(d / f"v{doc['version']}.json", data)
+            while True:  # a CLI rollback may publish beside a running daemon
+                existing = self.versions(model, segment)
+                doc = {**doc, "version": (existing[-1] + 1) if existing else 1}
+                data = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
+                if write_new(d / f"v{doc['version']}.json", data):
+                    break
             write_atomic(d / "latest.json", data)
         if self.publish_to_topic is not None:
             self.publish_to_topic(f"{model}/{segment}", data)
