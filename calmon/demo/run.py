@@ -156,6 +156,9 @@ def run_demo(duration: float | None, rate: float, port: int, out: TextIO = sys.s
         code = daemon.run()
         out.write("calmon demo: stopped.\n")
         return code
+    except KeyboardInterrupt:  # Ctrl+C while starting, before the daemon's handler is in
+        out.write("calmon demo: interrupted.\n")
+        return 130
     finally:
         stop.set()
         for t in threads:

@@ -2,7 +2,7 @@
 
 One diagram per model and segment for the chosen window: a bar per non-empty
 bin at its accuracy (observed frequency), a dot at its mean confidence, the
-diagonal of perfect calibration, and the sample count under each bar. The
+diagonal of perfect calibration, and the sample count above each bar. The
 calibrated diagram (after the live calibrator) sits beside the raw one.
 Query: ``?window=24h&model=ctr&segment=__all__`` (all optional).
 """
@@ -58,13 +58,24 @@ def diagram(bins: Bins, title: str, kind: str) -> str:
         parts.append(f'<circle class="conf" cx="{x(conf):.2f}" cy="{y(conf):.2f}" r="2.5" '
                      'fill="#c44e52"/>')
         parts.append(f'<text class="count" x="{x((b + 0.5) / n_bins):.2f}" y="{PAD - 4}" '
-                     f'font-size="8" text-anchor="middle">{n:.0f}</text>')
+                     f'font-size="8" text-anchor="middle">{_short(n)}</text>')
     parts.append(f'<text x="{W / 2}" y="{H - 4}" font-size="11" text-anchor="middle">'
                  'confidence</text>')
     parts.append(f'<text x="{W / 2}" y="14" font-size="12" text-anchor="middle" '
                  f'font-weight="bold">{html.escape(title)}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _short(n: float) -> str:
+    """A sample count in at most 4 characters, so neighbouring bins' counts never overlap."""
+    if n < 1000:
+        return f"{n:.0f}"
+    if n < 9950:
+        return f"{n / 1000:.1f}k"
+    if n < 999_500:
+        return f"{n / 1000:.0f}k"
+    return f"{n / 1e6:.1f}M"
 
 
 def _ece_text(bins: Bins) -> str:
@@ -85,9 +96,14 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
     links = " ".join(
         f'<a href="?window={html.escape(w)}"{" class=sel" if w == window else ""}>'
         f"{html.escape(w)}</a>" for w in windows)
-    body = [f"<h1>calmon reliability</h1><p>window: {links}</p>"]
+    body = [f"<h1>calmon reliability</h1><p>window: {links} &middot; bars: observed "
+            "frequency per bin (binary: P(y=1) vs y; multiclass: top-label confidence vs "
+            "correct), <span class=dot>&#9679;</span> mean confidence, dashed: perfect "
+            "calibration, numbers: samples per bin</p><div class=grid>"]
     shown = 0
-    for row in view.rows:
+    # every model's __all__ first (the overview), then the segments, model by model
+    rows = sorted(view.rows, key=lambda r: r.segment != "__all__")
+    for row in rows:
         if row.window != window or row.stats.samples == 0:
             continue
         if want_model not in (None, row.model) or want_segment not in (None, row.segment):
@@ -103,16 +119,22 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
                          f"{_ece_text(cal)} (buffered samples)</figcaption></figure>")
         target = "P(y=1) vs y" if row.binary else "top-label confidence vs correct"
         body.append(f'<section class="series" data-model="{html.escape(row.model)}" '
-                    f'data-segment="{html.escape(row.segment)}"><h2>{html.escape(name)}</h2>'
-                    f"<p>{target}; bars: observed frequency per bin, dots: mean confidence"
-                    f"</p><div class=row>{''.join(cells)}</div></section>")
+                    f'data-segment="{html.escape(row.segment)}"><h2>{html.escape(name)} '
+                    f"<small>{target}</small></h2>"
+                    f"<div class=row>{''.join(cells)}</div></section>")
+    body.append("</div>")
     if not shown:
         body.append("<p>No joined samples in this window yet.</p>")
     doc = ("<!doctype html><html><head><meta charset=utf-8><title>calmon reliability</title>"
            "<style>body{font-family:sans-serif;margin:1.5em;color:#222}"
            ".row{display:flex;gap:1em;flex-wrap:wrap}figure{margin:0}"
            "figcaption{font-size:12px;text-align:center}a.sel{font-weight:bold}"
-           "section{border-top:1px solid #ddd;margin-top:1em}</style></head><body>"
+           "h1{margin:0 0 .3em;font-size:24px}p{margin:.3em 0 1em;font-size:14px}"
+           ".dot{color:#c44e52}"
+           ".grid{display:flex;flex-wrap:wrap;gap:.8em 1.5em;align-items:flex-start}"
+           "section{border-top:1px solid #ddd;padding-top:.3em}"
+           "h2{font-size:16px;margin:.2em 0}h2 small{font-weight:normal;color:#666;"
+           "font-size:12px;margin-left:.5em}</style></head><body>"
            + "".join(body) + "</body></html>")
     return 200, "text/html; charset=utf-8", doc.encode()
 

@@ -1,0 +1,374 @@
+"""deploy/prometheus rules and the Grafana dashboard against a real Prometheus
+scraping a REAL ``calmon run`` daemon (every second) while traffic flows.
+
+Traffic: binary (``ctr`` logits, over-confident, so a temperature refit is
+published; ``fraud`` probabilities) and multiclass (``intent``, 4 classes)
+models with country and device segments, all with event time = now so every
+window holds every joined sample; plus a few invalid records, duplicates and
+predictions that expire unlabelled, so every dashboard panel has data.
+
+Checks: every rule and alert expression and every dashboard query parses and
+runs; every recording rule and every panel target returns data; the recorded
+cluster-wide ECE equals the daemon's own ``calmon_ece`` (one instance) and a
+plain numpy computation over the produced records.
+
+Skipped when the ``prometheus`` binary is not on PATH.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import create_topics, free_port, tansu_binary, unique_topic
+from tests.daemon_helpers import (
+    CalmonDaemon,
+    Producer,
+    confidence_and_correct,
+    dumps,
+    end_positions,
+    segment_labels,
+    series,
+    wait_until,
+    write_config,
+)
+from tests.deploy._deploy import (
+    PROM,
+    SAMPLE_VARIABLES,
+    dashboard_queries,
+    load_dashboard,
+    substitute,
+)
+from tests.deploy.test_prometheus_live import Prometheus, rules, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("prometheus") is None,
+                       reason="prometheus is not on PATH (Debian/Ubuntu: apt-get install "
+                              "prometheus)"),
+]
+
+WINDOWS = ("1h", "24h", "7d")  # the recording rules' windows
+MODELS = ("ctr", "fraud", "intent")
+SLICES = (("country",), ("device",))
+COUNTRIES = ("US", "DE", "BR")
+DEVICES = ("ios", "web")
+BINS = 15
+ROUND = 240  # predictions per traffic round
+JOIN_TTL_S = 600
+TRAFFIC_DEADLINE_S = 60.0
+# Grafana's "All" of a multi-value variable in a regex matcher: (a|b|c).
+VARIABLES = {**SAMPLE_VARIABLES, "model": "(" + "|".join(MODELS) + ")", "segment": "__all__"}
+
+
+# ---------------------------------------------------------------- traffic
+
+
+@dataclass
+class Traffic:
+    """Every valid, joinable (prediction, label) pair produced, and the acks."""
+
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+    acks: list[Any] = field(default_factory=list)
+    rounds: int = 0
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(2024))
+
+    def round(self, pred_topic: str, label_topic: str) -> list[tuple[str, bytes, bytes]]:
+        rng, now = self.rng, time.time()
+        out: list[tuple[str, bytes, bytes]] = []
+        for i in range(ROUND):
+            model = MODELS[i % len(MODELS)]
+            pid = f"{model}-{self.rounds}-{i}"
+            seg = {"country": COUNTRIES[int(rng.integers(len(COUNTRIES)))],
+                   "device": DEVICES[int(rng.integers(len(DEVICES)))]}
+            rec: dict[str, Any] = {"id": pid, "model": model, "ts": now, "segment": seg}
+            if model == "ctr":  # over-confident logits: the truth is sigmoid(z / 2.5)
+                z = float(rng.normal(-0.5, 2.5))
+                rec["logit"] = z
+                y = int(rng.random() < 1 / (1 + math.exp(-z / 2.5)))
+            elif model == "fraud":
+                p = float(rng.beta(1.5, 4.0))
+                rec["prob"] = p
+                y = int(rng.random() < p)
+            else:
+                z = rng.normal(0.0, 1.5, 4)
+                probs = np.exp(z) / np.exp(z).sum()
+                rec["probs"] = [float(v) for v in probs]
+                y = int(rng.choice(4, p=probs))
+            label = {"id": pid, "label": y, "ts": now + float(rng.uniform(0, 2))}
+            self.pairs.append((rec, label))
+            out += [(pred_topic, pid.encode(), dumps(rec)),
+                    (label_topic, pid.encode(), dumps(label))]
+        # Noise that some panels show: a duplicate prediction, an invalid record, and a
+        # prediction far older than join.ttl that no label ever joins (expired, reason ttl).
+        first = out[0]
+        out.append(first)
+        out.append((pred_topic, b"bad", b"{not json"))
+        old = {"id": f"orphan-{self.rounds}", "model": "fraud", "ts": now - 2 * JOIN_TTL_S,
+               "prob": 0.5}
+        out.append((pred_topic, old["id"].encode(), dumps(old)))
+        self.rounds += 1
+        return out
+
+
+def independent_ece(pairs: list[tuple[dict[str, Any], dict[str, Any]]]
+                    ) -> dict[tuple[str, str], float]:
+    """(model, segment) -> ECE of the joined pairs: right-closed equal-width bins,
+    sum_b |sum conf_b - sum correct_b| / N."""
+    edges = np.linspace(0.0, 1.0, BINS + 1)[1:-1]
+    sums: dict[tuple[str, str], np.ndarray] = {}
+    for pred, label in pairs:
+        conf, correct = confidence_and_correct(pred, int(label["label"]))
+        b = int(np.searchsorted(edges, conf, side="left"))
+        for seg in segment_labels(pred, SLICES):
+            acc = sums.setdefault((pred["model"], seg), np.zeros((3, BINS)))
+            acc[:, b] += (1.0, conf, correct)
+    return {k: float(np.abs(a[1] - a[2]).sum() / a[0].sum()) for k, a in sums.items()}
+
+
+# ---------------------------------------------------------------- Prometheus
+
+
+def start_prometheus(tmp: Path, target: str) -> tuple[subprocess.Popen[bytes], Prometheus]:
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(PROM / "recording_rules.yml"), str(PROM / "alert_rules.yml")],
+        "scrape_configs": [{"job_name": "calmon", "static_configs": [{"targets": [target]}]}],
+    }
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    with (tmp / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+             "--log.level=warn"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+    return proc, Prometheus(f"http://127.0.0.1:{port}")
+
+
+def query_at(p: Prometheus, expr: str, t: float) -> list[dict[str, Any]]:
+    data = p.get("/api/v1/query", query=expr, time=f"{t:.3f}")
+    assert data["status"] == "success", (expr, data)
+    return data["data"]["result"]
+
+
+def by_series(result: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    out = {}
+    for s in result:
+        key = (s["metric"]["model"], s["metric"]["segment"])
+        assert key not in out, f"two samples for {key}"
+        out[key] = float(s["value"][1])
+    return out
+
+
+@dataclass
+class Setup:
+    prom: Prometheus
+    daemon: CalmonDaemon
+    traffic: Traffic
+    started: float  # wall time the traffic started
+    final: dict[str, Any]  # the daemon's /metrics once every record was consumed
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Setup]:
+    tansu_binary()
+    tmp = tmp_path_factory.mktemp("prom-daemon")
+    pred_topic, label_topic = unique_topic("pd-pred"), unique_topic("pd-label")
+    create_topics(kafka_bootstrap, [pred_topic, label_topic], partitions=2)
+    cfg = write_config(
+        tmp / "calmon.yaml", kafka_bootstrap, pred_topic, label_topic,
+        join={"ttl": f"{JOIN_TTL_S}s", "label_ttl": "1h"},
+        metrics={"bins": BINS, "windows": list(WINDOWS)},
+        segments={"slices": [list(s) for s in SLICES], "max_values": 50},
+        recalibration={"enabled": True, "interval": "1s", "method": "temperature",
+                       "min_samples": 300, "cooldown": "1h", "window": "1h",
+                       "output_dir": str(tmp / "calibrators"),
+                       "triggers": {"ece_above": 0.03}},
+    )
+    traffic = Traffic()
+    with CalmonDaemon(cfg) as daemon:
+        proc, prom = start_prometheus(tmp, f"127.0.0.1:{daemon.port}")
+        try:
+            wait_for(lambda: prom.get("/api/v1/status/buildinfo")["status"] == "success")
+            started = time.time()
+            pace = threading.Event()  # never set: its wait() paces the traffic
+            with Producer(kafka_bootstrap) as producer:
+
+                def enough() -> bool:
+                    """A calibrator is live and Prometheus scraped traffic of every model
+                    at least 3 times (so rate() over 1m has points)."""
+                    sc = daemon.scrape()
+                    if not sc.get("calmon_calibrator_version"):
+                        return False
+                    res = prom.query('count_over_time(calmon_joined_total[1m]) >= 3')
+                    return {s["metric"]["model"] for s in res} >= set(MODELS)
+
+                deadline = time.monotonic() + TRAFFIC_DEADLINE_S
+                while True:
+                    assert daemon.running, daemon.log_tail()
+                    traffic.acks += producer.send(traffic.round(pred_topic, label_topic))
+                    if traffic.rounds >= 4 and enough():
+                        break
+                    assert time.monotonic() < deadline, (
+                        f"no published calibrator / scrapes after {TRAFFIC_DEADLINE_S}s:\n"
+                        f"{daemon.log_tail()}")
+                    pace.wait(0.3)  # traffic rate, not synchronisation
+            daemon.wait_positions(end_positions(traffic.acks), timeout=60)
+            final = daemon.scrape()
+            want = series(final, "calmon_window_samples", "model", "segment", "window")
+
+            def settled() -> bool:
+                """Prometheus scraped the final state and evaluated the rules on it."""
+                for w in WINDOWS:
+                    got = by_series(prom.query(f'calmon_window_samples{{window="{w}"}}'))
+                    rec = by_series(prom.query(f"model_segment:calmon_window_samples:window{w}"))
+                    exp = {(m, s): v for (m, s, ww), v in want.items() if ww == w}
+                    if got != exp or rec != exp:
+                        return False
+                return all(r["health"] != "unknown" for r in rules(prom))
+
+            wait_until(settled, 30, "Prometheus to scrape and record the final state",
+                       interval=0.2)
+            yield Setup(prom, daemon, traffic, started, final)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+# ---------------------------------------------------------------- rules and alerts
+
+
+def rule_exprs(name: str) -> list[tuple[str, str]]:
+    data = yaml.safe_load((PROM / name).read_text())
+    return [(r.get("record") or r["alert"], r["expr"]) for g in data["groups"] for r in g["rules"]]
+
+
+RECORDING = rule_exprs("recording_rules.yml")
+ALERTING = rule_exprs("alert_rules.yml")
+
+
+def test_every_rule_is_healthy(setup: Setup) -> None:
+    all_rules = rules(setup.prom)
+    assert len(all_rules) == len(RECORDING) + len(ALERTING)
+    for rule in all_rules:
+        assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+
+
+@pytest.mark.parametrize("name,expr", RECORDING, ids=[f"{n}#{i}" for i, (n, _) in
+                                                      enumerate(RECORDING)])
+def test_recording_rule_expression_returns_data(setup: Setup, name: str, expr: str) -> None:
+    assert setup.prom.query(expr), f"{name}: no data"  # query() asserts status success
+    assert setup.prom.query(name), f"{name}: nothing recorded"
+
+
+@pytest.mark.parametrize("name,expr", ALERTING, ids=[f"{n}#{i}" for i, (n, _) in
+                                                     enumerate(ALERTING)])
+def test_alert_expression_runs(setup: Setup, name: str, expr: str) -> None:
+    result = setup.prom.query(expr)
+    if name == "RecalibrationPublished":  # the ctr refit of this run, within 10 minutes
+        assert any(s["metric"]["outcome"] == "published" for s in result), result
+
+
+def test_recalibration_published_alert_fires(setup: Setup) -> None:
+    alerts = setup.prom.get("/api/v1/alerts")["data"]["alerts"]
+    firing = {(a["labels"]["alertname"], a["labels"].get("model")) for a in alerts
+              if a["state"] == "firing"}
+    assert ("RecalibrationPublished", "ctr") in firing, alerts
+    assert not any(name == "CalmonDown" for name, _ in firing)
+
+
+# ---------------------------------------------------------------- the recorded ECE
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_recorded_ece_equals_the_daemons_and_numpy(setup: Setup, window: str) -> None:
+    prom = setup.prom
+    t = time.time()  # one evaluation time for both, after the final scrape + rule run
+    recorded = by_series(query_at(prom, f"model_segment:calmon_ece:window{window}", t))
+    gauge = by_series(query_at(prom, f'calmon_ece{{window="{window}"}}', t))
+    daemon_final = {(m, s): v for (m, s, w), v in
+                    series(setup.final, "calmon_ece", "model", "segment", "window").items()
+                    if w == window}
+    expected = independent_ece(setup.traffic.pairs)
+    assert set(recorded) == set(gauge) == set(daemon_final) == set(expected)
+    assert {m for m, _ in recorded} == set(MODELS)
+    assert len(recorded) == len(MODELS) * (1 + len(COUNTRIES) + len(DEVICES))
+    for key, value in recorded.items():
+        assert abs(value - gauge[key]) <= 1e-6, (key, value, gauge[key])
+        assert abs(gauge[key] - daemon_final[key]) <= 1e-12, key  # the final scrape
+        assert abs(gauge[key] - expected[key]) <= 1e-9, (key, gauge[key], expected[key])
+    samples = by_series(query_at(prom, f"model_segment:calmon_window_samples:window{window}", t))
+    joined = {}
+    for pred, _ in setup.traffic.pairs:
+        for seg in segment_labels(pred, SLICES):
+            joined[(pred["model"], seg)] = joined.get((pred["model"], seg), 0) + 1
+    assert samples == {k: float(v) for k, v in joined.items()}
+
+
+# ---------------------------------------------------------------- the dashboard
+
+
+DASHBOARD = load_dashboard()
+PANEL_QUERIES = [(w, e) for w, e in dashboard_queries(DASHBOARD) if w.startswith("panel")]
+ANNOTATIONS = [(w, e) for w, e in dashboard_queries(DASHBOARD) if w.startswith("annotation")]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("where,expr", PANEL_QUERIES, ids=[w for w, _ in PANEL_QUERIES])
+def test_every_panel_query_returns_data(setup: Setup, where: str, expr: str,
+                                        window: str) -> None:
+    q = substitute(expr, {**VARIABLES, "window": window})
+    assert setup.prom.query(q), f"{where}: no data for {q}"
+
+
+@pytest.mark.parametrize("where,expr", ANNOTATIONS, ids=[w for w, _ in ANNOTATIONS])
+def test_annotation_shows_the_recalibration(setup: Setup, where: str, expr: str) -> None:
+    # Grafana runs annotation queries as range queries with step = $__interval.
+    step = "2s"
+    q = substitute(expr, {**VARIABLES, "__interval": step})
+    data = setup.prom.get("/api/v1/query_range", query=q, start=f"{setup.started - 5:.3f}",
+                          end=f"{time.time():.3f}", step=step)
+    assert data["status"] == "success", data
+    outcomes = {s["metric"].get("outcome") for s in data["data"]["result"]}
+    assert "published" in outcomes, f"{where}: {data['data']['result']}"
+
+
+_LABEL_VALUES = re.compile(r"label_values\((?:(.+),\s*)?(\w+)\)")
+
+
+def test_template_variables_have_values(setup: Setup) -> None:
+    """The dashboard's variable queries (label_values(selector, label)) list our
+    models, segments and windows, as Grafana's data source would ask for them."""
+    found = {}
+    for var in DASHBOARD["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        definition = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+        m = _LABEL_VALUES.fullmatch(definition.strip())
+        assert m, definition
+        selector, label = m.group(1), m.group(2)
+        params = {"match[]": substitute(selector, VARIABLES)} if selector else {}
+        data = setup.prom.get(f"/api/v1/label/{label}/values", **params)
+        assert data["status"] == "success", data
+        found[var["name"]] = set(data["data"])
+    assert found["model"] == set(MODELS)
+    assert found["window"] == set(WINDOWS)
+    assert "__all__" in found["segment"] and "country=US" in found["segment"]
