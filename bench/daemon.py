@@ -1,0 +1,593 @@
+"""End-to-end throughput of ``calmon run`` against a bare kafka-python consumer.
+
+    python bench/daemon.py [--n N] [--quick] [--bootstrap host:port] [--repeat R]
+                           [--py-spy PATH]
+
+On one broker in one run (an embedded Tansu from ``calmon.demo.broker`` unless
+``--bootstrap`` is given), N binary predictions and their N labels are produced
+to two fresh 4-partition topics, keyed by id (so a prediction and its label
+share a partition number), each label shortly after its prediction. Production
+is not timed. Then, over exactly those 2N records:
+
+1. **bare consumer**: one kafka-python ``KafkaConsumer`` with static ``assign()``
+   of every partition of both topics, ``seek_to_beginning``, raw bytes, no
+   auto-commit, the consumer settings ``calmon run`` uses (taken from
+   ``KafkaSource`` itself: fetch sizes from ``calmon.io.topics.fetch_bytes``,
+   ``kafka.client`` passthrough) and the daemon's poll size and timeout
+   (``calmon.daemon.MAX_RECORDS``, ``POLL_TIMEOUT_MS``), reading until it has
+   counted 2N records. The clock starts after assign + seek (connection and
+   metadata already done) and stops at the 2N-th record: input records/s.
+2. **calmon run**: ``python -m calmon run -c cfg`` as a subprocess with a fresh
+   state dir, a fresh group id, recalibration off, ``checkpoint_interval`` 10s,
+   a free port. The clock starts when ``/readyz`` first answers 200 (partitions
+   assigned and the broker connected, so both clocks start at the same point)
+   and stops when ``/status`` shows ``counters.joined == N``. Printed: input
+   records/s (2N / t) and joined samples/s (N / t); the time from process start
+   is printed too. ``/readyz`` is polled every 10 ms; ``/status`` (which costs the
+   daemon a few ms of engine time per call) at most once a second, then more
+   often as the predicted end nears, down to ``--status-interval`` (20 ms), so
+   the end time is known to within that and polling costs the daemon ~1-2%.
+3. the ratio calmon input records/s / bare consumer records/s, next to the
+   target (>= 0.8). Speed is measured and printed, never asserted.
+
+Each measurement is repeated ``--repeat`` times (fresh consumer, fresh state dir
+and group, same topics), bare and calmon runs alternating so that a noisy
+neighbour slows both alike, and the best of each is reported. Completion is
+always decided by counting records (never by end offsets, which Tansu reports
+wrongly), and every wait is a condition polled with a deadline.
+
+``--py-spy PATH`` adds one more, untimed, ``calmon run`` sampled by py-spy from
+readiness to completion (``.txt`` -> raw collapsed stacks plus a printed
+hotspot table, ``.svg`` -> flame graph, ``.json`` -> speedscope).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+try:
+    import calmon  # noqa: F401
+except ImportError:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml
+
+from calmon.config import KafkaConfig
+from calmon.daemon import MAX_RECORDS, POLL_TIMEOUT_MS
+from calmon.demo.broker import BrokerUnavailable, TansuBroker, free_port, resolve_binary
+from calmon.io.kafka_source import KafkaSource
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_RATIO = 0.8  # calmon input records/s over bare consumer records/s
+PARTITIONS = 4
+BASE_TS = 1_764_460_800.0  # 2025-11-30T00:00:00Z
+EVENT_RATE = 2000.0  # predictions per second of event time
+LABEL_LAG = 500  # a label is produced this many predictions after its own
+COUNTRIES = ("US", "DE", "FR", "BR", "IN", "JP", "GB", "ES")
+DEVICES = ("ios", "android", "web", "tv")
+MODEL = "ctr-v3"
+MODEL_VERSION = "2025-11-28.1"
+LABEL_SOURCES = ("click-stream", "conversion-log")
+READY_POLL_S = 0.01
+STATUS_FIRST_S = 0.25
+STATUS_MAX_S = 1.0
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str,
+               interval: float = 0.05) -> Any:
+    """Poll ``cond`` until it returns something truthy (returned); raise after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)  # polling interval of a deadline-bounded wait
+
+
+# ---------------------------------------------------------------- data
+
+
+def prediction_value(prefix: str, i: int, rng: random.Random) -> tuple[bytes, bytes, int, float]:
+    """(key, JSON value ~150 bytes, label, ts) of prediction ``i``."""
+    pid = f"{prefix}-{i:09d}"
+    ts = round(BASE_TS + i / EVENT_RATE + rng.uniform(0.0, 0.05), 3)
+    p = round(rng.betavariate(1.5, 6.0), 6)
+    y = int(rng.random() < min(1.0, p * 1.15))
+    value = (
+        f'{{"id":"{pid}","model":"{MODEL}","model_version":"{MODEL_VERSION}","ts":{ts},'
+        f'"segment":{{"country":"{rng.choice(COUNTRIES)}","device":"{rng.choice(DEVICES)}"}},'
+        f'"prob":{p}}}'
+    )
+    return pid.encode(), value.encode(), y, ts
+
+
+def label_value(pid: bytes, y: int, ts: float, rng: random.Random) -> bytes:
+    lts = round(ts + rng.uniform(0.2, 30.0), 3)
+    src = rng.choice(LABEL_SOURCES)
+    return f'{{"id":"{pid.decode()}","label":{y},"ts":{lts},"source":"{src}"}}'.encode()
+
+
+def _produce_slice(bootstrap: str, pred_topic: str, label_topic: str, prefix: str,
+                   start: int, stop: int, seed: int) -> tuple[int, int, int]:
+    """In a worker process: produce predictions ``start..stop`` and their labels,
+    each label LABEL_LAG predictions after its own. Returns (predictions acked,
+    labels acked, prediction bytes)."""
+    from kafka import KafkaProducer
+
+    rng = random.Random(seed * 1_000_003 + start)
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks=1,
+        enable_idempotence=False,
+        linger_ms=20,
+        batch_size=512 * 1024,
+        max_request_size=16 * 1024 * 1024,
+        request_timeout_ms=30000,
+    )
+    futures: list[Any] = []
+    pred_bytes = 0
+    waiting: list[tuple[bytes, int, float]] = []
+    try:
+        for i in range(start, stop):
+            key, value, y, ts = prediction_value(prefix, i, rng)
+            pred_bytes += len(value)
+            futures.append(producer.send(pred_topic, key=key, value=value))
+            waiting.append((key, y, ts))
+            if len(waiting) > LABEL_LAG:
+                k, yy, tt = waiting[len(waiting) - LABEL_LAG - 1]
+                futures.append(producer.send(label_topic, key=k,
+                                             value=label_value(k, yy, tt, rng)))
+        for k, yy, tt in waiting[max(0, len(waiting) - LABEL_LAG):]:
+            futures.append(producer.send(label_topic, key=k, value=label_value(k, yy, tt, rng)))
+        producer.flush(timeout=300)
+        acked: Counter[str] = Counter()
+        for f in futures:
+            md = f.get(timeout=60)  # raises the send error, if any
+            acked[md.topic] += 1
+        return acked[pred_topic], acked[label_topic], pred_bytes
+    finally:
+        producer.close(timeout=10)
+
+
+def produce_all(bootstrap: str, pred_topic: str, label_topic: str, n: int,
+                workers: int, seed: int) -> int:
+    """Produce N predictions and N labels with ``workers`` processes; returns the
+    mean prediction size in bytes. Raises if any record was not acknowledged."""
+    prefix = uuid.uuid4().hex[:8]
+    bounds = [n * k // workers for k in range(workers + 1)]
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        jobs = [pool.submit(_produce_slice, bootstrap, pred_topic, label_topic, prefix,
+                            bounds[k], bounds[k + 1], seed)
+                for k in range(workers) if bounds[k + 1] > bounds[k]]
+        results = [j.result() for j in jobs]
+    preds = sum(r[0] for r in results)
+    labels = sum(r[1] for r in results)
+    if preds != n or labels != n:
+        raise RuntimeError(f"produced {preds} predictions and {labels} labels, expected {n}")
+    return sum(r[2] for r in results) // max(1, n)
+
+
+def create_topics(bootstrap: str, names: list[str], partitions: int,
+                  timeout: float = 30.0) -> None:
+    """Create ``names`` and wait until metadata shows every partition with a leader."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    try:
+        admin.create_topics([NewTopic(n, partitions, 1) for n in names])
+
+        def ready() -> bool:
+            described = admin.describe_topics(names)
+            ok = {t["name"] for t in described
+                  if t["error_code"] == 0 and len(t["partitions"]) == partitions
+                  and all(p["leader_id"] >= 0 for p in t["partitions"])}
+            return ok == set(names)
+
+        wait_until(ready, timeout, f"topics {names}")
+    finally:
+        admin.close()
+
+
+# ---------------------------------------------------------------- bare consumer
+
+
+def consumer_settings(kafka: KafkaConfig) -> dict[str, Any]:
+    """The settings ``calmon run`` gives its consumer for this ``kafka`` config (taken
+    from ``KafkaSource`` itself, so the two stay the same), without a group."""
+    settings = KafkaSource(kafka)._settings()
+    settings["group_id"] = None  # no committed offsets to look up: seek_to_beginning
+    return settings
+
+
+@dataclass
+class BareResult:
+    seconds: float
+    records: int
+    bytes: int
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds
+
+
+def bare_consumer(kafka: KafkaConfig, topics: list[str], total: int,
+                  timeout: float) -> BareResult:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(**consumer_settings(kafka))
+    try:
+        tps = []
+        for topic in topics:
+            parts = wait_until(lambda t=topic: consumer.partitions_for_topic(t), 30.0,
+                               f"metadata of {topic}")
+            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        count = nbytes = 0
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        while count < total:
+            polled = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
+            for recs in polled.values():
+                count += len(recs)
+                for r in recs:
+                    nbytes += len(r.value)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bare consumer read {count} of {total} records "
+                                   f"in {timeout:.0f}s")
+        dt = time.perf_counter() - t0
+        if count != total:
+            raise RuntimeError(f"bare consumer read {count} records, expected {total}")
+        return BareResult(dt, count, nbytes)
+    finally:
+        consumer.close(autocommit=False)
+
+
+# ---------------------------------------------------------------- calmon run
+
+
+@dataclass
+class CalmonResult:
+    startup: float  # process start -> /readyz 200
+    seconds: float  # /readyz 200 -> joined == N
+    n: int
+    counters: dict[str, int]
+
+    @property
+    def input_rate(self) -> float:
+        return 2 * self.n / self.seconds
+
+    @property
+    def joined_rate(self) -> float:
+        return self.n / self.seconds
+
+    @property
+    def input_rate_from_start(self) -> float:
+        return 2 * self.n / (self.startup + self.seconds)
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """(status, body); (0, b"") when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (OSError, urllib.error.URLError):
+        return 0, b""
+
+
+def write_config(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str) -> Path:
+    cfg = {
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            # fresh group: no committed offsets, so the run starts at the beginning
+            "group_id": f"calmon-bench-{uuid.uuid4().hex[:10]}",
+            "predictions_topic": pred_topic,
+            "labels_topic": label_topic,
+            "auto_offset_reset": "earliest",
+        },
+        "recalibration": {"enabled": False},
+        "server": {"host": "127.0.0.1", "port": free_port()},
+        "state": {"dir": str(workdir / "state"), "checkpoint_interval": "10s"},
+    }
+    path = workdir / "calmon.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def calmon_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("CALMON_LOG_LEVEL", "INFO")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def run_calmon(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str, n: int,
+               timeout: float, status_interval: float,
+               py_spy: tuple[str, Path] | None = None) -> CalmonResult:
+    """One ``calmon run`` from an empty state until it has joined ``n`` samples."""
+    workdir.mkdir(parents=True)
+    cfg_path = write_config(workdir, bootstrap, pred_topic, label_topic)
+    port = int(yaml.safe_load(cfg_path.read_text())["server"]["port"])
+    log_path = workdir / "calmon.log"
+    spy: subprocess.Popen[bytes] | None = None
+    with log_path.open("wb") as out:
+        t_spawn = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "calmon", "run", "-c", str(cfg_path)],
+            cwd=str(workdir), env=calmon_env(), stdin=subprocess.DEVNULL,
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def alive() -> None:
+            if proc.poll() is not None:
+                raise RuntimeError(f"calmon exited with {proc.returncode}:\n"
+                                   f"{_log_tail(log_path)}")
+
+        def ready() -> bool:
+            alive()
+            return http_get(port, "/readyz", timeout=1.0)[0] == 200
+
+        wait_until(ready, 60.0, "calmon /readyz 200", interval=READY_POLL_S)
+        t_ready = time.perf_counter()
+        if py_spy is not None:
+            spy = start_py_spy(proc.pid, *py_spy)
+        last: dict[str, Any] = {}
+        # /status builds a full engine view under the engine lock (a few ms), so it is
+        # polled sparingly: every STATUS_MAX_S at most, then at half the predicted time
+        # left, down to ``status_interval`` near the end (an end-time error of at most
+        # that, for a few dozen polls per run).
+        deadline = time.monotonic() + timeout
+        prev: tuple[float, int] | None = None
+        while True:
+            alive()
+            code, body = http_get(port, "/status")
+            now = time.perf_counter()
+            if code == 200:
+                last.update(json.loads(body))
+                joined = int(last["counters"]["joined"])
+                if joined > n:
+                    raise RuntimeError(f"calmon joined {joined} samples, more than the {n} "
+                                       "produced")
+                if joined == n:
+                    break
+                wait = STATUS_FIRST_S
+                if prev is not None and joined > prev[1]:
+                    eta = (n - joined) * (now - prev[0]) / (joined - prev[1])
+                    wait = min(STATUS_MAX_S, max(status_interval, eta / 2))
+                prev = (now, joined)
+            else:
+                wait = status_interval
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for calmon joined "
+                                   f"== {n}; last counters {last.get('counters')}")
+            time.sleep(wait)  # polling interval of a deadline-bounded wait
+        t_done = time.perf_counter()
+        counters = {k: int(v) for k, v in last["counters"].items()}
+    finally:
+        if spy is not None:
+            stop_py_spy(spy)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    bad = {k: v for k, v in counters.items()
+           if k in ("invalid", "expired", "duplicates") and v}
+    if bad or counters.get("predictions") != n or counters.get("labels") != n:
+        raise RuntimeError(f"unexpected counters {counters}")
+    return CalmonResult(t_ready - t_spawn, t_done - t_ready, n, counters)
+
+
+# ---------------------------------------------------------------- py-spy
+
+
+def start_py_spy(pid: int, fmt: str, out: Path) -> subprocess.Popen[bytes]:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        raise RuntimeError("py-spy not found (pip install py-spy)")
+    cmd = [exe, "record", "--pid", str(pid), "--rate", "200", "--nonblocking",
+           "--format", fmt, "-o", str(out)]
+    if fmt == "raw":
+        cmd.append("--nolineno")
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def stop_py_spy(spy: subprocess.Popen[bytes]) -> None:
+    if spy.poll() is None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl+C
+    try:
+        _, err = spy.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.communicate()
+        raise RuntimeError("py-spy did not write its output in 60s") from None
+    if spy.returncode not in (0, -signal.SIGINT, 130):
+        log(f"py-spy exited with {spy.returncode}: {err.decode(errors='replace')[-500:]}")
+
+
+def _frame_name(frame: str) -> str:
+    """``function (path/to/file.py)`` -> ``file.py:function``."""
+    name, _, where = frame.partition(" (")
+    return f"{Path(where.rstrip(')')).name}:{name}" if where else name
+
+
+def summarize_raw(path: Path, top: int = 25) -> None:
+    """Own-time and inclusive shares per function from py-spy's raw (collapsed) stacks,
+    over the samples of the consumer thread (the one running ``Daemon._loop``)."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = other = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        k = int(count)
+        frames = [_frame_name(f) for f in stack.split(";")]
+        if not any(f.endswith("Daemon._loop") for f in frames):
+            other += k
+            continue
+        total += k
+        own[frames[-1]] += k
+        for f in set(frames):
+            incl[f] += k
+    if not total:
+        log("py-spy: no samples of the consumer loop")
+        return
+    log(f"\n== py-spy: {total} samples in the consumer loop "
+        f"({other} in other threads, e.g. HTTP /status) ==")
+    log(f"  {'own %':>6}  function")
+    for f, k in own.most_common(top):
+        log(f"  {100 * k / total:6.1f}  {f}")
+    log(f"\n  {'incl %':>6}  function")
+    for f, k in incl.most_common(top + 10):
+        log(f"  {100 * k / total:6.1f}  {f}")
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=None,
+                    help="predictions (and labels) to produce (default 200000; 20000 with "
+                         "--quick)")
+    ap.add_argument("--quick", action="store_true", help="small N (smoke test): about 10 s in all")
+    ap.add_argument("--bootstrap", default=None,
+                    help="host:port of a running broker (default: start a Tansu)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs per measurement, best kept (default 3; 2 with --quick)")
+    ap.add_argument("--producers", type=int, default=None,
+                    help="producer processes (default: CPU count, at most 4)")
+    ap.add_argument("--status-interval", type=float, default=0.02,
+                    help="shortest time between /status polls, near the end of a run "
+                         "(the end-time resolution)")
+    ap.add_argument("--py-spy", type=Path, default=None, metavar="PATH",
+                    help="add one untimed calmon run sampled by py-spy; .txt raw stacks "
+                         "(+ printed hotspots), .svg flame graph, .json speedscope")
+    args = ap.parse_args(argv)
+    n = args.n or (20_000 if args.quick else 200_000)
+    repeat = args.repeat or (2 if args.quick else 3)
+    workers = args.producers or max(1, min(4, os.cpu_count() or 1))
+    total = 2 * n
+    timeout = 120.0 + total / 2000.0
+
+    import kafka
+
+    log(f"calmon daemon benchmark: python {platform.python_version()}, kafka-python "
+        f"{kafka.__version__}, {platform.machine()}, {os.cpu_count()} cpus")
+    tmp = Path(tempfile.mkdtemp(prefix="calmon-bench-"))
+    broker: TansuBroker | None = None
+    try:
+        if args.bootstrap:
+            bootstrap = args.bootstrap
+            log(f"broker: {bootstrap} (given)")
+        else:
+            try:
+                binary = resolve_binary()
+            except BrokerUnavailable as e:
+                print(f"bench/daemon.py: {e}; or pass --bootstrap host:port", file=sys.stderr)
+                return 2
+            broker = TansuBroker(binary, log=tmp / "tansu.log")
+            broker.start()
+            bootstrap = broker.bootstrap
+            log(f"broker: Tansu {Path(broker.binary).name} on {bootstrap}")
+
+        run_id = uuid.uuid4().hex[:8]
+        pred_topic, label_topic = f"bench-predictions-{run_id}", f"bench-labels-{run_id}"
+        create_topics(bootstrap, [pred_topic, label_topic], PARTITIONS)
+        t = time.perf_counter()
+        size = produce_all(bootstrap, pred_topic, label_topic, n, workers, seed=7)
+        log(f"produced {n:,} predictions (~{size} B JSON) + {n:,} labels to "
+            f"{PARTITIONS}+{PARTITIONS} partitions with {workers} producer processes in "
+            f"{time.perf_counter() - t:.1f}s (not measured)")
+
+        kcfg = KafkaConfig(bootstrap_servers=(bootstrap,), predictions_topic=pred_topic,
+                           labels_topic=label_topic)
+        rounds = "1 round" if repeat == 1 else f"{repeat} rounds"
+        log(f"\n== {rounds} of: bare kafka-python consumer over {total:,} records "
+            f"(poll max_records={MAX_RECORDS}), then calmon run until {n:,} joined "
+            f"(clock from /readyz 200) ==")
+        bares: list[BareResult] = []
+        runs: list[CalmonResult] = []
+        for k in range(repeat):
+            # alternated, so a noisy neighbour slows both sides alike
+            b = bare_consumer(kcfg, [pred_topic, label_topic], total, timeout)
+            bares.append(b)
+            log(f"  {k + 1}. bare   {b.seconds:6.2f}s  {b.rate:>9,.0f} records/s "
+                f"({b.bytes / b.seconds / 1e6:.1f} MB/s of values)")
+            r = run_calmon(tmp / f"calmon-{k}", bootstrap, pred_topic, label_topic, n,
+                           timeout, args.status_interval)
+            runs.append(r)
+            log(f"  {k + 1}. calmon {r.seconds:6.2f}s  {r.input_rate:>9,.0f} input records/s "
+                f"{r.joined_rate:>9,.0f} joined/s  (startup {r.startup:.2f}s; from process "
+                f"start {r.input_rate_from_start:,.0f} input records/s)")
+        bare = min(bares, key=lambda r: r.seconds)
+        best = min(runs, key=lambda r: r.seconds)
+
+        ratio = best.input_rate / bare.rate
+        log("\n== result (best runs) ==")
+        log(f"  bare consumer     {bare.rate:>10,.0f} records/s")
+        log(f"  calmon run        {best.input_rate:>10,.0f} input records/s   "
+            f"{best.joined_rate:,.0f} joined samples/s")
+        log(f"  ratio calmon/bare {ratio:10.2f}   target >= {TARGET_RATIO}: "
+            f"{'MET' if ratio >= TARGET_RATIO else 'NOT MET'}")
+
+        if args.py_spy is not None:
+            suffix = args.py_spy.suffix.lower()
+            fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(suffix, "raw")
+            r = run_calmon(tmp / "calmon-py-spy", bootstrap, pred_topic, label_topic, n,
+                           timeout, args.status_interval, py_spy=(fmt, args.py_spy))
+            log(f"\npy-spy run (not counted): {r.seconds:.2f}s, {r.input_rate:,.0f} input "
+                f"records/s under sampling; {fmt} profile in {args.py_spy}")
+            if fmt == "raw":
+                summarize_raw(args.py_spy)
+        return 0
+    finally:
+        if broker is not None:
+            broker.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
