@@ -102,18 +102,18 @@ class Daemon:
         return (self.state is RunState.RUNNING and self.assigned and self.source.connected())
 
     def status(self) -> dict[str, Any]:
-        view = self.engine.view()
+        s = self.engine.status()  # counters only: no window view, so polling it is cheap
         last = self.last_checkpoint
         return {
             "ready": self.ready(),
             "state": self.state.value,
-            "pending": view.pending,
-            "pending_labels": view.pending_labels,
+            "pending": s["pending"],
+            "pending_labels": s["pending_labels"],
             "last_checkpoint": (None if last is None else
                                 datetime.fromtimestamp(last, UTC).isoformat()),
             "last_checkpoint_timestamp": last,
-            "event_time": None if view.now == float("-inf") else view.now,
-            "counters": view.counters,
+            "event_time": None if s["now"] == float("-inf") else s["now"],
+            "counters": s["counters"],
             "positions": {f"{t}/{p}": o for (t, p), o in sorted(self.positions.items())},
         }
 

@@ -17,14 +17,14 @@ import threading
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
-from calmon.engine.join import Join, Joined
+from calmon.engine.join import OUT_OF_RANGE, Join, Joined
 from calmon.engine.metrics import Stats
 from calmon.engine.records import Kind, Label, Parser, Prediction, Raw
 from calmon.engine.series import SeriesIndex
@@ -106,6 +106,7 @@ class Engine:
         self.models: list[str] = []
         self._model_idx: dict[str, int] = {}
         self._classes: list[int] = []  # per model: 0 binary, K multiclass
+        self._batch_predictions: list[int] = []  # per model, this batch (hot path: a list)
         self.now = -math.inf
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
         self.totals = Totals()
@@ -158,35 +159,40 @@ class Engine:
         self.totals.invalid[(TOPICS[kind], reason)] += 1
 
     def _prediction(self, pred: Prediction) -> str | None:
-        midx = self._model_idx.get(pred.model)
-        classes = 0 if pred.kind in ("prob", "logit") else len(pred.score)
+        model = pred.model
+        midx = self._model_idx.get(model)
+        classes = 0 if type(pred.score) is float else len(pred.score)
         if midx is None:
             midx = len(self.models)
-            self.models.append(pred.model)
-            self._model_idx[pred.model] = midx
+            self.models.append(model)
+            self._model_idx[model] = midx
             self._classes.append(classes)
+            self._batch_predictions.append(0)
         elif self._classes[midx] != classes:
             return "classes_mismatch"  # a model is binary or K-class, never both
-        self.counters["predictions"] += 1
-        self.totals.predictions[pred.model] += 1
+        self._batch_predictions[midx] += 1  # folded into the counters by _settle
         if pred.ts > self.now:
             self.now = pred.ts
-        combo = self.index.combo(pred.model, pred.segment)
-        self.join.add_prediction(pred, midx, combo, self.now)
+        self.join.add_prediction(pred, midx, self.index.combo(model, pred.segment), self.now)
         return None
 
     def _label(self, lab: Label) -> str | None:
-        model = lab.model
-        if model is None:
-            midx = self.join.model_of(lab.id)
-            model = "" if midx is None else self.models[midx]
-        if not self.join.add_label(lab, self.now):
+        midx = self.join.add_label(lab, self.now)
+        if midx == OUT_OF_RANGE:
             return "label_out_of_range"
         self.counters["labels"] += 1
+        model = lab.model
+        if model is None:  # known once it met its prediction
+            model = "" if midx < 0 else self.models[midx]
         self.totals.labels[model] += 1
         return None
 
     def _settle(self, rejected: list[Rejected]) -> None:
+        for midx, n in enumerate(self._batch_predictions):
+            if n:
+                self.counters["predictions"] += n
+                self.totals.predictions[self.models[midx]] += n
+                self._batch_predictions[midx] = 0
         self.join.sweep(self.now)
         ev = self.join.drain()
         dup = ev.duplicate_predictions + ev.duplicate_labels
@@ -217,37 +223,45 @@ class Engine:
     def _add_joined(self, joined: list[Joined]) -> None:
         n = len(joined)
         self.counters["joined"] += n
-        models = np.fromiter((j.model for j in joined), np.int64, n)
-        for midx, c in zip(*np.unique(models, return_counts=True)):
-            self.totals.joined[self.models[midx]] += int(c)
-        ts = np.fromiter((j.ts for j in joined), np.float64, n)
-        label = np.fromiter((j.label for j in joined), np.int64, n)
+        j = _Columns(*zip(*joined))
+        models = np.array(j.model, np.int64)
+        for midx, c in enumerate(np.bincount(models).tolist()):
+            if c:
+                self.totals.joined[self.models[midx]] += c
+        ts = np.array(j.ts, np.float64)
+        label = np.array(j.label, np.int64)
+        kinds = np.array(j.kind, np.int8)
         conf = np.empty(n)
         correct = np.empty(n, np.int64)
         acc = np.empty(n, np.int64)
         brier = np.empty(n)
         nll = np.empty(n)
-        kinds = np.fromiter((j.kind for j in joined), np.int8, n)
         binary = np.flatnonzero(kinds < 2)
+        scores: dict[int, np.ndarray] = {}  # classes (0 binary) -> scores as given
+        rows: dict[int, np.ndarray] = {}  # classes -> the sample rows they belong to
         if len(binary):
-            score = np.fromiter((joined[i].score for i in binary.tolist()), np.float64,
-                                len(binary))
-            is_logit = kinds[binary] == 1
-            p = np.where(is_logit, _sigmoid(score), score)
+            if len(binary) == n:
+                score = np.array(j.score, np.float64)
+            else:
+                score = np.fromiter((j.score[i] for i in binary.tolist()), np.float64,
+                                    len(binary))
+            scores[0], rows[0] = score, binary
+            p = np.where(kinds[binary] == 1, _sigmoid(score), score)
             y = label[binary]
             conf[binary] = p
             correct[binary] = y
             acc[binary] = (p >= 0.5).astype(np.int64) == y
             brier[binary] = (p - y) ** 2
             nll[binary] = -np.log(np.clip(np.where(y == 1, p, 1.0 - p), 1e-15, 1.0))
-        multi = np.flatnonzero(kinds >= 2)
-        if len(multi):
+        if len(binary) < n:
             by_k: dict[int, list[int]] = {}
-            for i in multi.tolist():
-                by_k.setdefault(len(joined[i].score), []).append(i)  # type: ignore[arg-type]
+            for i in np.flatnonzero(kinds >= 2).tolist():
+                by_k.setdefault(len(j.score[i]), []).append(i)
             for k, idx in by_k.items():
                 ii = np.asarray(idx)
-                probs = np.array([joined[i].score for i in idx], dtype=np.float64).reshape(-1, k)
+                given = np.array([j.score[i] for i in idx], dtype=np.float64).reshape(-1, k)
+                scores[k], rows[k] = given, ii
+                probs = given.copy()
                 logits = kinds[ii] == 3
                 probs[logits] = _softmax(probs[logits])
                 probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
@@ -262,34 +276,31 @@ class Engine:
                 brier[ii] = ((probs - onehot) ** 2).sum(axis=1)
                 nll[ii] = -np.log(np.clip(probs[np.arange(len(ii)), y], 1e-15, 1.0))
         # fan out: every sample counts in its model's __all__ series and each slice
-        fan = [self.index.combo_series[j.combo] for j in joined]
-        reps = np.fromiter((len(f) for f in fan), np.int64, n)
-        sid = np.fromiter((s for f in fan for s in f), np.int64, int(reps.sum()))
-        samples = Samples(sid, np.repeat(ts, reps), np.repeat(conf, reps),
-                          np.repeat(correct, reps), np.repeat(acc, reps),
-                          np.repeat(brier, reps), np.repeat(nll, reps))
+        combos = np.array(j.combo, np.int64)
+        sample, sid = self.index.fan_out(combos)
+        samples = Samples(sid, ts[sample], conf[sample], correct[sample], acc[sample],
+                          brier[sample], nll[sample])
         self.windows.add(samples, self.now)
         self._count_bins(samples)
-        self._count_delays(joined, ts, models)
+        self._count_delays(np.array(j.label_ts, np.float64) - ts, models)
         if self.buffers is not None:
-            self._buffer(joined, fan, ts, label, kinds)
+            self._buffer(combos, ts, label, kinds, scores, rows)
 
-    def _buffer(self, joined: list[Joined], fan: list[tuple[int, ...]], ts: np.ndarray,
-                label: np.ndarray, kinds: np.ndarray) -> None:
+    def _buffer(self, combos: np.ndarray, ts: np.ndarray, label: np.ndarray,
+                kinds: np.ndarray, scores: dict[int, np.ndarray],
+                rows: dict[int, np.ndarray]) -> None:
         assert self.buffers is not None
-        per_segment = self.cfg.recalibration.per_segment
-        targets: dict[int, list[int]] = {}
-        for i, f in enumerate(fan):
-            for sid in (f if per_segment else f[:1]):  # f[0] is the model's __all__
-                targets.setdefault(sid, []).append(i)
-        for sid, idx in targets.items():
-            classes = self._classes[self._model_idx[self.index.series[sid][0]]]
-            ii = np.asarray(idx)
-            if classes == 0:
-                score = np.fromiter((joined[i].score for i in idx), np.float64, len(idx))
-            else:
-                score = np.array([joined[i].score for i in idx], np.float64).reshape(-1, classes)
-            self.buffers.add(sid, classes, ts[ii], label[ii], kinds[ii], score)
+        for classes, idx in rows.items():
+            if self.cfg.recalibration.per_segment:
+                sample, sid = self.index.fan_out(combos[idx])
+            else:  # the model's __all__ series only
+                sample, sid = np.arange(len(idx)), self.index.all_series(combos[idx])
+            order = np.argsort(sid, kind="stable")
+            uniq, starts = np.unique(sid[order], return_index=True)
+            for s, part in zip(uniq.tolist(), np.split(order, starts[1:])):
+                take = sample[part]
+                self.buffers.add(s, classes, ts[idx][take], label[idx][take],
+                                 kinds[idx][take], scores[classes][take])
 
     def _count_bins(self, s: Samples) -> None:
         bins = self.cfg.metrics.bins
@@ -307,13 +318,11 @@ class Engine:
             arr[1, b] += cf
             arr[2, b] += cr
 
-    def _count_delays(self, joined: list[Joined], ts: np.ndarray, models: np.ndarray) -> None:
-        lts = np.fromiter((np.nan if j.label_ts is None else j.label_ts for j in joined),
-                          np.float64, len(joined))
-        known = np.isfinite(lts)
+    def _count_delays(self, delays: np.ndarray, models: np.ndarray) -> None:
+        known = np.isfinite(delays)  # NaN where the label had no time
         if not known.any():
             return
-        delay = lts[known] - ts[known]
+        delay = delays[known]
         bucket = np.searchsorted(DELAY_BUCKETS, delay, side="left")  # le-buckets, +Inf last
         for midx in np.unique(models[known]).tolist():
             mine = models[known] == midx
@@ -369,9 +378,11 @@ class Engine:
                 out.append((model, segment, self._classes[self._model_idx[model]]))
             return out
 
-    def status_counters(self) -> dict[str, int]:
+    def status(self) -> dict[str, Any]:
+        """Counters, pending counts and event time: what /status needs, without a view."""
         with self.lock:
-            return dict(self.counters)
+            return {"counters": dict(self.counters), "pending": self.join.pending,
+                    "pending_labels": self.join.pending_labels, "now": self.now}
 
     # ------------------------------------------------------------ checkpoints
 
@@ -406,6 +417,7 @@ class Engine:
             self.now = float(snap["now"])
             self.models = [m for m, _ in snap["models"]]
             self._classes = [int(c) for _, c in snap["models"]]
+            self._batch_predictions = [0] * len(self.models)
             self._model_idx = {m: i for i, m in enumerate(self.models)}
             self.counters = Counter({k: 0 for k in COUNTER_KEYS})
             self.counters.update(snap["counters"])
@@ -417,6 +429,18 @@ class Engine:
             if self.buffers is not None and snap.get("buffers"):
                 self.buffers.restore(snap["buffers"])
             self.version += 1
+
+
+class _Columns(NamedTuple):
+    """Joined samples transposed into columns (see ``join.Joined``)."""
+
+    model: tuple[int, ...]
+    combo: tuple[int, ...]
+    ts: tuple[float, ...]
+    kind: tuple[int, ...]
+    score: tuple[Any, ...]
+    label: tuple[int, ...]
+    label_ts: tuple[float, ...]
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -22,19 +23,14 @@ from calmon.engine.records import SCORE_KINDS, Label, Prediction
 
 KIND_CODE = {k: i for i, k in enumerate(SCORE_KINDS)}  # prob 0, logit 1, probs 2, logits 3
 NO_LABEL = -1
+WAITING = -1  # add_label: no pending prediction (the label waits, or was a duplicate)
+OUT_OF_RANGE = -2  # add_label: the label is out of range for its prediction
 
 
-@dataclass(slots=True)
-class Joined:
-    """One prediction met its label (or its implicit negative)."""
-
-    model: int
-    combo: int
-    ts: float
-    kind: int
-    score: float | tuple[float, ...]
-    label: int
-    label_ts: float | None
+# One prediction that met its label (or implicit negative):
+# (model, combo, ts, kind, score, label, label ts or NaN). A plain tuple, because
+# appending one is the cheapest thing the per-record path can do.
+Joined = tuple[int, int, float, int, Any, int, float]
 
 
 @dataclass
@@ -60,10 +56,11 @@ class Join:
         self._ts = np.zeros(n)
         self._score = np.zeros(n)
         self._deadline = np.full(n, np.inf)  # inf marks a free slot
-        self._combo = np.zeros(n, np.int32)
-        self._model = np.zeros(n, np.int32)
-        self._kind = np.zeros(n, np.int8)
-        self._label = np.full(n, NO_LABEL, np.int32)
+        # small ints in lists: 8 bytes a slot like numpy, but 5x faster to read one
+        self._combo: list[int] = [0] * n
+        self._model: list[int] = [0] * n
+        self._kind: list[int] = [0] * n
+        self._label: list[int] = [NO_LABEL] * n
         self._label_ts = np.full(n, np.nan)
         self._vectors: dict[int, tuple[float, ...]] = {}
         self._pid: list[str | None] = [None] * n  # slot -> id
@@ -90,10 +87,10 @@ class Join:
 
     def model_of(self, pid: str) -> int | None:
         slot = self._slot.get(pid)
-        return None if slot is None else self._model.item(slot)
+        return None if slot is None else self._model[slot]
 
     def classes_of_slot(self, slot: int) -> int:
-        kind = self._kind.item(slot)
+        kind = self._kind[slot]
         return 2 if kind < 2 else len(self._vectors[slot])
 
     # ------------------------------------------------------------ arrivals
@@ -106,60 +103,72 @@ class Join:
                 self.events.duplicate_predictions += 1
                 return
             self._finish(slot, pid)  # overdue: settle it as the sweep would have
-        if self._is_done(pid, now):
+        done = self._done.get(pid)
+        if done is not None and done > now:
             self.events.duplicate_predictions += 1
             return
         kind = KIND_CODE[pred.kind]
-        binary = kind < 2
-        held = self.implicit is not None and binary
-        deadline = pred.ts + (self.implicit.after if held else self.ttl)  # type: ignore[union-attr]
-        waiting = self._labels.pop(pid, None)
-        label, label_ts = NO_LABEL, None
-        if waiting is not None:
-            lab, label_deadline = waiting
-            classes = 2 if binary else len(pred.score)
-            if label_deadline <= now:
-                self.events.labels_expired += 1
-            elif lab.label >= classes:
-                self.events.rejected_labels.append(lab)
-            elif not held:
-                self._emit(model, combo, pred.ts, kind, pred.score, lab.label, lab.ts)
-                self._mark_done(pid, pred.ts + self.ttl)
-                return
-            else:
-                label, label_ts = lab.label, lab.ts
-        slot = self._alloc()
+        ts = pred.ts
+        if self.implicit is not None and kind < 2:
+            held = True
+            deadline = ts + self.implicit.after
+        else:
+            held = False
+            deadline = ts + self.ttl
+        label = NO_LABEL
+        label_ts: float | None = None
+        if self._labels:
+            waiting = self._labels.pop(pid, None)
+            if waiting is not None:
+                lab, label_deadline = waiting
+                if label_deadline <= now:
+                    self.events.labels_expired += 1
+                elif lab.label >= (2 if kind < 2 else len(pred.score)):
+                    self.events.rejected_labels.append(lab)
+                elif not held:
+                    self._emit(model, combo, ts, kind, pred.score, lab.label, lab.ts)
+                    self._mark_done(pid, ts + self.ttl)
+                    return
+                else:
+                    label, label_ts = lab.label, lab.ts
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
         self._slot[pid] = slot
         self._pid[slot] = pid
-        self._ts[slot] = pred.ts
+        self._ts[slot] = ts
         self._deadline[slot] = deadline
         self._combo[slot] = combo
         self._model[slot] = model
         self._kind[slot] = kind
         self._label[slot] = label
-        self._label_ts[slot] = np.nan if label_ts is None else label_ts
-        if binary:
+        if label != NO_LABEL:  # only read back when a label is attached
+            self._label_ts[slot] = np.nan if label_ts is None else label_ts
+        if kind < 2:
             self._score[slot] = pred.score
         else:
             self._vectors[slot] = pred.score
         if deadline < self._next_deadline:
             self._next_deadline = deadline
 
-    def add_label(self, lab: Label, now: float) -> bool:
-        """False when the label is out of range for its (pending) prediction."""
+    def add_label(self, lab: Label, now: float) -> int:
+        """The model index of the pending prediction the label met, ``WAITING`` when
+        there was none (it waits, or was a duplicate), ``OUT_OF_RANGE`` when the label is
+        out of range for its prediction."""
         lid = lab.id
         slot = self._slot.get(lid)
         if slot is not None and self._deadline.item(slot) <= now:
             self._finish(slot, lid)
             slot = None
         if slot is None:
-            if self._is_done(lid, now):
+            done = self._done.get(lid)
+            if done is not None and done > now:
                 self.events.duplicate_labels += 1
-                return True
+                return WAITING
             waiting = self._labels.get(lid)
             if waiting is not None and waiting[1] > now:
                 self.events.duplicate_labels += 1
-                return True
+                return WAITING
             if waiting is not None:
                 self.events.labels_expired += 1
             base = lab.ts if lab.ts is not None else now
@@ -170,29 +179,40 @@ class Join:
                 self._next_label_deadline = deadline
             if deadline == np.inf:
                 self._undated_labels = True
-            return True
-        if lab.label >= self.classes_of_slot(slot):
-            return False
-        if self._label.item(slot) != NO_LABEL:
+            return WAITING
+        kind = self._kind[slot]
+        if lab.label >= (2 if kind < 2 else len(self._vectors[slot])):
+            return OUT_OF_RANGE
+        model = self._model[slot]
+        if self._label[slot] != NO_LABEL:
             self.events.duplicate_labels += 1
-            return True
-        if self.implicit is not None and self._kind.item(slot) < 2:
+            return model
+        if self.implicit is not None and kind < 2:
             # held until ts + after, so no window sees a positive before its negatives
             self._label[slot] = lab.label
             self._label_ts[slot] = np.nan if lab.ts is None else lab.ts
-            return True
-        self._label[slot] = lab.label
-        self._label_ts[slot] = np.nan if lab.ts is None else lab.ts
-        self._finish(slot, lid)
-        return True
+            return model
+        # the common case, inlined: join now and free the slot
+        ts = self._ts.item(slot)
+        self.events.joined.append((
+            model, self._combo[slot], ts, kind,
+            self._score.item(slot) if kind < 2 else self._vectors.pop(slot), lab.label,
+            np.nan if lab.ts is None else lab.ts))
+        self._done[lid] = ts + self.ttl
+        self._done_order.append(lid)
+        del self._slot[lid]
+        self._pid[slot] = None
+        self._deadline[slot] = np.inf
+        self._free.append(slot)
+        return model
 
     # ------------------------------------------------------------ settling
 
     def _finish(self, slot: int, pid: str) -> None:
         """Settle a pending prediction: joined with its label, its implicit label,
         or expired by ttl. Frees the slot."""
-        label = self._label.item(slot)
-        kind = self._kind.item(slot)
+        label = self._label[slot]
+        kind = self._kind[slot]
         ts = self._ts.item(slot)
         if label == NO_LABEL and self.implicit is not None and kind < 2:
             label = self.implicit.value
@@ -200,35 +220,32 @@ class Join:
         else:
             lts = self._label_ts.item(slot)
             label_ts = None if lts != lts else lts  # NaN marks unknown
-        model = self._model.item(slot)
+        model = self._model[slot]
         if label == NO_LABEL:
             self.events.expired[(model, "ttl")] += 1
         else:
             score = self._score.item(slot) if kind < 2 else self._vectors[slot]
-            self._emit(model, self._combo.item(slot), ts, kind, score, label, label_ts)
+            self._emit(model, self._combo[slot], ts, kind, score, label, label_ts)
             self._mark_done(pid, ts + self.ttl)
         self._release(slot, pid)
 
     def _emit(self, model: int, combo: int, ts: float, kind: int, score: float | tuple,
               label: int, label_ts: float | None) -> None:
-        self.events.joined.append(Joined(model, combo, ts, kind, score, label, label_ts))
-
-    def _alloc(self) -> int:
-        if not self._free:
-            self._grow()
-        return self._free.pop()
+        self.events.joined.append((model, combo, ts, kind, score, label,
+                                   np.nan if label_ts is None else label_ts))
 
     def _grow(self) -> None:
         n = len(self._ts)
         m = n * 2
-        for name, fill in (("_ts", 0.0), ("_score", 0.0), ("_deadline", np.inf), ("_combo", 0),
-                           ("_model", 0), ("_kind", 0), ("_label", NO_LABEL),
+        for name, fill in (("_ts", 0.0), ("_score", 0.0), ("_deadline", np.inf),
                            ("_label_ts", np.nan)):
             old = getattr(self, name)
             new = np.full(m, fill, old.dtype)
             new[:n] = old
             setattr(self, name, new)
-        self._pid.extend([None] * (m - n))
+        for name, fill in (("_combo", 0), ("_model", 0), ("_kind", 0), ("_label", NO_LABEL),
+                           ("_pid", None)):
+            getattr(self, name).extend([fill] * (m - n))
         self._free.extend(range(m - 1, n - 1, -1))
 
     def _release(self, slot: int, pid: str) -> None:
@@ -242,10 +259,6 @@ class Join:
     def _mark_done(self, pid: str, deadline: float) -> None:
         self._done[pid] = deadline
         self._done_order.append(pid)
-
-    def _is_done(self, pid: str, now: float) -> bool:
-        d = self._done.get(pid)
-        return d is not None and d > now
 
     def sweep(self, now: float) -> None:
         """Settle everything whose deadline passed, then enforce the capacity bound."""
@@ -288,7 +301,7 @@ class Join:
             # oldest prediction ts first; ties by slot so the choice is repeatable
             oldest = live[np.lexsort((live, self._ts[live]))[:over]]
             for slot in oldest.tolist():
-                self.events.expired[(self._model.item(slot), "capacity")] += 1
+                self.events.expired[(self._model[slot], "capacity")] += 1
                 self._release(slot, self._pid[slot])  # type: ignore[arg-type]
             live = self._deadline[np.isfinite(self._deadline)]
             self._next_deadline = float(live.min()) if len(live) else np.inf
@@ -310,9 +323,12 @@ class Join:
         return {
             "ids": [pid for pid, _ in items],
             "ts": self._ts[slots], "score": self._score[slots],
-            "deadline": self._deadline[slots], "combo": self._combo[slots],
-            "model": self._model[slots], "kind": self._kind[slots],
-            "label": self._label[slots], "label_ts": self._label_ts[slots],
+            "deadline": self._deadline[slots],
+            "combo": np.array([self._combo[s] for s in slots.tolist()], np.int32),
+            "model": np.array([self._model[s] for s in slots.tolist()], np.int32),
+            "kind": np.array([self._kind[s] for s in slots.tolist()], np.int8),
+            "label": np.array([self._label[s] for s in slots.tolist()], np.int32),
+            "label_ts": self._label_ts[slots],
             "vectors": {i: list(self._vectors[s]) for i, s in enumerate(slots.tolist())
                         if s in self._vectors},
             "labels": [[lid, lab.label, lab.ts, lab.model, lab.raw, lab.source, d]
@@ -325,12 +341,13 @@ class Join:
         while len(self._free) < len(ids):
             self._grow()
         for i, pid in enumerate(ids):
-            slot = self._alloc()
+            slot = self._free.pop()
             self._slot[pid] = slot
             self._pid[slot] = pid
-            for name in ("ts", "score", "deadline", "combo", "model", "kind", "label",
-                         "label_ts"):
+            for name in ("ts", "score", "deadline", "label_ts"):
                 getattr(self, "_" + name)[slot] = snap[name][i]
+            for name in ("combo", "model", "kind", "label"):
+                getattr(self, "_" + name)[slot] = int(snap[name][i])
         for i, vec in snap["vectors"].items():
             self._vectors[self._slot[ids[int(i)]]] = tuple(vec)
         live = self._deadline[np.isfinite(self._deadline)]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 ALL = "__all__"
 OTHER = "__other__"
 
@@ -30,9 +32,26 @@ class SeriesIndex:
         self.combo_series: list[tuple[int, ...]] = []  # combo id -> series ids
         self._combo_ids: dict[tuple[str, tuple[str | None, ...]], int] = {}
         self._admitted: dict[tuple[str, str], set[str]] = {}  # (model, key) -> kept values
+        self._fast: dict[tuple[str, tuple], int] = {}  # (model, segment items) -> combo
+        self._memo_cap = 4 * (max_values + 1) ** max(1, len(self.keys))
+        # combo -> series as flat numpy arrays, rebuilt when combos are added
+        self._flat = np.zeros(0, np.int64)
+        self._start = np.zeros(0, np.int64)
+        self._len = np.zeros(0, np.int64)
 
     def combo(self, model: str, segment: dict[str, str]) -> int:
         """The combo id of a prediction; admits or folds its segment values."""
+        # hot path: a producer sends the same segment spelt the same way every time
+        fast = (model, tuple(segment.items()))
+        cid = self._fast.get(fast)
+        if cid is not None:
+            return cid
+        cid = self._combo_slow(model, segment)
+        if len(self._fast) < self._memo_cap:
+            self._fast[fast] = cid
+        return cid
+
+    def _combo_slow(self, model: str, segment: dict[str, str]) -> int:
         values = tuple(segment.get(k) for k in self.keys)
         cid = self._combo_ids.get((model, values))
         if cid is not None:
@@ -42,7 +61,7 @@ class SeriesIndex:
         cid = self._combo_ids.get((model, folded))
         if cid is None:
             cid = self._intern(model, folded)
-        if len(self._combo_ids) < 4 * (self.max_values + 1) ** max(1, len(self.keys)):
+        if len(self._combo_ids) < self._memo_cap:
             self._combo_ids[(model, values)] = cid  # memo of the unfolded spelling, bounded
         return cid
 
@@ -67,6 +86,27 @@ class SeriesIndex:
             sids.append(self.series_id(model, ",".join(f"{k}={v}" for k, v in zip(sl, vals))))
         self.combo_series.append(tuple(sids))
         return cid
+
+    def _arrays(self) -> None:
+        if len(self._len) != len(self.combo_series):
+            self._len = np.array([len(t) for t in self.combo_series], np.int64)
+            self._start = np.concatenate(([0], np.cumsum(self._len)[:-1])).astype(np.int64)
+            self._flat = np.array([s for t in self.combo_series for s in t], np.int64)
+
+    def fan_out(self, combos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For samples with these combos: (sample index, series id) for every series each
+        sample counts in, sample by sample."""
+        self._arrays()
+        lens = self._len[combos]
+        sample = np.repeat(np.arange(len(combos)), lens)
+        first = np.cumsum(lens) - lens  # where each sample's run starts in the output
+        within = np.arange(int(lens.sum())) - np.repeat(first, lens)
+        return sample, self._flat[np.repeat(self._start[combos], lens) + within]
+
+    def all_series(self, combos: np.ndarray) -> np.ndarray:
+        """The model's ``__all__`` series id of each combo (always its first series)."""
+        self._arrays()
+        return self._flat[self._start[combos]]
 
     def series_id(self, model: str, segment: str) -> int:
         sid = self._series_ids.get((model, segment))
