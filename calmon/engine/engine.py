@@ -26,7 +26,7 @@ from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
 from calmon.engine.join import OUT_OF_RANGE, Join, Joined
 from calmon.engine.metrics import Stats
-from calmon.engine.records import Kind, Label, Parser, Prediction, Raw
+from calmon.engine.records import Kind, Label, Parser, Prediction, Raw, Reject
 from calmon.engine.series import SeriesIndex
 from calmon.engine.windows import Samples, Windows, bin_index
 
@@ -106,7 +106,10 @@ class Engine:
         self.models: list[str] = []
         self._model_idx: dict[str, int] = {}
         self._classes: list[int] = []  # per model: 0 binary, K multiclass
-        self._batch_predictions: list[int] = []  # per model, this batch (hot path: a list)
+        # per model counts of this batch (a list: the hot path's cheapest counter);
+        # labels have one more slot at the end, [-1], for "model not known yet"
+        self._batch_predictions: list[int] = []
+        self._batch_labels: list[int] = [0]
         self.now = -math.inf
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
         self.totals = Totals()
@@ -120,72 +123,81 @@ class Engine:
     def feed(self, batch: Iterable[Raw]) -> list[Rejected]:
         """Parse, join and count one batch. Returns the records that broke the
         contract (already counted), for the dead-letter topic. Never raises on data."""
-        rejected: list[Rejected] = []
+        raws = batch if isinstance(batch, list) else list(batch)
+        parse = self.parser.parse
+        records = [parse(raw) for raw in raws]
         with self.lock:
-            parse = self.parser.parse
-            for raw in batch:
-                rec = parse(raw)
-                if type(rec) is Prediction:
-                    reason = self._prediction(rec)
-                elif type(rec) is Label:
-                    reason = self._label(rec)
-                else:
-                    reason = rec.reason  # type: ignore[union-attr]
-                if reason is not None:
-                    self._invalid(raw.kind, reason)
-                    rejected.append(Rejected(raw.kind, raw.value, raw.source, reason))
-            self._settle(rejected)
-        return rejected
+            return self._consume(records, raws)
 
     def feed_parsed(self, records: Iterable[Prediction | Label]) -> list[Rejected]:
         """``feed`` for records parsed elsewhere (benchmarks, tests)."""
-        rejected: list[Rejected] = []
         with self.lock:
-            for rec in records:
-                if type(rec) is Prediction:
-                    reason = self._prediction(rec)
-                    kind = Kind.PREDICTION
+            return self._consume(list(records), None)
+
+    def _consume(self, records: list[Prediction | Label | Reject],
+                 raws: list[Raw] | None) -> list[Rejected]:
+        """The per-record loop, written flat with local names: it is the hot path."""
+        rejected: list[Rejected] = []
+        add_prediction = self.join.add_prediction
+        add_label = self.join.add_label
+        combo_of = self.index.combo
+        model_idx = self._model_idx
+        classes_of = self._classes
+        batch_predictions = self._batch_predictions
+        batch_labels = self._batch_labels
+        now = self.now
+        for i, rec in enumerate(records):
+            t = type(rec)
+            reason: str | None = None
+            if t is Prediction:
+                model = rec.model  # type: ignore[union-attr]
+                score = rec.score  # type: ignore[union-attr]
+                classes = 0 if type(score) is float else len(score)
+                midx = model_idx.get(model)
+                if midx is None:
+                    midx = self._new_model(model, classes)
+                if classes_of[midx] != classes:
+                    reason = "classes_mismatch"  # a model is binary or K-class, never both
                 else:
-                    reason = self._label(rec)  # type: ignore[arg-type]
-                    kind = Kind.LABEL
-                if reason is not None:
-                    self._invalid(kind, reason)
-                    rejected.append(Rejected(kind, None, rec.source, reason))
-            self._settle(rejected)
+                    batch_predictions[midx] += 1  # folded into the counters by _settle
+                    if rec.ts > now:  # type: ignore[union-attr]
+                        now = self.now = rec.ts  # type: ignore[union-attr]
+                    add_prediction(rec, midx, combo_of(model, rec.segment), now)  # type: ignore
+            elif t is Label:
+                midx = add_label(rec, now)  # type: ignore[arg-type]
+                if midx == OUT_OF_RANGE:
+                    reason = "label_out_of_range"
+                elif rec.model is not None:  # type: ignore[union-attr]
+                    self.counters["labels"] += 1
+                    self.totals.labels[rec.model] += 1  # type: ignore[union-attr]
+                else:  # known once the label met its prediction; [-1] is "unknown"
+                    batch_labels[midx] += 1
+            else:
+                reason = rec.reason  # type: ignore[union-attr]
+            if reason is not None:
+                if raws is not None:
+                    raw = raws[i]
+                    kind, value, source = raw.kind, raw.value, raw.source
+                else:
+                    kind = Kind.PREDICTION if t is Prediction else Kind.LABEL
+                    value, source = None, rec.source  # type: ignore[union-attr]
+                self._invalid(kind, reason)
+                rejected.append(Rejected(kind, value, source, reason))
+        self._settle(rejected)
         return rejected
+
+    def _new_model(self, model: str, classes: int) -> int:
+        midx = len(self.models)
+        self.models.append(model)
+        self._model_idx[model] = midx
+        self._classes.append(classes)
+        self._batch_predictions.append(0)
+        self._batch_labels.insert(midx, 0)  # keeps [-1], "model unknown", last
+        return midx
 
     def _invalid(self, kind: Kind, reason: str) -> None:
         self.counters["invalid"] += 1
         self.totals.invalid[(TOPICS[kind], reason)] += 1
-
-    def _prediction(self, pred: Prediction) -> str | None:
-        model = pred.model
-        midx = self._model_idx.get(model)
-        classes = 0 if type(pred.score) is float else len(pred.score)
-        if midx is None:
-            midx = len(self.models)
-            self.models.append(model)
-            self._model_idx[model] = midx
-            self._classes.append(classes)
-            self._batch_predictions.append(0)
-        elif self._classes[midx] != classes:
-            return "classes_mismatch"  # a model is binary or K-class, never both
-        self._batch_predictions[midx] += 1  # folded into the counters by _settle
-        if pred.ts > self.now:
-            self.now = pred.ts
-        self.join.add_prediction(pred, midx, self.index.combo(model, pred.segment), self.now)
-        return None
-
-    def _label(self, lab: Label) -> str | None:
-        midx = self.join.add_label(lab, self.now)
-        if midx == OUT_OF_RANGE:
-            return "label_out_of_range"
-        self.counters["labels"] += 1
-        model = lab.model
-        if model is None:  # known once it met its prediction
-            model = "" if midx < 0 else self.models[midx]
-        self.totals.labels[model] += 1
-        return None
 
     def _settle(self, rejected: list[Rejected]) -> None:
         for midx, n in enumerate(self._batch_predictions):
@@ -193,6 +205,11 @@ class Engine:
                 self.counters["predictions"] += n
                 self.totals.predictions[self.models[midx]] += n
                 self._batch_predictions[midx] = 0
+        for midx, n in enumerate(self._batch_labels):
+            if n:
+                self.counters["labels"] += n
+                self.totals.labels[self.models[midx] if midx < len(self.models) else ""] += n
+                self._batch_labels[midx] = 0
         self.join.sweep(self.now)
         ev = self.join.drain()
         dup = ev.duplicate_predictions + ev.duplicate_labels
@@ -418,6 +435,7 @@ class Engine:
             self.models = [m for m, _ in snap["models"]]
             self._classes = [int(c) for _, c in snap["models"]]
             self._batch_predictions = [0] * len(self.models)
+            self._batch_labels = [0] * (len(self.models) + 1)
             self._model_idx = {m: i for i, m in enumerate(self.models)}
             self.counters = Counter({k: 0 for k in COUNTER_KEYS})
             self.counters.update(snap["counters"])

@@ -12,6 +12,7 @@ prediction under ~200 bytes. Multiclass score vectors sit in a side dict.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from calmon.engine.records import SCORE_KINDS, Label, Prediction
 
 KIND_CODE = {k: i for i, k in enumerate(SCORE_KINDS)}  # prob 0, logit 1, probs 2, logits 3
 NO_LABEL = -1
+INF, NAN = math.inf, math.nan  # plain floats: no numpy attribute lookups per record
 WAITING = -1  # add_label: no pending prediction (the label waits, or was a duplicate)
 OUT_OF_RANGE = -2  # add_label: the label is out of range for its prediction
 
@@ -55,25 +57,26 @@ class Join:
         self._slot: dict[str, int] = {}
         self._ts = np.zeros(n)
         self._score = np.zeros(n)
-        self._deadline = np.full(n, np.inf)  # inf marks a free slot
+        self._deadline = np.full(n, INF)  # inf marks a free slot
         # small ints in lists: 8 bytes a slot like numpy, but 5x faster to read one
         self._combo: list[int] = [0] * n
         self._model: list[int] = [0] * n
         self._kind: list[int] = [0] * n
         self._label: list[int] = [NO_LABEL] * n
-        self._label_ts = np.full(n, np.nan)
+        self._label_ts = np.full(n, NAN)
         self._vectors: dict[int, tuple[float, ...]] = {}
         self._pid: list[str | None] = [None] * n  # slot -> id
         self._free: list[int] = list(range(n - 1, -1, -1))
-        self._next_deadline = np.inf
+        self._next_deadline = INF
         # labels waiting for their prediction: id -> (label, deadline)
         self._labels: dict[str, tuple[Label, float]] = {}
-        self._next_label_deadline = np.inf
+        self._next_label_deadline = INF
         self._undated_labels = False  # labels waiting for the first prediction to start a clock
         # ids already joined, so a late second label is a duplicate: id -> deadline
         self._done: dict[str, float] = {}
         self._done_order: deque[str] = deque()
         self.events = JoinEvents()
+        self._joined = self.events.joined  # the hot path's append target
 
     # ------------------------------------------------------------ queries
 
@@ -143,7 +146,7 @@ class Join:
         self._kind[slot] = kind
         self._label[slot] = label
         if label != NO_LABEL:  # only read back when a label is attached
-            self._label_ts[slot] = np.nan if label_ts is None else label_ts
+            self._label_ts[slot] = NAN if label_ts is None else label_ts
         if kind < 2:
             self._score[slot] = pred.score
         else:
@@ -157,7 +160,8 @@ class Join:
         out of range for its prediction."""
         lid = lab.id
         slot = self._slot.get(lid)
-        if slot is not None and self._deadline.item(slot) <= now:
+        # nothing pending is overdue before the earliest deadline: skip the read then
+        if slot is not None and now >= self._next_deadline and self._deadline.item(slot) <= now:
             self._finish(slot, lid)
             slot = None
         if slot is None:
@@ -173,11 +177,11 @@ class Join:
                 self.events.labels_expired += 1
             base = lab.ts if lab.ts is not None else now
             # no ts and no prediction seen yet: the clock starts with the first prediction
-            deadline = base + self.label_ttl if base > -np.inf else np.inf
+            deadline = base + self.label_ttl if base > -INF else INF
             self._labels[lid] = (lab, deadline)
             if deadline < self._next_label_deadline:
                 self._next_label_deadline = deadline
-            if deadline == np.inf:
+            if deadline == INF:
                 self._undated_labels = True
             return WAITING
         kind = self._kind[slot]
@@ -190,19 +194,19 @@ class Join:
         if self.implicit is not None and kind < 2:
             # held until ts + after, so no window sees a positive before its negatives
             self._label[slot] = lab.label
-            self._label_ts[slot] = np.nan if lab.ts is None else lab.ts
+            self._label_ts[slot] = NAN if lab.ts is None else lab.ts
             return model
         # the common case, inlined: join now and free the slot
         ts = self._ts.item(slot)
-        self.events.joined.append((
+        self._joined.append((
             model, self._combo[slot], ts, kind,
             self._score.item(slot) if kind < 2 else self._vectors.pop(slot), lab.label,
-            np.nan if lab.ts is None else lab.ts))
+            NAN if lab.ts is None else lab.ts))
         self._done[lid] = ts + self.ttl
         self._done_order.append(lid)
         del self._slot[lid]
         self._pid[slot] = None
-        self._deadline[slot] = np.inf
+        self._deadline[slot] = INF
         self._free.append(slot)
         return model
 
@@ -232,13 +236,13 @@ class Join:
     def _emit(self, model: int, combo: int, ts: float, kind: int, score: float | tuple,
               label: int, label_ts: float | None) -> None:
         self.events.joined.append((model, combo, ts, kind, score, label,
-                                   np.nan if label_ts is None else label_ts))
+                                   NAN if label_ts is None else label_ts))
 
     def _grow(self) -> None:
         n = len(self._ts)
         m = n * 2
-        for name, fill in (("_ts", 0.0), ("_score", 0.0), ("_deadline", np.inf),
-                           ("_label_ts", np.nan)):
+        for name, fill in (("_ts", 0.0), ("_score", 0.0), ("_deadline", INF),
+                           ("_label_ts", NAN)):
             old = getattr(self, name)
             new = np.full(m, fill, old.dtype)
             new[:n] = old
@@ -251,7 +255,7 @@ class Join:
     def _release(self, slot: int, pid: str) -> None:
         del self._slot[pid]
         self._pid[slot] = None
-        self._deadline[slot] = np.inf
+        self._deadline[slot] = INF
         self._label[slot] = NO_LABEL
         self._vectors.pop(slot, None)
         self._free.append(slot)
@@ -270,11 +274,11 @@ class Join:
                 for slot in due.tolist():
                     self._finish(slot, self._pid[slot])  # type: ignore[arg-type]
             live = self._deadline[np.isfinite(self._deadline)]
-            self._next_deadline = float(live.min()) if len(live) else np.inf
-        if now >= self._next_label_deadline or (self._undated_labels and now > -np.inf):
-            nxt = np.inf
+            self._next_deadline = float(live.min()) if len(live) else INF
+        if now >= self._next_label_deadline or (self._undated_labels and now > -INF):
+            nxt = INF
             for lid, (lab, deadline) in list(self._labels.items()):
-                if deadline == np.inf and now > -np.inf:
+                if deadline == INF and now > -INF:
                     deadline = now + self.label_ttl
                     self._labels[lid] = (lab, deadline)
                 if deadline <= now:
@@ -304,7 +308,7 @@ class Join:
                 self.events.expired[(self._model[slot], "capacity")] += 1
                 self._release(slot, self._pid[slot])  # type: ignore[arg-type]
             live = self._deadline[np.isfinite(self._deadline)]
-            self._next_deadline = float(live.min()) if len(live) else np.inf
+            self._next_deadline = float(live.min()) if len(live) else INF
         over = len(self._labels) - self.max_pending
         if over > 0:
             for lid in list(self._labels)[:over]:
@@ -313,6 +317,7 @@ class Join:
 
     def drain(self) -> JoinEvents:
         ev, self.events = self.events, JoinEvents()
+        self._joined = self.events.joined
         return ev
 
     # ------------------------------------------------------------ checkpoints
@@ -351,11 +356,11 @@ class Join:
         for i, vec in snap["vectors"].items():
             self._vectors[self._slot[ids[int(i)]]] = tuple(vec)
         live = self._deadline[np.isfinite(self._deadline)]
-        self._next_deadline = float(live.min()) if len(live) else np.inf
+        self._next_deadline = float(live.min()) if len(live) else INF
         for lid, label, ts, model, raw, source, d in snap["labels"]:
             self._labels[lid] = (Label(lid, label, ts, model, raw, source), d)
             self._next_label_deadline = min(self._next_label_deadline, d)
-            self._undated_labels |= d == np.inf
+            self._undated_labels |= d == INF
         for pid, d in snap["done"]:
             self._done[pid] = d
             self._done_order.append(pid)

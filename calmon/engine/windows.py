@@ -129,26 +129,30 @@ class Windows:
                             np.ones_like(confq), confq, correct,
                             s.acc.astype(np.float64), np.rint(s.brier * CONF_SCALE),
                             np.rint(s.nll * NLL_SCALE)], axis=1)
+        # sorted once by (series, ts): then every window's buckets form contiguous runs
+        order = np.lexsort((s.ts, s.sid))
+        sid_all, ts_all = s.sid[order], s.ts[order]
+        cols, weights = cols[order], weights[order]
         for w, width in enumerate(self.widths):
-            bucket = np.floor(s.ts / width).astype(np.int64)
+            bucket = np.floor(ts_all / width).astype(np.int64)
             keep = bucket > self.current(w, now) - BUCKETS
             if not keep.all():  # too old for this window: it would be evicted at once
                 if not keep.any():
                     continue
-                sid, bucket, c, wt = s.sid[keep], bucket[keep], cols[keep], weights[keep]
+                sid, bucket, c, wt = sid_all[keep], bucket[keep], cols[keep], weights[keep]
             else:
-                sid, c, wt = s.sid, cols, weights
-            base = bucket.min()
-            key = (sid.astype(np.int64) << 32) | (bucket - base)
-            groups, inv = np.unique(key, return_inverse=True)
-            flat = (inv.astype(np.int64) * size)[:, None] + c
+                sid, c, wt = sid_all, cols, weights
+            change = (sid[1:] != sid[:-1]) | (bucket[1:] != bucket[:-1])
+            first = np.flatnonzero(np.concatenate(([True], change)))
+            inv = np.cumsum(np.concatenate(([0], change)))  # group of each sample
+            n_groups = len(first)
+            flat = (inv * size)[:, None] + c
             # float64 sums of integers stay exact below 2**53: batches are far smaller
-            sums = np.bincount(flat.ravel(), wt.ravel(), minlength=len(groups) * size)
-            rows = sums.reshape(len(groups), size).astype(np.int64)
+            sums = np.bincount(flat.ravel(), wt.ravel(), minlength=n_groups * size)
+            rows = sums.reshape(n_groups, size).astype(np.int64)
             series_tab = self._data[w]
-            for g, row in zip(groups.tolist(), rows):
-                buckets = series_tab.setdefault(g >> 32, {})
-                idx = (g & 0xFFFFFFFF) + int(base)
+            for g_sid, idx, row in zip(sid[first].tolist(), bucket[first].tolist(), rows):
+                buckets = series_tab.setdefault(g_sid, {})
                 vec = buckets.get(idx)
                 if vec is None:
                     buckets[idx] = row.copy()  # not a view: that would pin the whole batch
