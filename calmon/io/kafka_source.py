@@ -48,6 +48,24 @@ class Batch:
     positions: dict[Position, int] = field(default_factory=dict)
 
 
+# One partition's records of a poll: (topic, partition, values, timestamps in ms, offsets)
+Chunk = tuple[str, int, list[bytes | None], list[int | None], list[int]]
+
+
+def to_batch(chunks: list[Chunk], kinds: dict[str, Kind]) -> Batch:
+    """Chunks -> Raw records in poll order, and the next offset of each partition."""
+    batch = Batch()
+    records = batch.records
+    for topic, partition, values, stamps, offsets in chunks:
+        kind = kinds[topic]
+        prefix = f"{topic}/{partition}/"
+        for value, ts, offset in zip(values, stamps, offsets):
+            records.append(Raw(kind, value, ts / 1000.0 if ts is not None and ts >= 0 else None,
+                               prefix + str(offset)))
+        batch.positions[(topic, partition)] = offsets[-1] + 1
+    return batch
+
+
 class KafkaSource:
     """Static-assignment consumer over ``predictions_topic`` and ``labels_topic``."""
 
@@ -196,13 +214,17 @@ class KafkaSource:
         and returns an empty batch; kafka-python reconnects by itself and reading
         resumes where it stopped.
         """
+        return to_batch(self.poll_chunks(timeout_ms, max_records), self._kinds)
+
+    def poll_chunks(self, timeout_ms: int = 1000, max_records: int = 500) -> list[Chunk]:
+        """``poll`` as plain per-partition columns: cheap to pickle to another process."""
         if self._consumer is None:
             raise RuntimeError("KafkaSource.poll() before assign()")
         try:
             polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         except KafkaError as exc:
             self._trouble(f"poll failed: {exc!r}")
-            return Batch()
+            return []
         if not polled:
             # kafka-python swallows connection errors inside poll(), so an empty
             # poll is the only hint: ask the connection state.
@@ -210,26 +232,11 @@ class KafkaSource:
                 self._recovered()
             else:
                 self._trouble("broker unreachable")
-            return Batch()
+            return []
         self._recovered()
-        batch = Batch()
-        for tp, recs in polled.items():
-            if not recs:
-                continue
-            kind = self._kinds[tp.topic]
-            prefix = f"{tp.topic}/{tp.partition}/"
-            for r in recs:
-                ts = r.timestamp
-                batch.records.append(
-                    Raw(
-                        kind=kind,
-                        value=r.value,
-                        timestamp=ts / 1000.0 if ts is not None and ts >= 0 else None,
-                        source=prefix + str(r.offset),
-                    )
-                )
-            batch.positions[(tp.topic, tp.partition)] = recs[-1].offset + 1
-        return batch
+        return [(tp.topic, tp.partition, [r.value for r in recs],
+                 [r.timestamp for r in recs], [r.offset for r in recs])
+                for tp, recs in polled.items() if recs]
 
     def commit(self, positions: dict[Position, int]) -> bool:
         """Commit next offsets to the group (for lag monitoring only).
