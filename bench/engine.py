@@ -1,22 +1,29 @@
 """Engine throughput and memory benchmark.
 
-    python bench/engine.py [--n N] [--pending N] [--repeat R] [--quick] [--profile]
+    python bench/engine.py [--n N] [--pending N] [--repeat R] [--batch B] [--quick]
+                           [--profile] [--mem-sites K] [--no-rss]
 
 Prints, for binary (``prob``) and 10-class (``logits``) inputs:
 
 * joined samples/s of the engine alone (records parsed up front with
-  ``Parser.parse``; ``Engine.feed_parsed`` timed over batches of ~500 records);
+  ``Parser.parse``; ``Engine.feed_parsed`` timed over batches of ``--batch``
+  records, by default 5,000: what one daemon poll (``MAX_RECORDS``) hands the
+  engine when the consumer is saturated, the regime where the engine could
+  bottleneck it), and once more over batches of 500 (a lightly loaded consumer,
+  where per-batch costs weigh more);
 * joined samples/s of parse + engine (``Engine.feed`` on ``Raw`` JSON bytes);
-* baselines measured in the same run (a bare ``json.loads`` loop over the same
-  bytes, and ``Parser.parse`` alone), and the ratios engine rate / baseline rate;
+* baselines measured in the same rounds (a bare ``json.loads`` loop over the
+  same bytes, and ``Parser.parse`` alone), and the ratios engine rate / baseline;
 * bytes per pending prediction: N predictions fed with no labels, retained
   memory measured with tracemalloc (and as an RSS delta in a fresh process).
 
 The workload: one model, predictions with two segment keys (``country``,
 ``device``, 5 values each, the default ``segments.slices``), each prediction's
 label arriving ``LAG`` records later, default config (windows 1h/24h/7d, 15 and
-1000 bins). Timings use ``time.perf_counter``; each is the best of ``--repeat``
-runs. Speed is measured and printed next to its target, never asserted.
+1000 bins, recalibration buffers on). Timings use ``time.perf_counter``; each is
+the best of ``--repeat`` rounds, and every round runs every measurement once so
+that a noisy neighbour slows the baselines and the engine alike. Speed is
+measured and printed next to its target, never asserted.
 """
 
 from __future__ import annotations
@@ -34,7 +41,6 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +58,8 @@ from calmon.engine.records import Kind, Label, Parser, Prediction, Raw
 TARGET_RATE = 300_000  # joined samples/s, engine alone, binary, one core
 TARGET_BYTES = 300  # bytes per pending prediction
 
-BATCH = 500  # records per feed call
+BATCH = 5000  # records per feed call: calmon.daemon.MAX_RECORDS, one saturated poll
+SMALL_BATCH = 500  # a lightly loaded consumer's polls
 LAG = 200  # a prediction's label arrives this many records after it
 EVENT_RATE = 1000.0  # predictions per second of event time
 T0 = 1_700_000_000.0
@@ -124,41 +131,40 @@ def batches(items: list, size: int = BATCH) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def best_of(repeat: int, run: Callable[[], float]) -> float:
-    """The smallest of ``repeat`` wall times returned by ``run``."""
-    best = float("inf")
-    for _ in range(repeat):
-        gc.collect()
-        best = min(best, run())
-    return best
-
-
 # ---------------------------------------------------------------- throughput
 
 
-def time_json(raws: list[Raw], repeat: int) -> float:
-    values = [r.value for r in raws]
-
-    def run() -> float:
-        loads = json.loads
-        t = time.perf_counter()
-        for v in values:
-            loads(v)
-        return time.perf_counter() - t
-
-    return best_of(repeat, run)
+def run_json(values: list[bytes]) -> float:
+    loads = json.loads
+    t = time.perf_counter()
+    for v in values:
+        loads(v)
+    return time.perf_counter() - t
 
 
-def time_parser(raws: list[Raw], cfg: Config, repeat: int) -> float:
+def run_parser(raws: list[Raw], cfg: Config) -> float:
     parse = Parser(cfg.fields, cfg.kafka.max_record_bytes).parse
+    t = time.perf_counter()
+    for r in raws:
+        parse(r)
+    return time.perf_counter() - t
 
-    def run() -> float:
-        t = time.perf_counter()
-        for r in raws:
-            parse(r)
-        return time.perf_counter() - t
 
-    return best_of(repeat, run)
+def run_engine(chunks: list[list], cfg: Config, parsed: bool, expect: int) -> tuple[float, float]:
+    """One fresh engine fed every chunk: (wall seconds, CPU seconds of this process)."""
+    eng = Engine(cfg)
+    feed = eng.feed_parsed if parsed else eng.feed
+    gc.collect()
+    c = time.process_time()
+    t = time.perf_counter()
+    for chunk in chunks:
+        feed(chunk)
+    dt = time.perf_counter() - t
+    dc = time.process_time() - c
+    joined = eng.counters["joined"]
+    if joined != expect:  # a broken workload, not a slow one
+        raise SystemExit(f"bench: expected {expect} joined samples, engine joined {joined}")
+    return dt, dc
 
 
 def parse_all(raws: list[Raw], cfg: Config) -> list[Prediction | Label]:
@@ -172,63 +178,78 @@ def parse_all(raws: list[Raw], cfg: Config) -> list[Prediction | Label]:
     return out
 
 
-def time_engine(chunks: list[list], cfg: Config, parsed: bool, repeat: int,
-                expect: int) -> float:
-    def run() -> float:
-        eng = Engine(cfg)
-        feed = eng.feed_parsed if parsed else eng.feed
-        t = time.perf_counter()
-        for chunk in chunks:
-            feed(chunk)
-        dt = time.perf_counter() - t
-        joined = eng.counters["joined"]
-        if joined != expect:  # a broken workload, not a slow one
-            raise SystemExit(f"bench: expected {expect} joined samples, engine joined {joined}")
-        return dt
-
-    return best_of(repeat, run)
-
-
-def throughput(w: Workload, cfg: Config, repeat: int) -> dict[str, float]:
+def throughput(w: Workload, cfg: Config, repeat: int, batch: int,
+               big_batch: int | None) -> dict[str, float]:
+    """Best of ``repeat`` rounds; each round runs every measurement once, so the
+    baselines and the engine see the same machine load and the ratios stay fair."""
     records = len(w.raws)
-    t_json = time_json(w.raws, repeat)
-    t_parse = time_parser(w.raws, cfg, repeat)
-    parsed_chunks = batches(parse_all(w.raws, cfg))
-    raw_chunks = batches(w.raws)
-    t_alone = time_engine(parsed_chunks, cfg, True, repeat, w.predictions)
-    t_full = time_engine(raw_chunks, cfg, False, repeat, w.predictions)
+    values = [r.value for r in w.raws]
+    parsed = parse_all(w.raws, cfg)
+    parsed_chunks = batches(parsed, batch)
+    raw_chunks = batches(w.raws, batch)
+    big_chunks = batches(parsed, big_batch) if big_batch else None
+    best = {k: float("inf") for k in ("json", "parse", "alone", "alone_cpu", "full", "big")}
+    for _ in range(repeat):
+        gc.collect()
+        best["json"] = min(best["json"], run_json(values))
+        gc.collect()
+        best["parse"] = min(best["parse"], run_parser(w.raws, cfg))
+        wall, cpu = run_engine(parsed_chunks, cfg, True, w.predictions)
+        best["alone"] = min(best["alone"], wall)
+        best["alone_cpu"] = min(best["alone_cpu"], cpu)
+        best["full"] = min(best["full"], run_engine(raw_chunks, cfg, False, w.predictions)[0])
+        if big_chunks is not None:
+            best["big"] = min(best["big"], run_engine(big_chunks, cfg, True, w.predictions)[0])
     return {
-        "json_rps": records / t_json,
-        "parse_rps": records / t_parse,
-        "alone_sps": w.predictions / t_alone,
-        "alone_rps": records / t_alone,
-        "full_sps": w.predictions / t_full,
-        "full_rps": records / t_full,
+        "json_rps": records / best["json"],
+        "parse_rps": records / best["parse"],
+        "alone_sps": w.predictions / best["alone"],
+        "alone_cpu_sps": w.predictions / best["alone_cpu"],
+        "alone_rps": records / best["alone"],
+        "full_sps": w.predictions / best["full"],
+        "full_rps": records / best["full"],
+        "big_sps": w.predictions / best["big"],
     }
 
 
 # ---------------------------------------------------------------- memory
 
 
-def pending_tracemalloc(raws: list[Raw], cfg: Config) -> tuple[float, float, int]:
-    """Retained and peak traced bytes per pending prediction, fed as JSON bytes
-    (so the id strings the engine keeps are allocated, and counted, while tracing)."""
+@dataclass(frozen=True)
+class Pending:
+    retained: float  # traced bytes still allocated per pending prediction
+    peak: float  # traced peak per pending prediction (growth copies included)
+    sites: list[tuple[float, str]]  # (bytes per pending, allocation site), largest first
+
+
+def pending_tracemalloc(raws: list[Raw], cfg: Config, sites: int = 0) -> Pending:
+    """Bytes per pending prediction, fed as JSON bytes (so the id strings the engine
+    keeps are allocated, and counted, while tracing)."""
     chunks = batches(raws)
     eng = Engine(cfg)
     gc.collect()
     tracemalloc.start()
     try:
+        before = tracemalloc.take_snapshot() if sites else None
         base = tracemalloc.get_traced_memory()[0]
         for chunk in chunks:
             eng.feed(chunk)
         gc.collect()
         cur, peak = tracemalloc.get_traced_memory()
+        after = tracemalloc.take_snapshot() if sites else None
     finally:
         tracemalloc.stop()
-    pending = eng.join.pending
-    if pending != len(raws):
-        raise SystemExit(f"bench: expected {len(raws)} pending, engine holds {pending}")
-    return (cur - base) / pending, (peak - base) / pending, pending
+    n = eng.join.pending
+    if n != len(raws):
+        raise SystemExit(f"bench: expected {len(raws)} pending, engine holds {n}")
+    top: list[tuple[float, str]] = []
+    if before is not None and after is not None:
+        for st in after.compare_to(before, "lineno")[:sites]:
+            if st.size_diff > 0:
+                fr = st.traceback[0]
+                where = f"{Path(fr.filename).name}:{fr.lineno}"
+                top.append((st.size_diff / n, f"{where} ({st.count_diff:+,} blocks)"))
+    return Pending((cur - base) / n, (peak - base) / n, top)
 
 
 def _rss_bytes() -> int | None:
@@ -258,6 +279,8 @@ def pending_rss_child(n: int, multiclass: bool) -> None:
 
 
 def pending_rss(n: int, multiclass: bool) -> float | None:
+    """RSS delta per pending prediction, measured in a fresh process (no tracemalloc
+    overhead, no freed memory from earlier runs to reuse); allocator slack included."""
     cmd = [sys.executable, os.path.abspath(__file__), "--rss-child", str(n)]
     if multiclass:
         cmd.append("--multiclass")
@@ -272,11 +295,11 @@ def pending_rss(n: int, multiclass: bool) -> float | None:
 # ---------------------------------------------------------------- profile
 
 
-def profile(n: int, top: int = 30) -> None:
+def profile(n: int, batch: int, top: int = 30) -> None:
     """cProfile of the engine-alone binary path, sorted by own time."""
     cfg = Config()
     w = make_stream(n, multiclass=False)
-    chunks = batches(parse_all(w.raws, cfg))
+    chunks = batches(parse_all(w.raws, cfg), batch)
     eng = Engine(cfg)
     prof = cProfile.Profile()
     prof.enable()
@@ -286,7 +309,7 @@ def profile(n: int, top: int = 30) -> None:
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
     stats.sort_stats("tottime").print_stats(top)
-    print(f"\n== cProfile: engine alone, binary, {n:,} predictions "
+    print(f"\n== cProfile: engine alone, binary, {n:,} predictions, batches of {batch} "
           f"(profiler overhead inflates Python-level calls) ==")
     print(out.getvalue())
 
@@ -298,16 +321,25 @@ def _fmt_rate(v: float) -> str:
     return f"{v:>12,.0f}"
 
 
+def _met(ok: bool) -> str:
+    return "MET" if ok else "NOT MET"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=None,
                     help="predictions per throughput run (default 200000; 10000 with --quick)")
     ap.add_argument("--pending", type=int, default=None,
-                    help="predictions left pending for the memory runs (default 200000)")
-    ap.add_argument("--repeat", type=int, default=None, help="runs per timing, best kept")
+                    help="predictions left pending for the memory runs "
+                         "(default 200000; 20000 with --quick)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="rounds per timing, best kept (default 3; 1 with --quick)")
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"records per feed (default {BATCH})")
     ap.add_argument("--quick", action="store_true", help="small sizes: a few seconds in all")
     ap.add_argument("--profile", action="store_true",
                     help="also print a cProfile of the engine-alone binary path")
+    ap.add_argument("--mem-sites", type=int, default=0, metavar="K",
+                    help="also print the K largest allocation sites per pending prediction")
     ap.add_argument("--no-rss", action="store_true", help="skip the RSS subprocess runs")
     ap.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--multiclass", action="store_true", help=argparse.SUPPRESS)
@@ -320,48 +352,52 @@ def main(argv: list[str] | None = None) -> int:
     n = args.n or (10_000 if args.quick else 200_000)
     pending_n = args.pending or (20_000 if args.quick else 200_000)
     repeat = args.repeat or (1 if args.quick else 3)
+    big = None if args.quick or args.batch <= SMALL_BATCH else SMALL_BATCH
     cfg = Config()
 
     print(f"calmon engine benchmark: python {platform.python_version()}, numpy {np.__version__}, "
           f"{platform.machine()}, {os.cpu_count()} cpus")
     print(f"workload: {n:,} predictions + {n:,} labels (label {LAG} records after its "
-          f"prediction), batches of {BATCH}, segments country x device (5 x 5), "
+          f"prediction), batches of {args.batch}, segments country x device (5 x 5), "
           f"default config, best of {repeat}")
 
-    results = {}
     for multiclass in (False, True):
         w = make_stream(n, multiclass)
-        r = throughput(w, cfg, repeat)
-        results[multiclass] = r
+        r = throughput(w, cfg, repeat, args.batch, big)
         print(f"\n== {w.name}: {len(w.raws):,} records ==")
         print(f"  baseline json.loads        {_fmt_rate(r['json_rps'])} records/s")
         print(f"  baseline Parser.parse      {_fmt_rate(r['parse_rps'])} records/s   "
               f"({r['parse_rps'] / r['json_rps']:.2f}x json.loads)")
         target = ""
         if not multiclass:
-            met = "MET" if r["alone_sps"] >= TARGET_RATE else "NOT MET"
-            target = f"   target > {TARGET_RATE:,} samples/s: {met}"
+            target = (f"   target > {TARGET_RATE:,} samples/s: "
+                      f"{_met(r['alone_sps'] >= TARGET_RATE)}")
         print(f"  engine alone (feed_parsed) {_fmt_rate(r['alone_sps'])} joined samples/s "
               f"({r['alone_rps']:,.0f} records/s, {r['alone_sps'] / r['json_rps']:.2f}x "
-              f"json.loads){target}")
+              f"json.loads; CPU-time rate {r['alone_cpu_sps']:,.0f}/s){target}")
         print(f"  parse + engine (feed)      {_fmt_rate(r['full_sps'])} joined samples/s "
               f"({r['full_rps']:,.0f} records/s, {r['full_sps'] / r['json_rps']:.2f}x "
               f"json.loads)")
+        if big is not None:
+            print(f"  engine alone, batches of {big:,} (a lightly loaded consumer)   "
+                  f"{r['big_sps']:,.0f} joined samples/s "
+                  f"({r['big_sps'] / r['json_rps']:.2f}x json.loads)")
 
     print(f"\n== memory per pending prediction: {pending_n:,} predictions, no labels ==")
     for multiclass in (False, True):
         name = f"{CLASSES}-class logits" if multiclass else "binary prob"
-        per, peak, _ = pending_tracemalloc(make_predictions(pending_n, multiclass), cfg)
-        met = "MET" if per < TARGET_BYTES else "NOT MET"
-        line = (f"  {name:<17} tracemalloc {per:7.1f} B/pending (peak {peak:7.1f})"
-                f"   target < {TARGET_BYTES} B: {met}")
+        m = pending_tracemalloc(make_predictions(pending_n, multiclass), cfg, args.mem_sites)
+        line = (f"  {name:<17} tracemalloc {m.retained:7.1f} B/pending (peak {m.peak:7.1f})"
+                f"   target < {TARGET_BYTES} B: {_met(m.retained < TARGET_BYTES)}")
         if not args.no_rss and not args.quick:
             rss = pending_rss(pending_n, multiclass)
             line += "   RSS delta " + ("n/a" if rss is None else f"{rss:.0f} B/pending")
         print(line)
+        for size, where in m.sites:
+            print(f"      {size:7.1f} B/pending  {where}")
 
     if args.profile:
-        profile(n)
+        profile(n, args.batch)
     return 0
 
 

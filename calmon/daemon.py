@@ -27,10 +27,11 @@ from calmon.engine.records import Raw
 from calmon.errors import ConfigError, StateError
 from calmon.io import reliability
 from calmon.io.checkpoint import CheckpointStore
+from calmon.io.consumer_process import ProcessSource
 from calmon.io.dead_letter import DeadLetters
 from calmon.io.exporter import CalmonCollector, RecalState
 from calmon.io.http import HttpServer, Page
-from calmon.io.kafka_source import Batch, KafkaSource, KafkaSourceError
+from calmon.io.kafka_source import Batch, KafkaSourceError
 from calmon.recal.loop import Recalibrator
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,8 @@ class Daemon:
         self.cfg = cfg
         self.engine = Engine(cfg)
         self.store = CheckpointStore(cfg.state.dir)
-        self.source: Source = source if source is not None else KafkaSource(
-            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S)
+        self.source: Source = source if source is not None else ProcessSource(
+            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS)
         self.dead_letters = DeadLetters(cfg.kafka)
         self.positions: dict[tuple[str, int], int] = {}
         self.state = RunState.STOPPED
@@ -207,7 +208,12 @@ class Daemon:
                         last_warn = time.monotonic()
                     self._stop.wait(1.0)
                     continue
-            batch = self.source.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
+            try:
+                batch = self.source.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
+            except KafkaSourceError as e:  # the consumer process died: start it again
+                log.error("%s; re-assigning from the last processed offsets", e)
+                self.assigned = False
+                continue
             if batch.records:
                 self.process(batch.records)
                 self.positions.update(batch.positions)

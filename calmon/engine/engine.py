@@ -322,18 +322,18 @@ class Engine:
     def _count_bins(self, s: Samples) -> None:
         bins = self.cfg.metrics.bins
         key = s.sid * bins + bin_index(s.conf, bins)
-        uniq, inv = np.unique(key, return_inverse=True)
-        count = np.bincount(inv)
-        conf = np.bincount(inv, s.conf)
-        corr = np.bincount(inv, s.correct.astype(np.float64))
-        for k, c, cf, cr in zip(uniq.tolist(), count.tolist(), conf.tolist(), corr.tolist()):
-            sid, b = divmod(k, bins)
+        top = int(s.sid.max()) + 1
+        count = np.bincount(key, minlength=top * bins).reshape(top, bins)
+        conf = np.bincount(key, s.conf, minlength=top * bins).reshape(top, bins)
+        corr = np.bincount(key, s.correct.astype(np.float64),
+                           minlength=top * bins).reshape(top, bins)
+        for sid in np.flatnonzero(count.any(axis=1)).tolist():  # series, not (series, bin)
             arr = self.totals.bins.get(sid)
             if arr is None:
                 arr = self.totals.bins[sid] = np.zeros((3, bins))
-            arr[0, b] += c
-            arr[1, b] += cf
-            arr[2, b] += cr
+            arr[0] += count[sid]
+            arr[1] += conf[sid]
+            arr[2] += corr[sid]
 
     def _count_delays(self, delays: np.ndarray, models: np.ndarray) -> None:
         known = np.isfinite(delays)  # NaN where the label had no time

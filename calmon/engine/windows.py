@@ -81,8 +81,13 @@ class Layout:
 def bin_index(conf: np.ndarray, bins: int) -> np.ndarray:
     """Right-closed equal-width bins, exactly as scikit-learn's ``calibration_curve``:
     bin i holds (i/B, (i+1)/B], bin 0 also holds 0."""
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    return np.searchsorted(edges[1:-1], conf, side="left")
+    inner = _EDGES.get(bins)
+    if inner is None:
+        inner = _EDGES[bins] = np.linspace(0.0, 1.0, bins + 1)[1:-1].copy()
+    return np.searchsorted(inner, conf, side="left")
+
+
+_EDGES: dict[int, np.ndarray] = {}
 
 
 @dataclass
@@ -120,22 +125,98 @@ class Windows:
         f = bin_index(s.conf, lay.fine_bins)
         confq = np.rint(s.conf * CONF_SCALE)
         correct = s.correct.astype(np.float64)
-        # (m, 9) column offsets and weights, identical for every window
-        cols = np.stack([b + lay.count, b + lay.conf, b + lay.correct,
-                         f + lay.fcount, f + lay.fconf, f + lay.fcorrect,
-                         np.full_like(b, lay.acc), np.full_like(b, lay.brier),
-                         np.full_like(b, lay.nll)], axis=1)
-        weights = np.stack([np.ones_like(confq), confq, correct,
-                            np.ones_like(confq), confq, correct,
-                            s.acc.astype(np.float64), np.rint(s.brier * CONF_SCALE),
-                            np.rint(s.nll * NLL_SCALE)], axis=1)
+        nw = len(self.widths)
+        bkt = [np.floor(s.ts / width).astype(np.int64) for width in self.widths]
+        keeps = [b_ > self.current(w, now) - BUCKETS for w, b_ in enumerate(bkt)]
+        all_kept = all(k.all() for k in keeps)
+        # one joint partition (series, bucket in every window) when it packs in an int64:
+        # the dense per-group sums are then computed once for all windows
+        key = s.sid.astype(np.int64)
+        span = int(key.max()) + 1
+        bases = []
+        spans = []
+        for b_ in bkt:
+            lo = int(b_.min())
+            bases.append(lo)
+            width_b = int(b_.max()) - lo + 1
+            spans.append(width_b)
+            span *= width_b
+            key = key * width_b + (b_ - lo)
+        if not all_kept or span >= 2**62:
+            # (m, 9) column offsets and weights, identical for every window
+            cols = np.stack([b + lay.count, b + lay.conf, b + lay.correct,
+                             f + lay.fcount, f + lay.fconf, f + lay.fcorrect,
+                             np.full_like(b, lay.acc), np.full_like(b, lay.brier),
+                             np.full_like(b, lay.nll)], axis=1)
+            weights = np.stack([np.ones_like(confq), confq, correct,
+                                np.ones_like(confq), confq, correct,
+                                s.acc.astype(np.float64), np.rint(s.brier * CONF_SCALE),
+                                np.rint(s.nll * NLL_SCALE)], axis=1)
+            self._add_per_window(s, cols, weights, bkt, keeps, size)
+            return
+        if span <= 1 << 16:  # small key space: bincount instead of a sort
+            present = np.bincount(key, minlength=span) > 0
+            groups = np.flatnonzero(present)
+            remap = np.zeros(span, np.int64)
+            remap[groups] = np.arange(len(groups))
+            inv = remap[key]
+        else:
+            groups, inv = np.unique(key, return_inverse=True)
+        # decode (sid, bucket per window) from the group keys
+        gb = []
+        rest = groups
+        for b_lo, width_b in zip(reversed(bases), reversed(spans)):
+            rest, r = np.divmod(rest, width_b)
+            gb.append(r + b_lo)
+        gb.reverse()
+        rows = self._group_rows(len(groups), inv, b, f, confq, correct, s)
+        gsid = rest.tolist()
+        for w in range(nw):
+            series_tab = self._data[w]
+            for g, idx, row in zip(gsid, gb[w].tolist(), rows):
+                buckets = series_tab.get(g)
+                if buckets is None:
+                    buckets = series_tab[g] = {}
+                vec = buckets.get(idx)
+                if vec is None:
+                    buckets[idx] = row.copy()
+                else:
+                    vec += row
+
+    def _group_rows(self, ngroups: int, inv: np.ndarray, b: np.ndarray, f: np.ndarray,
+                    confq: np.ndarray, correct: np.ndarray, s: Samples) -> np.ndarray:
+        """(groups, size) int64 sums, one small bincount per column kind (no dense
+        (samples x 9) stacks, no float64 (groups x size) intermediate)."""
+        lay = self.layout
+        rows = np.empty((ngroups, lay.size), np.int64)
+        kb = inv * lay.bins + b
+        nb = ngroups * lay.bins
+        rows[:, lay.count:lay.count + lay.bins] = np.bincount(kb, minlength=nb).reshape(ngroups, -1)
+        rows[:, lay.conf:lay.conf + lay.bins] = np.bincount(kb, confq, nb).reshape(ngroups, -1)
+        rows[:, lay.correct:lay.correct + lay.bins] = np.bincount(kb, correct, nb).reshape(
+            ngroups, -1)
+        kf = inv * lay.fine_bins + f
+        nf = ngroups * lay.fine_bins
+        rows[:, lay.fcount:lay.fcount + lay.fine_bins] = np.bincount(kf, minlength=nf).reshape(
+            ngroups, -1)
+        rows[:, lay.fconf:lay.fconf + lay.fine_bins] = np.bincount(kf, confq, nf).reshape(
+            ngroups, -1)
+        rows[:, lay.fcorrect:lay.fcorrect + lay.fine_bins] = np.bincount(kf, correct, nf).reshape(
+            ngroups, -1)
+        rows[:, lay.acc] = np.bincount(inv, s.acc, ngroups)
+        rows[:, lay.brier] = np.bincount(inv, np.rint(s.brier * CONF_SCALE), ngroups)
+        rows[:, lay.nll] = np.bincount(inv, np.rint(s.nll * NLL_SCALE), ngroups)
+        return rows
+
+    def _add_per_window(self, s: Samples, cols: np.ndarray, weights: np.ndarray,
+                        bkt: list[np.ndarray], keeps: list[np.ndarray], size: int) -> None:
+        """The general path (samples too old for some window, or a huge bucket span)."""
         # sorted once by (series, ts): then every window's buckets form contiguous runs
         order = np.lexsort((s.ts, s.sid))
-        sid_all, ts_all = s.sid[order], s.ts[order]
+        sid_all = s.sid[order]
         cols, weights = cols[order], weights[order]
-        for w, width in enumerate(self.widths):
-            bucket = np.floor(ts_all / width).astype(np.int64)
-            keep = bucket > self.current(w, now) - BUCKETS
+        for w in range(len(self.widths)):
+            bucket, keep = bkt[w][order], keeps[w][order]
             if not keep.all():  # too old for this window: it would be evicted at once
                 if not keep.any():
                     continue

@@ -1,0 +1,176 @@
+"""The Kafka consumer in a child process, so decoding Kafka and running the engine
+use two cores instead of sharing one interpreter lock.
+
+kafka-python spends longer decoding a record batch than calmon spends parsing
+and counting it; in one process the two add up. Here a child owns the
+``KafkaSource`` and streams poll results (plain per-partition columns) through
+a pipe; the parent (the daemon) builds ``Raw`` records and feeds the engine.
+The pipe is the only buffer and it is small, so a slow engine simply makes the
+child wait: memory stays bounded and nothing is read ahead by more than one
+poll. Positions travel with their records, so checkpoints stay exact.
+
+The child ignores SIGINT/SIGTERM (the parent decides when to stop), dies with
+the parent (``PR_SET_PDEATHSIG``, and pipe EOF), and is started again by the
+daemon through ``assign`` if it ever dies by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from calmon.config import KafkaConfig
+from calmon.engine.records import Kind
+from calmon.io.kafka_source import Batch, KafkaSource, KafkaSourceError, Position, to_batch
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_MS = 200
+
+
+class ProcessSource:
+    """The daemon's ``Source``: a ``KafkaSource`` running in a child process."""
+
+    def __init__(self, config: KafkaConfig, *, metadata_timeout_s: float = 30.0,
+                 max_records: int = 5000) -> None:
+        self._config = config
+        self._metadata_timeout_s = metadata_timeout_s
+        self._max_records = max_records
+        self._kinds = {config.predictions_topic: Kind.PREDICTION, config.labels_topic: Kind.LABEL}
+        self._proc: Any = None
+        self._data: Connection | None = None  # child -> parent: poll results
+        self._cmd: Connection | None = None  # parent -> child: commit, close
+        self._connected = False
+
+    def assign(self, positions: dict[Position, int] | None = None, *,
+               from_checkpoint: bool = False) -> list[Position]:
+        """Start the child, which assigns and seeks, then streams. Raises
+        KafkaSourceError when the child cannot assign (broker down, missing topic)."""
+        self.close()
+        ctx = mp.get_context("spawn")  # no fork of the HTTP and scheduler threads
+        data_parent, data_child = ctx.Pipe(duplex=False)
+        cmd_child, cmd_parent = ctx.Pipe(duplex=False)
+        level = logging.getLogger("calmon").getEffectiveLevel()
+        config = dataclasses.replace(self._config, client=dict(self._config.client))  # picklable
+        proc = ctx.Process(
+            target=_child, name="calmon-consumer", daemon=True,
+            args=(config, positions, from_checkpoint, self._metadata_timeout_s,
+                  self._max_records, data_child, cmd_child, level))
+        proc.start()
+        self._proc = proc
+        data_child.close()
+        cmd_child.close()
+        self._data, self._cmd = data_parent, cmd_parent
+        deadline = time.monotonic() + self._metadata_timeout_s + 30.0
+        while not data_parent.poll(0.2):
+            if not proc.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise KafkaSourceError("the consumer process did not start")
+        try:
+            kind, payload = data_parent.recv()
+        except EOFError:
+            self.close()
+            raise KafkaSourceError("the consumer process died while assigning") from None
+        if kind == "error":
+            self.close()
+            raise KafkaSourceError(payload)
+        self._connected = True
+        return payload
+
+    def poll(self, timeout_ms: int = 1000, max_records: int = 5000) -> Batch:
+        """The next poll result from the child (``max_records`` is the child's).
+        Raises KafkaSourceError when the child is gone, so the daemon re-assigns."""
+        if self._data is None:
+            raise KafkaSourceError("the consumer process is not running")
+        try:
+            if not self._data.poll(timeout_ms / 1000.0):
+                return Batch()
+            chunks, self._connected = self._data.recv()
+        except (EOFError, OSError):
+            self.close()
+            raise KafkaSourceError("the consumer process exited") from None
+        return to_batch(chunks, self._kinds)
+
+    def commit(self, positions: dict[Position, int]) -> bool:
+        """Ask the child to commit (for lag monitoring only); does not wait."""
+        if self._cmd is None:
+            return False
+        try:
+            self._cmd.send(("commit", dict(positions)))
+            return True
+        except OSError:
+            return False
+
+    def connected(self) -> bool:
+        return self._proc is not None and self._connected
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if self._cmd is not None:
+            with contextlib.suppress(OSError):
+                self._cmd.send(("close", None))
+        if proc is not None:
+            # drain what the child still writes, or it may block on a full pipe
+            deadline = time.monotonic() + 5.0
+            while proc.is_alive() and time.monotonic() < deadline:
+                try:
+                    if self._data is not None and self._data.poll(0.05):
+                        self._data.recv()
+                except (EOFError, OSError):
+                    break
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2)
+        for conn in (self._data, self._cmd):
+            if conn is not None:
+                conn.close()
+        self._data = self._cmd = None
+        self._connected = False
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: pipe EOF still ends the child
+
+
+def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_checkpoint: bool,
+           metadata_timeout_s: float, max_records: int, data: Connection, cmd: Connection,
+           level: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    parent = os.getppid()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    source = KafkaSource(config, metadata_timeout_s=metadata_timeout_s)
+    try:
+        try:
+            owned = source.assign(positions, from_checkpoint=from_checkpoint)
+        except KafkaSourceError as e:
+            data.send(("error", str(e)))
+            return
+        data.send(("assigned", owned))
+        while os.getppid() == parent:
+            while cmd.poll():
+                what, arg = cmd.recv()
+                if what == "close":
+                    return
+                source.commit(arg)
+            chunks = source.poll_chunks(POLL_TIMEOUT_MS, max_records)
+            data.send((chunks, source.connected()))  # blocks while the parent is busy
+    except (EOFError, BrokenPipeError, OSError):
+        pass  # the parent went away
+    finally:
+        source.close()
