@@ -59,9 +59,10 @@ def to_batch(chunks: list[Chunk], kinds: dict[str, Kind]) -> Batch:
     for topic, partition, values, stamps, offsets in chunks:
         kind = kinds[topic]
         prefix = f"{topic}/{partition}/"
-        for value, ts, offset in zip(values, stamps, offsets):
-            records.append(Raw(kind, value, ts / 1000.0 if ts is not None and ts >= 0 else None,
-                               prefix + str(offset)))
+        records.extend([
+            Raw(kind, value, ts / 1000.0 if ts is not None and ts >= 0 else None,
+                f"{prefix}{offset}")
+            for value, ts, offset in zip(values, stamps, offsets)])
         batch.positions[(topic, partition)] = offsets[-1] + 1
     return batch
 
