@@ -281,6 +281,7 @@ class CalmonResult:
     seconds: float  # /readyz 200 -> joined == N
     n: int
     counters: dict[str, int]
+    cpu: dict[str, float]  # CPU seconds while measured, per process ("daemon", "consumer")
 
     @property
     def input_rate(self) -> float:
@@ -367,6 +368,7 @@ def run_calmon(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str,
 
         wait_until(ready, 60.0, "calmon /readyz 200", interval=READY_POLL_S)
         t_ready = time.perf_counter()
+        cpu_ready = process_cpu(proc.pid)
         if py_spy is not None:
             spy = start_py_spy(proc.pid, *py_spy)
         last: dict[str, Any] = {}
@@ -400,6 +402,7 @@ def run_calmon(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str,
                                    f"== {n}; last counters {last.get('counters')}")
             time.sleep(wait)  # polling interval of a deadline-bounded wait
         t_done = time.perf_counter()
+        cpu_done = process_cpu(proc.pid)
         counters = {k: int(v) for k, v in last["counters"].items()}
     finally:
         if spy is not None:
@@ -415,7 +418,36 @@ def run_calmon(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str,
            if k in ("invalid", "expired", "duplicates") and v}
     if bad or counters.get("predictions") != n or counters.get("labels") != n:
         raise RuntimeError(f"unexpected counters {counters}")
-    return CalmonResult(t_ready - t_spawn, t_done - t_ready, n, counters)
+    cpu = {k: cpu_done[k] - cpu_ready.get(k, 0.0) for k in cpu_done}
+    return CalmonResult(t_ready - t_spawn, t_done - t_ready, n, counters, cpu)
+
+
+def process_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of the daemon and of its consumer process (its
+    multiprocessing child), from /proc; empty where /proc is unavailable."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(p: int | str) -> list[str]:
+        with open(f"/proc/{p}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+
+    out: dict[str, float] = {}
+    try:
+        fields = stat(pid)
+        out["daemon"] = (int(fields[11]) + int(fields[12])) / tick
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        spawned = b"spawn_main" in f.read()
+                    fields = stat(entry)
+                except OSError:
+                    continue
+                if spawned and int(fields[1]) == pid:
+                    out["consumer"] = (int(fields[11]) + int(fields[12])) / tick
+    except OSError:
+        pass
+    return out
 
 
 # ---------------------------------------------------------------- py-spy
@@ -561,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
             log(f"  {k + 1}. calmon {r.seconds:6.2f}s  {r.input_rate:>9,.0f} input records/s "
                 f"{r.joined_rate:>9,.0f} joined/s  (startup {r.startup:.2f}s; from process "
-                f"start {r.input_rate_from_start:,.0f} input records/s)")
+                f"start {r.input_rate_from_start:,.0f} input records/s; busy: "
+                + ", ".join(f"{k} {v / r.seconds:.0%}" for k, v in r.cpu.items()) + ")")
         bare = min(bares, key=lambda r: r.seconds)
         best = min(runs, key=lambda r: r.seconds)
 

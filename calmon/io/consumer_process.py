@@ -5,9 +5,10 @@ kafka-python spends longer decoding a record batch than calmon spends parsing
 and counting it; in one process the two add up. Here a child owns the
 ``KafkaSource`` and streams poll results (plain per-partition columns) through
 a pipe; the parent (the daemon) builds ``Raw`` records and feeds the engine.
-The pipe is the only buffer and it is small, so a slow engine simply makes the
-child wait: memory stays bounded and nothing is read ahead by more than one
-poll. Positions travel with their records, so checkpoints stay exact.
+A sender thread in the child keeps kafka-python polling while the previous
+batch crosses the pipe; at most ``AHEAD`` poll results wait, so a slow engine
+simply makes the child wait and memory stays bounded. Positions travel with
+their records, so checkpoints stay exact.
 
 The child ignores SIGINT/SIGTERM (the parent decides when to stop), dies with
 the parent (``PR_SET_PDEATHSIG``, and pipe EOF), and is started again by the
@@ -21,7 +22,9 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
+import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -33,6 +36,7 @@ from calmon.io.kafka_source import Batch, KafkaSource, KafkaSourceError, Positio
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 200
+AHEAD = 2  # poll results the child may hold beyond the one crossing the pipe
 
 
 class ProcessSource:
@@ -162,15 +166,33 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
             data.send(("error", str(e)))
             return
         data.send(("assigned", owned))
-        while os.getppid() == parent:
+        # a sender thread, so polling goes on while the previous batch crosses the pipe
+        # (sending mostly waits in write(2), outside the GIL); the queue bounds read-ahead
+        outbox: queue.Queue[Any] = queue.Queue(maxsize=AHEAD)
+        sender = threading.Thread(target=_send_all, args=(outbox, data), daemon=True)
+        sender.start()
+        while os.getppid() == parent and sender.is_alive():
             while cmd.poll():
                 what, arg = cmd.recv()
                 if what == "close":
                     return
                 source.commit(arg)
             chunks = source.poll_chunks(POLL_TIMEOUT_MS, max_records)
-            data.send((chunks, source.connected()))  # blocks while the parent is busy
+            while sender.is_alive():  # blocks while the parent is AHEAD batches behind
+                try:
+                    outbox.put((chunks, source.connected()), timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
     except (EOFError, BrokenPipeError, OSError):
         pass  # the parent went away
     finally:
         source.close()
+
+
+def _send_all(outbox: queue.Queue[Any], data: Connection) -> None:
+    try:
+        while True:
+            data.send(outbox.get())
+    except (BrokenPipeError, OSError):
+        pass  # the parent went away: the polling loop sees the thread end
