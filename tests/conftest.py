@@ -111,7 +111,7 @@ def create_topics(
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"topics not ready after {timeout}s: {described}")
-            time.sleep(0.05)
+            time.sleep(0.05)  # polling interval of a deadline-bounded wait
     finally:
         admin.close()
 
@@ -200,7 +200,7 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0) -> li
         while not parts and time.monotonic() < deadline:
             parts = consumer.partitions_for_topic(topic) or set()
             if not parts:
-                time.sleep(0.05)
+                time.sleep(0.05)  # polling interval of a deadline-bounded wait
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)

@@ -1,6 +1,7 @@
 """Prometheus exposition: one custom collector that reads engine views at scrape time.
 
-Every metric name calmon exports is spelt here and only here (CONTRACT.md §5).
+Every metric name calmon exports is spelt here and only here, as in CONTRACT.md §5
+(counters with their ``_total``, which prometheus-client keeps in the exposition).
 Nothing on the hot path calls a metric: each scrape asks the engine for a
 ``View`` (cached until the next batch) and turns it into metric families, so a
 series disappears as soon as its segment has left every window.
@@ -97,11 +98,11 @@ class CalmonCollector(Collector):
     @staticmethod
     def _bins(view: View) -> Iterator[Metric]:
         labels = ("model", "segment", "bin")
-        n = CounterMetricFamily("calmon_bin_samples", "Joined samples per bin since start",
+        n = CounterMetricFamily("calmon_bin_samples_total", "Joined samples per bin since start",
                                 labels=labels)
-        conf = CounterMetricFamily("calmon_bin_confidence",
+        conf = CounterMetricFamily("calmon_bin_confidence_total",
                                    "Summed confidence per bin since start", labels=labels)
-        corr = CounterMetricFamily("calmon_bin_correct",
+        corr = CounterMetricFamily("calmon_bin_correct_total",
                                    "Summed correct outcomes per bin since start", labels=labels)
         for sid, arr in sorted(view.totals.bins.items()):
             model, segment = view.series[sid]
@@ -116,27 +117,28 @@ class CalmonCollector(Collector):
     def _flow(view: View) -> Iterator[Metric]:
         t = view.totals
         for name, doc, counts in (
-            ("calmon_predictions", "Valid predictions received", t.predictions),
-            ("calmon_labels", "Valid labels received (model empty when not yet known)", t.labels),
-            ("calmon_joined", "Predictions joined with a label", t.joined),
+            ("calmon_predictions_total", "Valid predictions received", t.predictions),
+            ("calmon_labels_total", "Valid labels received (model empty when not yet known)",
+             t.labels),
+            ("calmon_joined_total", "Predictions joined with a label", t.joined),
         ):
             fam = CounterMetricFamily(name, doc, labels=("model",))
             for model, v in sorted(counts.items()):
                 fam.add_metric([model], v)
             yield fam
-        fam = CounterMetricFamily("calmon_join_expired", "Predictions expired unjoined",
+        fam = CounterMetricFamily("calmon_join_expired_total", "Predictions expired unjoined",
                                   labels=("model", "reason"))
         for (model, reason), v in sorted(t.expired.items()):
             fam.add_metric([model, reason], v)
         yield fam
-        yield CounterMetricFamily("calmon_labels_expired", "Unmatched labels dropped",
+        yield CounterMetricFamily("calmon_labels_expired_total", "Unmatched labels dropped",
                                   value=t.labels_expired)
-        fam = CounterMetricFamily("calmon_duplicates", "Duplicate records ignored",
+        fam = CounterMetricFamily("calmon_duplicates_total", "Duplicate records ignored",
                                   labels=("topic",))
         for topic in ("predictions", "labels"):
             fam.add_metric([topic], t.duplicates.get(topic, 0))
         yield fam
-        fam = CounterMetricFamily("calmon_invalid_records", "Records that broke the contract",
+        fam = CounterMetricFamily("calmon_invalid_records_total", "Records that broke the contract",
                                   labels=("topic", "reason"))
         for topic in ("predictions", "labels"):
             for reason in REASONS:  # all present from the start, so rate() alerts work
@@ -161,7 +163,7 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
     for model, segment, window, v in r.calibrated_ece:
         g.add_metric([model, segment, window], v)
     yield g
-    c = CounterMetricFamily("calmon_recalibrations", "Refits by outcome",
+    c = CounterMetricFamily("calmon_recalibrations_total", "Refits by outcome",
                             labels=("model", "segment", "method", "outcome"))
     for key, v in sorted(r.recalibrations.items()):
         c.add_metric(list(key), v)

@@ -196,7 +196,7 @@ def wait_for(check, timeout: float = 40.0):  # type: ignore[no-untyped-def]
                 raise
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting for Prometheus")
-        time.sleep(0.5)
+        time.sleep(0.5)  # polling interval of a deadline-bounded wait
 
 
 @pytest.fixture(scope="module")
