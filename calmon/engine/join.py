@@ -88,14 +88,6 @@ class Join:
     def pending_labels(self) -> int:
         return len(self._labels)
 
-    def model_of(self, pid: str) -> int | None:
-        slot = self._slot.get(pid)
-        return None if slot is None else self._model[slot]
-
-    def classes_of_slot(self, slot: int) -> int:
-        kind = self._kind[slot]
-        return 2 if kind < 2 else len(self._vectors[slot])
-
     # ------------------------------------------------------------ arrivals
 
     def add_prediction(self, pred: Prediction, model: int, combo: int, now: float) -> None:

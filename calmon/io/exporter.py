@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -19,7 +18,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
 
 from calmon.engine.engine import DELAY_BUCKETS, Engine, View
 from calmon.engine.records import REASONS
@@ -188,10 +187,3 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
 
 def _le(b: float) -> str:
     return f"{b:g}" if b != int(b) else f"{int(b)}.0"
-
-
-def make_registry(collector: CalmonCollector, **_: Any) -> CollectorRegistry:
-    """A fresh registry holding calmon's collector (tests inject their own)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    return registry

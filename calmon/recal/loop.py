@@ -67,7 +67,6 @@ class Recalibrator:
         self._outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self._calibrated: list[tuple[str, str, str, float]] = []
         self._drift: dict[tuple[str, str, str], int] = {}
-        self.runs = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -124,7 +123,6 @@ class Recalibrator:
         with self._lock:
             self._calibrated = calibrated
             self._drift = drift
-            self.runs += 1
         return results
 
     def _live(self, model: str, segment: str) -> Live | None:

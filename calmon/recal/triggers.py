@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from calmon.config import RecalibrationConfig
 from calmon.engine.metrics import Bins, ece, null_ece_quantile
 
@@ -63,7 +61,3 @@ def decide(cfg: RecalibrationConfig, r: Reading) -> Decision:
             fired.append("observed_over_expected")
     return Decision(value, q, significant, tuple(fired), oe)
 
-
-def empty_bins(bins: int) -> Bins:
-    z = np.zeros(bins)
-    return Bins(z, z.copy(), z.copy())
