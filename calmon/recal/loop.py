@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
 log = logging.getLogger(__name__)
 
 ALL = "__all__"
+FIRST_RUN_S = 15.0
 
 
 def in_window(ts: np.ndarray, seconds: float, now: float) -> np.ndarray:
@@ -75,9 +76,12 @@ class Recalibrator:
         from apscheduler.schedulers.background import BackgroundScheduler
 
         self._scheduler = BackgroundScheduler(timezone=UTC)
+        # the first run comes early (at most FIRST_RUN_S after start), so the drift and
+        # calibrated-ECE gauges appear without waiting a whole interval
+        first = datetime.now(UTC) + timedelta(seconds=min(self.rc.interval, FIRST_RUN_S))
         self._scheduler.add_job(self.run_once_safely, "interval", seconds=self.rc.interval,
                                 id="recalibrate", max_instances=1, coalesce=True,
-                                misfire_grace_time=None)
+                                misfire_grace_time=None, next_run_time=first)
         self._scheduler.start()
 
     def stop(self) -> None:
