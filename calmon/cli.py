@@ -57,7 +57,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
     view = replay.replay(cfg, Path(args.predictions), Path(args.labels))
     if args.json:
-        json.dump(replay.to_json(view), sys.stdout, allow_nan=False)
+        json.dump(replay.to_json(view, cfg.metrics.classwise), sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
     else:
         replay.print_table(view, sys.stdout)

@@ -53,8 +53,9 @@ def replay(cfg: Config, predictions: Path, labels: Path) -> View:
     return engine.view()
 
 
-def to_json(view: View) -> dict[str, Any]:
-    rows = [{"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row()}
+def to_json(view: View, classwise: bool = False) -> dict[str, Any]:
+    rows = [{"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row(),
+             **({"classwise_ece": r.classwise_ece} if classwise else {})}
             for r in view.rows]
     counters = {k: view.counters.get(k, 0) for k in
                 ("predictions", "labels", "joined", "invalid", "expired", "duplicates")}

@@ -28,7 +28,7 @@ from calmon.engine.join import OUT_OF_RANGE, Join, Joined
 from calmon.engine.metrics import Stats
 from calmon.engine.records import Kind, Label, Parser, Prediction, Raw, Reject
 from calmon.engine.series import SeriesIndex
-from calmon.engine.windows import Samples, Windows, bin_index
+from calmon.engine.windows import CONF_SCALE, Samples, Windows, bin_index
 
 COUNTER_KEYS = ("predictions", "labels", "joined", "invalid", "expired", "duplicates")
 TOPICS = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
@@ -78,6 +78,7 @@ class Row:
     window: str
     binary: bool
     stats: Stats
+    classwise_ece: float | None = None  # multiclass models, with metrics.classwise
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,12 @@ class Engine:
         self.index = SeriesIndex(cfg.segments.slices, cfg.segments.max_values)
         self.join = Join(cfg.join)
         self.windows = Windows(cfg.metrics.windows, cfg.metrics.bins, cfg.metrics.fine_bins)
+        # classwise ECE (metrics.classwise): per (series, class) bins of p_k against [y = k],
+        # kept like any series, with a single fine bin since ACE is not asked of them
+        self.classwise: Windows | None = (
+            Windows(cfg.metrics.windows, cfg.metrics.bins, 1) if cfg.metrics.classwise else None)
+        self._class_series: dict[tuple[int, int], int] = {}  # (series, class) -> id
+        self._classes_of: dict[int, list[int]] = {}  # series -> its class pseudo-series
         rc = cfg.recalibration
         self.buffers = Buffers(rc.buffer) if rc.enabled else None
         self.models: list[str] = []
@@ -292,6 +299,8 @@ class Engine:
                 onehot[np.arange(len(ii)), y] = 1.0
                 brier[ii] = ((probs - onehot) ** 2).sum(axis=1)
                 nll[ii] = -np.log(np.clip(probs[np.arange(len(ii)), y], 1e-15, 1.0))
+                if self.classwise is not None:
+                    self._add_classwise(np.array(j.combo, np.int64)[ii], ts[ii], probs, onehot)
         # fan out: every sample counts in its model's __all__ series and each slice
         combos = np.array(j.combo, np.int64)
         sample, sid = self.index.fan_out(combos)
@@ -302,6 +311,42 @@ class Engine:
         self._count_delays(np.array(j.label_ts, np.float64) - ts, models)
         if self.buffers is not None:
             self._buffer(combos, ts, label, kinds, scores, rows)
+
+    def _add_classwise(self, combos: np.ndarray, ts: np.ndarray, probs: np.ndarray,
+                       onehot: np.ndarray) -> None:
+        """Every class k of every sample, as a sample of the (series, k) pseudo-series."""
+        assert self.classwise is not None
+        sample, sid = self.index.fan_out(combos)
+        k = probs.shape[1]
+        ids = []
+        for s in sid.tolist():
+            for c in range(k):
+                cid = self._class_series.get((s, c))
+                if cid is None:
+                    cid = self._class_series[(s, c)] = len(self._class_series)
+                    self._classes_of.setdefault(s, []).append(cid)
+                ids.append(cid)
+        rows = np.repeat(sample, k)
+        cls = np.tile(np.arange(k), len(sample))
+        zeros = np.zeros(len(rows))
+        self.classwise.add(Samples(np.array(ids, np.int64), ts[rows], probs[rows, cls],
+                                   onehot[rows, cls].astype(np.int64),
+                                   zeros.astype(np.int64), zeros, zeros), self.now)
+
+    def _classwise_ece(self, sid: int, w: int) -> float | None:
+        """Mean over classes of the ECE of p_k against [y = k] (Kull et al. 2019)."""
+        assert self.classwise is not None
+        lay = self.classwise.layout
+        values = []
+        for cid in self._classes_of.get(sid, ()):
+            vec = self.classwise.totals(cid, w, self.now)
+            if vec is None:
+                continue
+            count = vec[lay.count:lay.count + lay.bins]
+            if count.sum() > 0:
+                values.append(metrics.ece(count, vec[lay.conf:lay.conf + lay.bins] / CONF_SCALE,
+                                          vec[lay.correct:lay.correct + lay.bins]))
+        return float(np.mean(values)) if values else None
 
     def _buffer(self, combos: np.ndarray, ts: np.ndarray, label: np.ndarray,
                 kinds: np.ndarray, scores: dict[int, np.ndarray],
@@ -360,6 +405,8 @@ class Engine:
             if cached is not None and cached.version == self.version:
                 return cached
             self.windows.evict(self.now)
+            if self.classwise is not None:
+                self.classwise.evict(self.now)
             rows: list[Row] = []
             for sid in sorted(self.windows.series(), key=lambda s: self.index.series[s]):
                 model, segment = self.index.series[sid]
@@ -368,8 +415,11 @@ class Engine:
                     vec = self.windows.totals(sid, w, self.now)
                     if vec is None:
                         vec = np.zeros(self.windows.layout.size)
-                    rows.append(Row(model, segment, win.name, binary,
-                                    metrics.from_vector(vec, self.windows.layout, binary)))
+                    stats = metrics.from_vector(vec, self.windows.layout, binary)
+                    cw = (self._classwise_ece(sid, w)
+                          if self.classwise is not None and not binary and stats.samples
+                          else None)
+                    rows.append(Row(model, segment, win.name, binary, stats, cw))
             view = View(self.now, rows, dict(self.counters), self.join.pending,
                         self.join.pending_labels, list(self.index.series), self.totals.copy(),
                         self.version)
@@ -416,11 +466,14 @@ class Engine:
                 "join": self.join.snapshot(),
                 "windows": self.windows.snapshot(),
                 "buffers": None if self.buffers is None else self.buffers.snapshot(),
+                "classwise": None if self.classwise is None else {
+                    "windows": self.classwise.snapshot(),
+                    "series": [[s, c, i] for (s, c), i in self._class_series.items()]},
             }
 
     def _layout(self) -> dict[str, Any]:
         m = self.cfg.metrics
-        return {"bins": m.bins, "fine_bins": m.fine_bins,
+        return {"bins": m.bins, "fine_bins": m.fine_bins, "classwise": m.classwise,
                 "windows": [[w.name, w.seconds] for w in m.windows]}
 
     def restore(self, snap: dict[str, Any]) -> None:
@@ -446,6 +499,13 @@ class Engine:
             self.windows.restore(snap["windows"])
             if self.buffers is not None and snap.get("buffers"):
                 self.buffers.restore(snap["buffers"])
+            if self.classwise is not None and snap.get("classwise"):
+                self.classwise.restore(snap["classwise"]["windows"])
+                self._class_series = {(int(s), int(c)): int(i)
+                                      for s, c, i in snap["classwise"]["series"]}
+                self._classes_of = {}
+                for (s, _c), i in sorted(self._class_series.items(), key=lambda kv: kv[1]):
+                    self._classes_of.setdefault(s, []).append(i)
             self.version += 1
 
 

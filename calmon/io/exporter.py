@@ -93,6 +93,13 @@ class CalmonCollector(Collector):
         yield samples
         for fam, _ in fams:
             yield fam
+        classwise = GaugeMetricFamily(
+            "calmon_classwise_ece", "Mean over classes of the ECE of p_k against [y = k] "
+            "(multiclass models, with metrics.classwise)", labels=ROW_LABELS)
+        for row in view.rows:
+            if row.classwise_ece is not None:
+                classwise.add_metric([row.model, row.segment, row.window], row.classwise_ece)
+        yield classwise
 
     @staticmethod
     def _bins(view: View) -> Iterator[Metric]:
