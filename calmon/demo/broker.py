@@ -13,19 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from calmon.children import die_with_parent
 from calmon.errors import CalmonError
-
-
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGKILL the broker if its parent dies, so even a hard
-    exit of calmon leaves no broker behind."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the normal stop path still applies
 
 
 class BrokerUnavailable(CalmonError):
@@ -118,7 +107,7 @@ class TansuBroker:
                 stderr=subprocess.STDOUT,
                 # its own session: a terminal's Ctrl+C reaches calmon, which stops it in order
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + timeout
         while not kafka_metadata_ok(self.host, self.port, timeout=1.0):

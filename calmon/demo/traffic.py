@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calmon.engine.records import sigmoid
+
 log = logging.getLogger(__name__)
 
 COUNTRIES = ("US", "DE", "BR", "IN", "JP")
@@ -33,10 +35,6 @@ class Drift:
     ctr_at: float = 10.0  # seconds after start
     triage_at: float = 20.0
     fraud_at: float = 15.0
-
-
-def _sigmoid(z: float) -> float:
-    return float(1.0 / (1.0 + np.exp(-z)))
 
 
 class Traffic:
@@ -63,15 +61,15 @@ class Traffic:
         seg = {"country": country, "device": device}
         if model == "ctr":
             z = float(rng.normal(-2.5, 1.2))
-            y = int(rng.random() < _sigmoid(z))
+            y = int(rng.random() < sigmoid(z))
             scale = 2.5 if elapsed >= self.drift.ctr_at else 1.0
             rec = {"id": pid, "model": model, "ts": now, "segment": seg, "logit": z * scale}
             return rec, (1 if y else None)  # implicit negatives: only clicks are labelled
         if model == "fraud":
             z = float(rng.normal(-1.5, 1.5))
             shift = 1.5 if (country == "BR" and elapsed >= self.drift.fraud_at) else 0.0
-            y = int(rng.random() < _sigmoid(z + shift))
-            rec = {"id": pid, "model": model, "ts": now, "segment": seg, "prob": _sigmoid(z)}
+            y = int(rng.random() < sigmoid(z + shift))
+            rec = {"id": pid, "model": model, "ts": now, "segment": seg, "prob": sigmoid(z)}
             return rec, (1 if y else None)
         z = rng.normal(0.0, 1.6, 5)
         p = np.exp(z) / np.exp(z).sum()

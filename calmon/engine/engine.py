@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from calmon.calibrators.scores import sigmoid
 from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
@@ -255,6 +256,7 @@ class Engine:
         ts = np.array(j.ts, np.float64)
         label = np.array(j.label, np.int64)
         kinds = np.array(j.kind, np.int8)
+        combos = np.array(j.combo, np.int64)
         conf = np.empty(n)
         correct = np.empty(n, np.int64)
         acc = np.empty(n, np.int64)
@@ -270,7 +272,7 @@ class Engine:
                 score = np.fromiter((j.score[i] for i in binary.tolist()), np.float64,
                                     len(binary))
             scores[0], rows[0] = score, binary
-            p = np.where(kinds[binary] == 1, _sigmoid(score), score)
+            p = np.where(kinds[binary] == 1, sigmoid(score), score)
             y = label[binary]
             conf[binary] = p
             correct[binary] = y
@@ -300,9 +302,8 @@ class Engine:
                 brier[ii] = ((probs - onehot) ** 2).sum(axis=1)
                 nll[ii] = -np.log(np.clip(probs[np.arange(len(ii)), y], 1e-15, 1.0))
                 if self.classwise is not None:
-                    self._add_classwise(np.array(j.combo, np.int64)[ii], ts[ii], probs, onehot)
+                    self._add_classwise(combos[ii], ts[ii], probs, onehot)
         # fan out: every sample counts in its model's __all__ series and each slice
-        combos = np.array(j.combo, np.int64)
         sample, sid = self.index.fan_out(combos)
         samples = Samples(sid, ts[sample], conf[sample], correct[sample], acc[sample],
                           brier[sample], nll[sample])
@@ -521,15 +522,8 @@ class _Columns(NamedTuple):
     label_ts: tuple[float, ...]
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    out = np.empty_like(z)
-    pos = z >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-z[pos]))
-    e = np.exp(z[~pos])
-    out[~pos] = e / (1.0 + e)
-    return out
-
-
 def _softmax(z: np.ndarray) -> np.ndarray:
+    # not calibrators.scores.softmax: that one clips logits to +-1e6 for safety, and the
+    # contract's numbers are the plain softmax of whatever finite logits arrive
     e = np.exp(z - z.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)

@@ -29,6 +29,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from calmon.children import die_with_parent
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
 from calmon.io.kafka_source import Batch, KafkaSource, KafkaSourceError, Position, to_batch
@@ -140,21 +141,12 @@ class ProcessSource:
         self._connected = False
 
 
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: pipe EOF still ends the child
-
-
 def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_checkpoint: bool,
            metadata_timeout_s: float, max_records: int, data: Connection, cmd: Connection,
            level: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()  # and pipe EOF ends it where that is not available
     parent = os.getppid()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
