@@ -144,6 +144,8 @@ class MetricsConfig:
         Window("7d", 604800.0),
     )
     classwise: bool = False
+    mce_min_samples: Annotated[int, Range(1)] = 30  # v2: smaller bins are left out of MCE
+    interval_level: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.9  # v2
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,12 @@ from calmon.calibrators.scores import sigmoid
 from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
+from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
 from calmon.engine.join import OUT_OF_RANGE, Join, Joined
 from calmon.engine.metrics import Stats
-from calmon.engine.records import Kind, Label, Parser, Prediction, Raw, Reject
+from calmon.engine.records import SCORE_KINDS, Kind, Label, Parser, Prediction, Raw, Reject
 from calmon.engine.series import SeriesIndex
-from calmon.engine.windows import CONF_SCALE, Samples, Windows, bin_index
+from calmon.engine.windows import BUCKETS, CONF_SCALE, Samples, Windows, bin_index
 
 COUNTER_KEYS = ("predictions", "labels", "joined", "invalid", "expired", "duplicates")
 TOPICS = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
@@ -80,6 +81,7 @@ class Row:
     binary: bool
     stats: Stats
     classwise_ece: float | None = None  # multiclass models, with metrics.classwise
+    estimates: Estimates = Estimates()  # before the labels (see engine.estimates)
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,10 @@ class View:
 
 
 class Engine:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, calibrators: LiveCalibrators | None = None) -> None:
         self.cfg = cfg
+        # live calibrators for the label-free estimates; set_calibrators() replaces them
+        self.calibrators: LiveCalibrators = calibrators or {}
         self.parser = Parser(cfg.fields, cfg.kafka.max_record_bytes)
         self.index = SeriesIndex(cfg.segments.slices, cfg.segments.max_values)
         self.join = Join(cfg.join)
@@ -107,6 +111,8 @@ class Engine:
         # kept like any series, with a single fine bin since ACE is not asked of them
         self.classwise: Windows | None = (
             Windows(cfg.metrics.windows, cfg.metrics.bins, 1) if cfg.metrics.classwise else None)
+        # raw-confidence histograms of every admitted prediction, for score_psi
+        self.scores = ScoreHist(cfg.metrics.windows, cfg.metrics.bins)
         self._class_series: dict[tuple[int, int], int] = {}  # (series, class) -> id
         self._classes_of: dict[int, list[int]] = {}  # series -> its class pseudo-series
         rc = cfg.recalibration
@@ -237,13 +243,23 @@ class Engine:
             self.counters["labels"] -= 1
             self._invalid(Kind.LABEL, "label_out_of_range")
             rejected.append(Rejected(Kind.LABEL, lab.raw, lab.source, "label_out_of_range"))
+        if ev.arrivals:
+            self._add_arrivals(ev.arrivals)
         if ev.joined:
             self._add_joined(ev.joined)
         self.version += 1
         smallest = min(self.windows.widths)
         if self.now - self._evicted_at >= smallest:
             self.windows.evict(self.now)
+            self.scores.evict(self.now)
             self._evicted_at = self.now
+
+    def _add_arrivals(self, arrivals: list[tuple[int, int, float, int, Any]]) -> None:
+        """Raw confidences of admitted predictions into the score histograms."""
+        _, combo, ts, kind, score = zip(*arrivals)
+        conf = raw_confidence(np.array(kind, np.int64), list(score))
+        sample, sid = self.index.fan_out(np.array(combo, np.int64))
+        self.scores.add(sid, np.array(ts, np.float64)[sample], conf[sample], self.now)
 
     def _add_joined(self, joined: list[Joined]) -> None:
         n = len(joined)
@@ -408,24 +424,113 @@ class Engine:
             self.windows.evict(self.now)
             if self.classwise is not None:
                 self.classwise.evict(self.now)
+            self.scores.evict(self.now)
+            m = self.cfg.metrics
+            pending = self._pending_estimates()
             rows: list[Row] = []
-            for sid in sorted(self.windows.series(), key=lambda s: self.index.series[s]):
+            shown = self.windows.series() | self.scores.series() | {s for s, _ in pending}
+            for sid in sorted(shown, key=lambda s: self.index.series[s]):
                 model, segment = self.index.series[sid]
                 binary = self._classes[self._model_idx[model]] == 0
-                for w, win in enumerate(self.cfg.metrics.windows):
+                live = self._calibrator(model, segment)
+                for w, win in enumerate(m.windows):
                     vec = self.windows.totals(sid, w, self.now)
                     if vec is None:
                         vec = np.zeros(self.windows.layout.size)
-                    stats = metrics.from_vector(vec, self.windows.layout, binary)
+                    stats = metrics.from_vector(vec, self.windows.layout, binary,
+                                                m.mce_min_samples, m.interval_level)
                     cw = (self._classwise_ece(sid, w)
                           if self.classwise is not None and not binary and stats.samples
                           else None)
-                    rows.append(Row(model, segment, win.name, binary, stats, cw))
+                    est = self._estimates(sid, w, binary, pending.get((sid, w)),
+                                          None if live is None else live[1])
+                    rows.append(Row(model, segment, win.name, binary, stats, cw, est))
             view = View(self.now, rows, dict(self.counters), self.join.pending,
                         self.join.pending_labels, list(self.index.series), self.totals.copy(),
                         self.version)
             self._view_cache = view
             return view
+
+    def set_calibrators(self, calibrators: LiveCalibrators) -> None:
+        """Replace the live calibrators the label-free estimates use."""
+        with self.lock:
+            self.calibrators = calibrators
+            self._view_cache = None
+
+    def _calibrator(self, model: str, segment: str) -> tuple[Any, np.ndarray | None] | None:
+        """The segment's own calibrator, else the model's."""
+        live = self.calibrators.get((model, segment))
+        return live if live is not None else self.calibrators.get((model, "__all__"))
+
+    def _pending_estimates(self) -> dict[tuple[int, int], tuple[int, float, float]]:
+        """(series, window) -> (pending predictions, summed calibrated confidence of the
+        predicted class, summed calibrated P(y=1)) over the predictions with no label yet."""
+        model, combo, ts, kind, scores = self.join.waiting()
+        out: dict[tuple[int, int], tuple[int, float, float]] = {}
+        if len(model) == 0:
+            return out
+        buckets = [np.floor(ts / width).astype(np.int64) for width in self.windows.widths]
+        floors = [self.windows.current(w, self.now) - BUCKETS
+                  for w in range(len(self.windows.widths))]
+        sample, sid = self.index.fan_out(combo)
+        # calibrated once per (model's rows, calibrator), then summed per series and window
+        cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        order = np.argsort(sid, kind="stable")
+        uniq, starts = np.unique(sid[order], return_index=True)
+        for s, part in zip(uniq.tolist(), np.split(order, starts[1:])):
+            name, segment = self.index.series[s]
+            live = self._calibrator(name, segment)
+            rows = sample[part]
+            midx = self._model_idx[name]
+            key = (midx, id(live[0]) if live is not None else 0)
+            hit = cache.get(key)
+            if hit is None:
+                mine = np.flatnonzero(model == midx)
+                hit = cache[key] = (mine, *self._calibrated(mine, kind, scores, live))
+            mine, top, pos = hit
+            at = np.searchsorted(mine, rows)
+            for w, bkt in enumerate(buckets):
+                keep = bkt[rows] > floors[w]
+                n = int(keep.sum())
+                if n:
+                    out[(s, w)] = (n, float(top[at][keep].sum()), float(pos[at][keep].sum()))
+        return out
+
+    @staticmethod
+    def _calibrated(rows: np.ndarray, kind: np.ndarray, scores: list[Any],
+                    live: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray]:
+        """Calibrated confidence of the predicted class and P(y=1) (NaN for multiclass)
+        of the pending rows ``rows``: identity without a calibrator."""
+        top = np.empty(len(rows))
+        pos = np.full(len(rows), np.nan)
+        k = kind[rows]
+        for code in np.unique(k).tolist():
+            part = np.flatnonzero(k == code)
+            given = [scores[i] for i in rows[part].tolist()]
+            raw = np.array(given, dtype=np.float64)
+            if live is not None:
+                probs = np.asarray(live[0](raw, SCORE_KINDS[code]), np.float64)
+            elif code < 2:
+                probs = sigmoid(raw) if code == 1 else raw
+            else:
+                probs = _multiclass_probs(np.full(len(given), code), given)[0][1]
+            conf, p1 = top_and_positive(probs)
+            top[part] = conf
+            if p1 is not None:
+                pos[part] = p1
+        return top, pos
+
+    def _estimates(self, sid: int, w: int, binary: bool,
+                   pending: tuple[int, float, float] | None,
+                   reference: np.ndarray | None) -> Estimates:
+        current = self.scores.counts(sid, w, self.now)
+        if reference is None or len(reference) != len(current):
+            reference = self.scores.counts(sid, w, self.now, previous=True)
+        score_psi = psi(current, np.asarray(reference, np.float64))
+        if pending is None:
+            return Estimates(0, None, None, score_psi)
+        n, top, pos = pending
+        return Estimates(n, top / n, pos / n if binary else None, score_psi)
 
     def samples(self, model: str, segment: str) -> SampleSet | None:
         """A copy of the recent joined samples of one series (None without a buffer)."""
@@ -466,6 +571,7 @@ class Engine:
                 "series": self.index.snapshot(),
                 "join": self.join.snapshot(),
                 "windows": self.windows.snapshot(),
+                "scores": self.scores.snapshot(),
                 "buffers": None if self.buffers is None else self.buffers.snapshot(),
                 "classwise": None if self.classwise is None else {
                     "windows": self.classwise.snapshot(),
@@ -498,6 +604,7 @@ class Engine:
             self.join = Join(self.cfg.join)
             self.join.restore(snap["join"])
             self.windows.restore(snap["windows"])
+            self.scores.restore(snap.get("scores") or [])
             if self.buffers is not None and snap.get("buffers"):
                 self.buffers.restore(snap["buffers"])
             if self.classwise is not None and snap.get("classwise"):
@@ -520,6 +627,37 @@ class _Columns(NamedTuple):
     score: tuple[Any, ...]
     label: tuple[int, ...]
     label_ts: tuple[float, ...]
+
+
+def raw_confidence(kind: np.ndarray, scores: list[Any]) -> np.ndarray:
+    """The calibration target's confidence of raw scores (binary: P(y=1); multiclass:
+    top-label probability), as ``_add_joined`` computes it."""
+    conf = np.empty(len(scores))
+    binary = np.flatnonzero(kind < 2)
+    if len(binary):
+        x = np.fromiter((scores[i] for i in binary.tolist()), np.float64, len(binary))
+        conf[binary] = np.where(kind[binary] == 1, sigmoid(x), x)
+    if len(binary) < len(scores):
+        for idx, probs in _multiclass_probs(kind, scores):
+            conf[idx] = probs.max(axis=1)
+    return conf
+
+
+def _multiclass_probs(kind: np.ndarray,
+                      scores: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(rows, (n, K) probabilities) per class count K of the multiclass rows."""
+    by_k: dict[int, list[int]] = {}
+    for i in np.flatnonzero(kind >= 2).tolist():
+        by_k.setdefault(len(scores[i]), []).append(i)
+    out = []
+    for k, rows in by_k.items():
+        idx = np.asarray(rows)
+        probs = np.array([scores[i] for i in rows], dtype=np.float64).reshape(-1, k)
+        logits = kind[idx] == 3
+        probs[logits] = _softmax(probs[logits])
+        probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
+        out.append((idx, probs))
+    return out
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

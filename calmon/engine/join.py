@@ -45,6 +45,9 @@ class JoinEvents:
     duplicate_labels: int = 0
     expired: Counter[tuple[int, str]] = field(default_factory=Counter)  # (model, reason)
     labels_expired: int = 0
+    # every admitted prediction (not duplicates), for the score histograms:
+    # (model, combo, ts, kind, score)
+    arrivals: list[tuple[int, int, float, int, Any]] = field(default_factory=list)
 
 
 class Join:
@@ -104,6 +107,7 @@ class Join:
             return
         kind = KIND_CODE[pred.kind]
         ts = pred.ts
+        self.events.arrivals.append((model, combo, ts, kind, pred.score))
         if self.implicit is not None and kind < 2:
             held = True
             deadline = ts + self.implicit.after
@@ -306,6 +310,17 @@ class Join:
             for lid in list(self._labels)[:over]:
                 del self._labels[lid]
                 self.events.labels_expired += 1
+
+    def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[Any]]:
+        """Pending predictions with no label yet: (model, combo, ts, kind, scores), the
+        scores as given (a float, or a tuple for multiclass)."""
+        slots = [s for s in self._slot.values() if self._label[s] == NO_LABEL]
+        idx = np.fromiter(slots, np.int64, len(slots))
+        model = np.fromiter((self._model[s] for s in slots), np.int64, len(slots))
+        combo = np.fromiter((self._combo[s] for s in slots), np.int64, len(slots))
+        kind = np.fromiter((self._kind[s] for s in slots), np.int64, len(slots))
+        scores = [self._score.item(s) if self._kind[s] < 2 else self._vectors[s] for s in slots]
+        return model, combo, self._ts[idx], kind, scores
 
     def drain(self) -> JoinEvents:
         ev, self.events = self.events, JoinEvents()
