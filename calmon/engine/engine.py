@@ -492,17 +492,17 @@ class Engine:
             for w, bkt in enumerate(buckets):
                 keep = bkt[rows] > floors[w]
                 n = int(keep.sum())
-                if n:
-                    out[(s, w)] = (n, float(top[at][keep].sum()), float(pos[at][keep].sum()))
+                if n:  # fixed-point sums: the same whatever order the join keeps them in
+                    out[(s, w)] = (n, _fixed_sum(top[at][keep]), _fixed_sum(pos[at][keep]))
         return out
 
     @staticmethod
     def _calibrated(rows: np.ndarray, kind: np.ndarray, scores: list[Any],
                     live: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray]:
-        """Calibrated confidence of the predicted class and P(y=1) (NaN for multiclass)
+        """Calibrated confidence of the predicted class and P(y=1) (0 for multiclass)
         of the pending rows ``rows``: identity without a calibrator."""
         top = np.empty(len(rows))
-        pos = np.full(len(rows), np.nan)
+        pos = np.zeros(len(rows))  # binary only: stays 0 for multiclass
         k = kind[rows]
         for code in np.unique(k).tolist():
             part = np.flatnonzero(k == code)
@@ -627,6 +627,10 @@ class _Columns(NamedTuple):
     score: tuple[Any, ...]
     label: tuple[int, ...]
     label_ts: tuple[float, ...]
+
+
+def _fixed_sum(x: np.ndarray) -> float:
+    return float(np.rint(x * CONF_SCALE).astype(np.int64).sum()) / CONF_SCALE
 
 
 def raw_confidence(kind: np.ndarray, scores: list[Any]) -> np.ndarray:
