@@ -81,7 +81,7 @@ class Row:
     binary: bool
     stats: Stats
     classwise_ece: float | None = None  # multiclass models, with metrics.classwise
-    estimates: Estimates = Estimates()  # before the labels (see engine.estimates)
+    estimates: Estimates = field(default_factory=Estimates)  # before the labels
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,7 @@ INTERVAL_DRAWS = 1000
 # from 0 for the upper one; tuned by the coverage simulation in tests/engine
 SHRINK_SE = 3.0
 PUSH_SE = 2.0
+PSEUDO = 1.0  # pseudo-successes and failures per bin for the spread of accuracies
 
 
 def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level: float,
@@ -213,13 +214,14 @@ def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level
     """An interval at ``level`` for the population binned ECE.
 
     The plug-in ECE T is biased upward, most where a bin's true gap d_b is 0 (E|e| where
-    e is the bin's sampling error) and not at all where |d_b| is large. So the pivot T - ECE
-    is simulated (parametric bootstrap: bin counts multinomial, correct counts binomial;
-    the spread of mean confidences is far below that of accuracies and left out) twice: around gaps shrunk toward 0 by
-    SHRINK_SE standard errors, the most biased truth the data allow, for the lower
-    bound; and around gaps pushed away from 0 by as much, the least biased one, for the
-    upper bound. Each bound then errs on its safe side; the lower bound is moreover 0
-    whenever T is within the spread of a calibrated model's ECE, so calibrated models are
+    e is the bin's sampling error) and not at all where |d_b| is large. So the pivot
+    T - ECE is simulated by a parametric bootstrap (bin counts multinomial, accuracies
+    binomial with the spread the bin shows; the spread of mean confidences is far smaller
+    and left out) twice: around gaps shrunk toward 0 by SHRINK_SE standard errors, the
+    most biased truth the data allow, for the lower bound; and around gaps of at least
+    PUSH_SE standard errors, nearly unbiased, for the upper bound. Each bound thus errs
+    on its safe side. The lower bound is moreover 0 while T is within the spread of a
+    calibrated model's ECE (a test of calibration, inverted), so calibrated models are
     covered at every n. Seeded from the counts: the same input gives the same interval.
     """
     nz = count > 0
@@ -230,7 +232,8 @@ def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level
     a = correct[nz] / nb
     gap = a - c
     t_obs = float(np.sum(w * np.abs(gap)))
-    q = (correct[nz] + 1.0) / (nb + 2.0)  # Laplace: no zero variance in small bins
+    # accuracies shrunk a little toward 1/2: no zero variance in small bins
+    q = (correct[nz] + PSEUDO) / (nb + 2.0 * PSEUDO)
     se = np.sqrt(q * (1.0 - q) / nb)
     sign = np.where(gap >= 0, 1.0, -1.0)
     shrunk = sign * np.maximum(np.abs(gap) - SHRINK_SE * se, 0.0)
