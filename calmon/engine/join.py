@@ -64,7 +64,7 @@ class Join:
         self._kind: list[int] = [0] * n
         self._label: list[int] = [NO_LABEL] * n
         self._label_ts = np.full(n, NAN)
-        self._vectors: dict[int, tuple[float, ...]] = {}
+        self._vectors: dict[int, np.ndarray] = {}  # slot -> K-class scores, a float64 row
         self._pid: list[str | None] = [None] * n  # slot -> id
         self._free: list[int] = list(range(n - 1, -1, -1))
         self._next_deadline = INF
@@ -225,7 +225,7 @@ class Join:
             self._mark_done(pid, ts + self.ttl)
         self._release(slot, pid)
 
-    def _emit(self, model: int, combo: int, ts: float, kind: int, score: float | tuple,
+    def _emit(self, model: int, combo: int, ts: float, kind: int, score: float | np.ndarray,
               label: int, label_ts: float | None) -> None:
         self.events.joined.append((model, combo, ts, kind, score, label,
                                    NAN if label_ts is None else label_ts))
@@ -326,7 +326,7 @@ class Join:
             "kind": np.array([self._kind[s] for s in slots.tolist()], np.int8),
             "label": np.array([self._label[s] for s in slots.tolist()], np.int32),
             "label_ts": self._label_ts[slots],
-            "vectors": {i: list(self._vectors[s]) for i, s in enumerate(slots.tolist())
+            "vectors": {i: self._vectors[s] for i, s in enumerate(slots.tolist())
                         if s in self._vectors},
             "labels": [[lid, lab.label, lab.ts, lab.model, lab.raw, lab.source, d]
                        for lid, (lab, d) in self._labels.items()],
@@ -346,7 +346,7 @@ class Join:
             for name in ("combo", "model", "kind", "label"):
                 getattr(self, "_" + name)[slot] = int(snap[name][i])
         for i, vec in snap["vectors"].items():
-            self._vectors[self._slot[ids[int(i)]]] = tuple(vec)
+            self._vectors[self._slot[ids[int(i)]]] = np.asarray(vec, np.float64)
         live = self._deadline[np.isfinite(self._deadline)]
         self._next_deadline = float(live.min()) if len(live) else INF
         for lid, label, ts, model, raw, source, d in snap["labels"]:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from calmon.config import FieldsConfig
+import numpy as np
+
+from calmon.config import FieldsConfig, LimitsConfig
 
 try:  # orjson decodes ~3x faster than the stdlib, and decoding is most of parsing
     from orjson import loads as _fast_loads
@@ -49,14 +52,16 @@ REASONS = (
     "not_json",
     "not_object",  # valid JSON, but not an object
     "missing_id",
-    "bad_id",  # id neither a string nor an integer, or empty
+    "bad_id",  # id neither a string nor an integer, empty, or over limits.max_id_bytes
     "missing_model",
-    "bad_model",
+    "bad_model",  # not a string, empty, control characters, or over limits.max_name_bytes
+    "too_many_models",  # a new model name past limits.max_models
     "missing_ts",  # no ts field and no broker timestamp
-    "bad_ts",
+    "bad_ts",  # unreadable, out of years 1..9999, or past the Kafka time + max_clock_skew
     "no_score",
     "multiple_scores",
     "bad_score",  # wrong type or shape (probs with fewer than 2 classes, ...)
+    "too_many_classes",  # K over limits.max_classes
     "not_finite",  # NaN or infinity in a score
     "prob_out_of_range",
     "probs_not_normalized",
@@ -64,7 +69,8 @@ REASONS = (
     "missing_label",
     "bad_label",  # not an integer class index or boolean
     "label_out_of_range",  # checked against the prediction's classes when they meet
-    "classes_mismatch",  # a model seen as binary sends K classes, or K then K' classes
+    "classes_mismatch",  # K differs from the class count of the model's live series
+    "internal",  # processing the record raised: a calmon bug, isolated to this record
 )
 
 BINARY_KINDS = ("prob", "logit")
@@ -82,7 +88,7 @@ class Prediction:
     ts: float
     segment: dict[str, str]
     kind: str  # one of SCORE_KINDS
-    score: Any  # as given: float for prob/logit, tuple of floats for probs/logits
+    score: Any  # as given: float for prob/logit, a float64 numpy row for probs/logits
     source: str = ""
 
     @property
@@ -99,9 +105,9 @@ class Prediction:
         if self.kind == "logit":
             return sigmoid(self.score)
         if self.kind == "probs":
-            total = math.fsum(self.score)
-            return tuple(x / total for x in self.score)
-        return softmax(self.score)
+            total = math.fsum(self.score.tolist())
+            return tuple(x / total for x in self.score.tolist())
+        return softmax(tuple(self.score.tolist()))
 
 
 @dataclass(slots=True)
@@ -125,6 +131,40 @@ class _Invalid(Exception):
 
 
 _MISSING = object()
+
+# characters a name may not hold: C0/C1 controls and the Unicode line and paragraph
+# separators, so no name can forge a log line or break a label or a page
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+_GOOD_NAMES_CAP = 1024
+
+
+def _name_ok(v: str, max_bytes: int) -> bool:
+    """A model name or segment value calmon can store, export and log safely. Lone
+    surrogates never get here: decoding rejects them as not_utf8."""
+    if len(v) > max_bytes or (len(v) * 4 > max_bytes and len(v.encode("utf-8")) > max_bytes):
+        return False
+    return _CONTROL.search(v) is None
+
+
+def _has_surrogate(obj: Any) -> bool:
+    """Whether any string in decoded JSON (keys included) holds a lone surrogate, which
+    the stdlib decoder lets through from a ``\\udXXX`` escape. Iterative: no recursion."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
 
 
 def _path(path: str) -> str | tuple[str, ...]:
@@ -195,9 +235,10 @@ def _number(v: Any) -> float:
     return f
 
 
-def _stringify(seg: dict) -> dict[str, str]:
+def _stringify(seg: dict, max_bytes: int) -> dict[str, str]:
     """Segment values as strings: null dropped, booleans as true/false, numbers as
-    written by ``str``; anything else is ``bad_segment``."""
+    written by ``str``; anything else, or a value that is no safe name, is
+    ``bad_segment``."""
     out: dict[str, str] = {}
     for k, sv in seg.items():
         if sv is None:
@@ -210,20 +251,42 @@ def _stringify(seg: dict) -> dict[str, str]:
             out[k] = str(sv)
         else:
             raise _Invalid("bad_segment")
+        if not _name_ok(out[k], max_bytes):
+            raise _Invalid("bad_segment")
     return out
 
 
-def _vector(v: Any) -> tuple[float, ...]:
+def _vector(v: Any, max_classes: int) -> np.ndarray:
+    """A list of K finite numbers as a float64 row; K is checked before any element
+    is read, so a huge list costs nothing."""
     if not isinstance(v, list) or len(v) < 2:
         raise _Invalid("bad_score")
-    return tuple(_number(x) for x in v)
+    if len(v) > max_classes:
+        raise _Invalid("too_many_classes")
+    for x in v:
+        if type(x) is not float and (isinstance(x, bool) or not isinstance(x, int | float)):
+            raise _Invalid("bad_score")
+    try:
+        row = np.array(v, dtype=np.float64)
+    except OverflowError:  # an integer too large for a float
+        raise _Invalid("not_finite") from None
+    if not np.isfinite(row).all():
+        raise _Invalid("not_finite")
+    return row
 
 
 class Parser:
     """Decodes and validates records against the contract, field paths from config."""
 
-    def __init__(self, fields: FieldsConfig, max_record_bytes: int) -> None:
+    def __init__(self, fields: FieldsConfig, max_record_bytes: int,
+                 limits: LimitsConfig | None = None, max_clock_skew: float | None = None) -> None:
         self.max_bytes = max_record_bytes
+        limits = limits if limits is not None else LimitsConfig()
+        self.max_id_bytes = limits.max_id_bytes
+        self.max_name_bytes = limits.max_name_bytes
+        self.max_classes = limits.max_classes
+        self.max_clock_skew = math.inf if max_clock_skew is None else max_clock_skew
+        self._good_names: set[Any] = set()  # model names already found safe
         self._id = _path(fields.id)
         self._model = _path(fields.model)
         self._ts = _path(fields.ts)
@@ -261,6 +324,8 @@ class Parser:
                 obj = json.loads(text)
             except ValueError:
                 raise _Invalid("not_json") from None
+            if "\\" in text and _has_surrogate(obj):  # orjson refuses those; json does not
+                raise _Invalid("not_utf8") from None
         if not isinstance(obj, dict):
             raise _Invalid("not_object")
         return obj
@@ -268,14 +333,17 @@ class Parser:
     def _common_id(self, obj: dict) -> str:
         path = self._id
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
-        if type(v) is str and v:  # the common case, checked first
+        if type(v) is str and v and len(v) <= self.max_id_bytes // 4:  # the common case
             return v
         if v is _MISSING or v is None:
             raise _Invalid("missing_id")
-        if isinstance(v, str) and v:
-            return v
         if isinstance(v, int) and not isinstance(v, bool):
-            return str(v)
+            if -(10**18) < v < 10**18:
+                return str(v)  # beyond that, str() of a huge int is slow and long
+            raise _Invalid("bad_id")
+        if (isinstance(v, str) and v and len(v) <= self.max_id_bytes
+                and len(v.encode("utf-8")) <= self.max_id_bytes):
+            return v
         raise _Invalid("bad_id")
 
     def _time(self, obj: dict, raw: Raw, required: bool) -> float | None:
@@ -287,7 +355,10 @@ class Parser:
             if required:
                 raise _Invalid("missing_ts")
             return None
-        return parse_ts(v)
+        ts = parse_ts(v)
+        if raw.timestamp is not None and ts > raw.timestamp + self.max_clock_skew:
+            raise _Invalid("bad_ts")  # from the future: it would move event-time "now"
+        return ts
 
     def _prediction(self, obj: dict, raw: Raw) -> Prediction:
         pid = self._common_id(obj)
@@ -295,8 +366,12 @@ class Parser:
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if model is _MISSING or model is None:
             raise _Invalid("missing_model")
-        if not isinstance(model, str) or not model:
-            raise _Invalid("bad_model")
+        if type(model) is not str or model not in self._good_names:  # a handful is the norm
+            if not isinstance(model, str) or not model or not _name_ok(model,
+                                                                        self.max_name_bytes):
+                raise _Invalid("bad_model")
+            if len(self._good_names) < _GOOD_NAMES_CAP:
+                self._good_names.add(model)
         if self._score_keys is not None:  # plain keys: one set intersection finds them
             found = [(self._score_kind[k], obj[k]) for k in self._score_keys & obj.keys()
                      if obj[k] is not None]
@@ -317,17 +392,17 @@ class Parser:
         elif kind == "logit":
             score = _number(v)
         elif kind == "probs":
-            score = _vector(v)
-            if min(score) < 0.0:
+            score = _vector(v, self.max_classes)
+            if score.min() < 0.0:
                 raise _Invalid("prob_out_of_range")
             try:
-                total = math.fsum(score)
+                total = math.fsum(score.tolist())
             except OverflowError:  # e.g. [1e308, 1e308]
                 raise _Invalid("probs_not_normalized") from None
             if abs(total - 1.0) > PROBS_TOLERANCE:
                 raise _Invalid("probs_not_normalized")
         else:
-            score = _vector(v)
+            score = _vector(v, self.max_classes)
         ts = self._time(obj, raw, required=True)
         path = self._segment
         seg = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
@@ -335,10 +410,11 @@ class Parser:
         if seg is not _MISSING and seg is not None:
             if type(seg) is not dict:
                 raise _Invalid("bad_segment")
-            segment = seg  # freshly decoded and ours: kept as is when all values are strings
+            segment = seg  # freshly decoded and ours: kept as is when all values are plain
+            limit = self.max_name_bytes // 4  # a string this short is within the byte limit
             for sv in seg.values():
-                if type(sv) is not str:
-                    segment = _stringify(seg)
+                if type(sv) is not str or len(sv) > limit or _CONTROL.search(sv) is not None:
+                    segment = _stringify(seg, self.max_name_bytes)
                     break
         return Prediction(pid, model, ts, segment, kind, score, raw.source)
 
@@ -360,6 +436,8 @@ class Parser:
             raise _Invalid("label_out_of_range")
         path = self._model
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
-        model = model if isinstance(model, str) and model else None
+        # a hint only (a label never creates a model), and kept only when it is a safe name
+        model = model if isinstance(model, str) and model and _name_ok(
+            model, self.max_name_bytes) else None
         ts = self._time(obj, raw, required=False)
         return Label(lid, label, ts, model, raw.value, raw.source)

@@ -47,7 +47,9 @@ class SeriesIndex:
         if cid is not None:
             return cid
         cid = self._combo_slow(model, segment)
-        if len(self._fast) < self._memo_cap:
+        # memo only spellings made of configured keys: values are length-checked by the
+        # parser, keys are not, and a memo must not hold what a producer makes up
+        if len(self._fast) < self._memo_cap and all(k in self._key_pos for k in segment):
             self._fast[fast] = cid
         return cid
 
