@@ -149,6 +149,13 @@ class Engine:
         with self.lock:
             return self._consume(records, raws)
 
+    def reject(self, raw: Raw, reason: str) -> Rejected:
+        """Count a record as invalid without processing it (the daemon's poison list)."""
+        with self.lock:
+            self._invalid(raw.kind, reason)
+            self.version += 1
+            return Rejected(raw.kind, raw.value, raw.source, reason)
+
     def feed_parsed(self, records: Iterable[Prediction | Label]) -> list[Rejected]:
         """``feed`` for records parsed elsewhere (benchmarks, tests)."""
         with self.lock:
@@ -584,7 +591,9 @@ class Engine:
             self.now = float(snap["now"])
             self.models = [row[0] for row in snap["models"]]
             self._classes = [int(row[1]) for row in snap["models"]]
-            self._live_until = [float(row[2]) for row in snap["models"]]
+            # a snapshot from before v2 lacks it: live for one more window, conservatively
+            self._live_until = [float(row[2]) if len(row) > 2 else
+                                float(snap["now"]) + self._max_window for row in snap["models"]]
             self._batch_predictions = [0] * len(self.models)
             self._batch_labels = [0] * (len(self.models) + 1)
             self._model_idx = {m: i for i, m in enumerate(self.models)}
