@@ -301,7 +301,8 @@ class Engine:
             # counter moves; the process counter cannot go down (Prometheus semantics)
             self.counters["labels"] -= 1
             self._invalid(Kind.LABEL, "label_out_of_range")
-            rejected.append(Rejected(Kind.LABEL, lab.raw, lab.source, "label_out_of_range"))
+            rejected.append(Rejected(Kind.LABEL, lab.dead_letter_value(), lab.source,
+                                     "label_out_of_range"))
         joined = ev.joined
         if joined and self._stale_classes:
             joined = self._drop_stale(joined)

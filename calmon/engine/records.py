@@ -76,6 +76,7 @@ REASONS = (
 BINARY_KINDS = ("prob", "logit")
 SCORE_KINDS = ("prob", "logit", "probs", "logits")
 PROBS_TOLERANCE = 1e-3
+LABEL_RAW_CAP = 4096  # bytes of a label record kept while it waits for its prediction
 # event times calmon accepts: what datetime can represent (years 1..9999), so window
 # buckets never overflow and ts + ttl stays distinct from ts
 TS_MIN, TS_MAX = -62135596800.0, 253402300799.0
@@ -117,6 +118,12 @@ class Label:
     ts: float | None
     model: str | None
     raw: bytes | None = None  # kept so a label found out of range later can be dead-lettered
+
+    def dead_letter_value(self) -> bytes:
+        """The record as received, or, when it was too large to keep, its essentials."""
+        if self.raw is not None:
+            return self.raw
+        return json.dumps({"id": self.id, "label": self.label, "ts": self.ts}).encode()
     source: str = ""
 
 
@@ -440,4 +447,7 @@ class Parser:
         model = model if isinstance(model, str) and model and _name_ok(
             model, self.max_name_bytes) else None
         ts = self._time(obj, raw, required=False)
-        return Label(lid, label, ts, model, raw.value, raw.source)
+        # a waiting label keeps its bytes for a later dead letter, unless they are large:
+        # up to join.max_pending labels wait, and their memory must stay small
+        kept = raw.value if raw.value is not None and len(raw.value) <= LABEL_RAW_CAP else None
+        return Label(lid, label, ts, model, kept, raw.source)

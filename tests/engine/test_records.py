@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from calmon.config import FieldsConfig, LimitsConfig, from_dict
 from calmon.engine.engine import Engine
 from calmon.engine.records import REASONS, Kind, Label, Parser, Prediction, Raw, Reject
-from tests.engine.reference import T0, L, P
+from tests.engine.reference import T0, L, P, label_bytes
 
 MAX_BYTES = 1000
 LIMITS = LimitsConfig(max_models=3, max_classes=50, max_id_bytes=32, max_name_bytes=16)
@@ -436,3 +436,13 @@ def test_engine_feed_never_raises(batch_list) -> None:
     for row in v.rows:
         for name, value in row.stats.as_row().items():
             assert value is None or math.isfinite(value), name
+
+
+def test_a_large_waiting_label_is_not_kept_whole() -> None:
+    e = Engine(from_dict({}))
+    big = label_bytes("z", 5, T0, pad="x" * 100_000)
+    assert e.feed([Raw(Kind.LABEL, big)]) == []
+    assert e.join._labels["z"][0].raw is None  # 100 KB would wait max_pending times over
+    rej = e.feed([P("z", T0, "m", prob=0.5)])  # binary: label 5 is out of range
+    assert [r.reason for r in rej] == ["label_out_of_range"]
+    assert json.loads(rej[0].value) == {"id": "z", "label": 5, "ts": T0}
