@@ -66,7 +66,7 @@ class Totals:
     invalid: Counter[tuple[str, str]] = field(default_factory=Counter)  # topic, reason
     bins: dict[int, np.ndarray] = field(default_factory=dict)  # series -> (3, B) count/conf/correct
     delay_counts: dict[str, np.ndarray] = field(default_factory=dict)  # model -> per bucket
-    delay_sum: Counter[str] = field(default_factory=Counter)
+    delay_sum: dict[str, float] = field(default_factory=dict)
 
     def copy(self) -> Totals:
         return Totals(Counter(self.predictions), Counter(self.labels), Counter(self.joined),
@@ -74,7 +74,7 @@ class Totals:
                       Counter(self.duplicates),
                       Counter(self.invalid), {k: v.copy() for k, v in self.bins.items()},
                       {k: v.copy() for k, v in self.delay_counts.items()},
-                      Counter(self.delay_sum))
+                      dict(self.delay_sum))
 
 
 @dataclass(frozen=True)
@@ -177,12 +177,11 @@ class Engine:
         batch_predictions = self._batch_predictions
         batch_labels = self._batch_labels
         for i, rec in enumerate(records):
-            t = type(rec)
             reason: str | None = None
             try:
-                if t is Prediction:
-                    model = rec.model  # type: ignore[union-attr]
-                    score = rec.score  # type: ignore[union-attr]
+                if type(rec) is Prediction:
+                    model = rec.model
+                    score = rec.score
                     classes = 0 if type(score) is float else len(score)
                     midx = model_idx.get(model)
                     if midx is None:
@@ -195,25 +194,26 @@ class Engine:
                             reason = "classes_mismatch"  # its live series have another K
                         else:
                             self._reset_classes(midx, classes)
-                    if reason is None:
-                        combo = combo_of(model, rec.segment)  # type: ignore[union-attr]
-                        ts = rec.ts  # type: ignore[union-attr]
+                    if reason is None and midx is not None:
+                        combo = combo_of(model, rec.segment)
+                        ts = rec.ts
                         now = ts if ts > self.now else self.now
-                        add_prediction(rec, midx, combo, now)  # type: ignore[arg-type]
+                        add_prediction(rec, midx, combo, now)
                         self.now = now
-                        batch_predictions[midx] += 1  # type: ignore[index]
-                elif t is Label:
-                    midx = add_label(rec, self.now)  # type: ignore[arg-type]
+                        batch_predictions[midx] += 1
+                elif type(rec) is Label:
+                    midx = add_label(rec, self.now)
+                    hint = rec.model
                     if midx == OUT_OF_RANGE:
                         reason = "label_out_of_range"
-                    elif midx == WAITING and rec.model in model_idx:  # type: ignore[union-attr]
+                    elif midx == WAITING and hint is not None and hint in model_idx:
                         # the model named by a waiting label counts it, once admitted: a
                         # label never creates a model
-                        batch_labels[model_idx[rec.model]] += 1  # type: ignore[union-attr]
+                        batch_labels[model_idx[hint]] += 1
                     else:  # known once the label met its prediction; [-1] is "unknown"
                         batch_labels[midx] += 1
-                else:
-                    reason = rec.reason  # type: ignore[union-attr]
+                elif type(rec) is Reject:
+                    reason = rec.reason
             except Exception:
                 log.exception("record %d of the batch raised; counted as internal", i)
                 reason = "internal"
@@ -222,7 +222,7 @@ class Engine:
                     raw = raws[i]
                     kind, value, source = raw.kind, raw.value, raw.source
                 else:
-                    kind = Kind.PREDICTION if t is Prediction else Kind.LABEL
+                    kind = Kind.PREDICTION if type(rec) is Prediction else Kind.LABEL
                     value, source = None, getattr(rec, "source", "")
                 self._invalid(kind, reason)
                 rejected.append(Rejected(kind, value, source, reason))
@@ -497,7 +497,8 @@ class Engine:
             if arr is None:
                 arr = self.totals.delay_counts[name] = np.zeros(len(DELAY_BUCKETS) + 1)
             arr += np.bincount(bucket[mine], minlength=len(DELAY_BUCKETS) + 1)
-            self.totals.delay_sum[name] += float(delay[mine].sum())
+            self.totals.delay_sum[name] = (self.totals.delay_sum.get(name, 0.0)
+                                           + float(delay[mine].sum()))
 
     # ------------------------------------------------------------ reading
 
@@ -634,4 +635,5 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     # not calibrators.scores.softmax: that one clips logits to +-1e6 for safety, and the
     # contract's numbers are the plain softmax of whatever finite logits arrive
     e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    out: np.ndarray = e / e.sum(axis=1, keepdims=True)
+    return out

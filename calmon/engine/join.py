@@ -239,9 +239,10 @@ class Join:
             new = np.full(m, fill, old.dtype)
             new[:n] = old
             setattr(self, name, new)
-        for name, fill in (("_combo", 0), ("_model", 0), ("_kind", 0), ("_label", NO_LABEL),
-                           ("_pid", None)):
-            getattr(self, name).extend([fill] * (m - n))
+        for name in ("_combo", "_model", "_kind"):
+            getattr(self, name).extend([0] * (m - n))
+        self._label.extend([NO_LABEL] * (m - n))
+        self._pid.extend([None] * (m - n))
         self._free.extend(range(m - 1, n - 1, -1))
 
     def _release(self, slot: int, pid: str) -> None:
@@ -298,7 +299,9 @@ class Join:
             oldest = live[np.lexsort((live, self._ts[live]))[:over]]
             for slot in oldest.tolist():
                 self.events.expired[(self._model[slot], "capacity")] += 1
-                self._release(slot, self._pid[slot])  # type: ignore[arg-type]
+                pid = self._pid[slot]
+                assert pid is not None  # a live slot always has its id
+                self._release(slot, pid)
             live = self._deadline[np.isfinite(self._deadline)]
             self._next_deadline = float(live.min()) if len(live) else INF
         over = len(self._labels) - self.max_pending
@@ -314,7 +317,7 @@ class Join:
 
     # ------------------------------------------------------------ checkpoints
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         items = list(self._slot.items())
         slots = np.fromiter((s for _, s in items), np.int64, len(items))
         return {
@@ -333,7 +336,7 @@ class Join:
             "done": [[pid, self._done[pid]] for pid in self._done_order if pid in self._done],
         }
 
-    def restore(self, snap: dict) -> None:
+    def restore(self, snap: dict[str, Any]) -> None:
         ids = snap["ids"]
         while len(self._free) < len(ids):
             self._grow()

@@ -17,13 +17,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from calmon.config import FieldsConfig, LimitsConfig
+# orjson decodes ~3x faster than the stdlib, and decoding is most of parsing
+from orjson import loads as _fast_loads
 
-try:  # orjson decodes ~3x faster than the stdlib, and decoding is most of parsing
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - orjson is a dependency, this is a safety net
-    def _fast_loads(value: bytes) -> Any:
-        return json.loads(value.decode("utf-8"))
+from calmon.config import FieldsConfig, LimitsConfig
 
 
 class Kind(enum.Enum):
@@ -179,7 +176,9 @@ def _path(path: str) -> str | tuple[str, ...]:
     return path if "." not in path else tuple(path.split("."))
 
 
-def _dig(obj: dict, parts: tuple[str, ...]) -> Any:
+def _dig(obj: dict[str, Any], parts: str | tuple[str, ...]) -> Any:
+    if type(parts) is str:
+        return obj.get(parts, _MISSING)
     for p in parts:
         if not isinstance(obj, dict) or p not in obj:
             return _MISSING
@@ -242,7 +241,7 @@ def _number(v: Any) -> float:
     return f
 
 
-def _stringify(seg: dict, max_bytes: int) -> dict[str, str]:
+def _stringify(seg: dict[str, Any], max_bytes: int) -> dict[str, str]:
     """Segment values as strings: null dropped, booleans as true/false, numbers as
     written by ``str``; anything else, or a value that is no safe name, is
     ``bad_segment``."""
@@ -301,7 +300,8 @@ class Parser:
         self._label = _path(fields.label)
         self._scores = tuple((k, _path(getattr(fields, k))) for k in SCORE_KINDS)
         plain = all(type(p) is str for _, p in self._scores)
-        self._score_kind = {p: k for k, p in self._scores} if plain else {}
+        self._score_kind: dict[str, str] = (
+            {p: k for k, p in self._scores if type(p) is str} if plain else {})
         self._score_keys = frozenset(self._score_kind) if plain else None
 
     def parse(self, raw: Raw) -> Prediction | Label | Reject:
@@ -315,7 +315,7 @@ class Parser:
         except RecursionError:  # absurdly nested JSON
             return Reject("not_json")
 
-    def _decode(self, value: bytes | None) -> dict:
+    def _decode(self, value: bytes | None) -> dict[str, Any]:
         if not value:
             raise _Invalid("empty")
         if len(value) > self.max_bytes:
@@ -337,7 +337,7 @@ class Parser:
             raise _Invalid("not_object")
         return obj
 
-    def _common_id(self, obj: dict) -> str:
+    def _common_id(self, obj: dict[str, Any]) -> str:
         path = self._id
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if type(v) is str and v and len(v) <= self.max_id_bytes // 4:  # the common case
@@ -353,7 +353,7 @@ class Parser:
             return v
         raise _Invalid("bad_id")
 
-    def _time(self, obj: dict, raw: Raw, required: bool) -> float | None:
+    def _time(self, obj: dict[str, Any], raw: Raw, required: bool) -> float | None:
         path = self._ts
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if v is _MISSING or v is None:
@@ -367,7 +367,7 @@ class Parser:
             raise _Invalid("bad_ts")  # from the future: it would move event-time "now"
         return ts
 
-    def _prediction(self, obj: dict, raw: Raw) -> Prediction:
+    def _prediction(self, obj: dict[str, Any], raw: Raw) -> Prediction:
         pid = self._common_id(obj)
         path = self._model
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
@@ -411,6 +411,7 @@ class Parser:
         else:
             score = _vector(v, self.max_classes)
         ts = self._time(obj, raw, required=True)
+        assert ts is not None  # required: _time raised otherwise
         path = self._segment
         seg = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         segment: dict[str, str] = {}
@@ -425,7 +426,7 @@ class Parser:
                     break
         return Prediction(pid, model, ts, segment, kind, score, raw.source)
 
-    def _label_record(self, obj: dict, raw: Raw) -> Label:
+    def _label_record(self, obj: dict[str, Any], raw: Raw) -> Label:
         lid = self._common_id(obj)
         path = self._label
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
