@@ -32,7 +32,8 @@ class SeriesIndex:
         self.combo_series: list[tuple[int, ...]] = []  # combo id -> series ids
         self._combo_ids: dict[tuple[str, tuple[str | None, ...]], int] = {}
         self._admitted: dict[tuple[str, str], set[str]] = {}  # (model, key) -> kept values
-        self._fast: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}  # (model, segment items) -> combo
+        # (model, segment items) -> combo
+        self._fast: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         self._memo_cap = 4 * (max_values + 1) ** max(1, len(self.keys))
         # combo -> series as flat numpy arrays, rebuilt when combos are added
         self._flat = np.zeros(0, np.int64)
