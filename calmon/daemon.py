@@ -253,7 +253,7 @@ class Daemon:
         careful = bool(self._suspect) and any(r.source in self._suspect for r in records)
         if not careful:
             try:
-                rejected = self.engine.feed(records)
+                rejected = self.engine.feed(records, self._not_after())
             except Exception:
                 log.exception("the engine raised on a batch of %d records; rolling back to "
                               "the last checkpoint to find the record", len(records))
@@ -267,7 +267,7 @@ class Daemon:
                     rejected.append(self.engine.reject(r, "internal"))
                     continue
                 try:
-                    rejected.extend(self.engine.feed([r]))
+                    rejected.extend(self.engine.feed([r], self._not_after()))
                 except Exception:
                     log.exception("the engine raises on the record at %s: dead-lettered as "
                                   "internal from now on", r.source)
@@ -278,6 +278,13 @@ class Daemon:
             self._log_invalid(rej.reason, rej.source)
             self.dead_letters.send(rej.value, rej.reason, rej.source)
         return True
+
+    def _not_after(self) -> float:
+        """The latest event time a live record may carry: the wall clock plus the
+        configured skew. A producer sets the Kafka timestamp too, so that alone cannot
+        bound a record from the far future; a replay of the same offsets after a
+        restart decides the same for every record not within the skew of the clock."""
+        return time.time() + self.cfg.kafka.max_clock_skew
 
     def _roll_back(self) -> None:
         """Back to the newest checkpoint (or the empty state), process counters

@@ -140,10 +140,14 @@ class Engine:
 
     # ------------------------------------------------------------ writing
 
-    def feed(self, batch: Iterable[Raw]) -> list[Rejected]:
+    def feed(self, batch: Iterable[Raw], not_after: float = math.inf) -> list[Rejected]:
         """Parse, join and count one batch. Returns the records that broke the
-        contract (already counted), for the dead-letter topic. Never raises on data."""
+        contract (already counted), for the dead-letter topic. Never raises on data.
+
+        ``not_after``: event times past it are ``bad_ts`` (the daemon passes its wall
+        clock + ``kafka.max_clock_skew``; the engine itself has no clock)."""
         raws = batch if isinstance(batch, list) else list(batch)
+        self.parser.not_after = not_after
         parse = self.parser.parse
         records = [parse(raw) for raw in raws]
         with self.lock:

@@ -293,6 +293,9 @@ class Parser:
         self.max_classes = limits.max_classes
         self.max_clock_skew = math.inf if max_clock_skew is None else max_clock_skew
         self._good_names: set[Any] = set()  # model names already found safe
+        # live only: wall clock + max_clock_skew, set per batch by the daemon, since a
+        # producer sets the Kafka CreateTime too; a replay of files has no such ceiling
+        self.not_after = math.inf
         self._id = _path(fields.id)
         self._model = _path(fields.model)
         self._ts = _path(fields.ts)
@@ -358,13 +361,18 @@ class Parser:
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if v is _MISSING or v is None:
             if raw.timestamp is not None:
+                if raw.timestamp > self.not_after:
+                    raise _Invalid("bad_ts")  # a producer-set Kafka time from the future
                 return raw.timestamp
             if required:
                 raise _Invalid("missing_ts")
             return None
         ts = parse_ts(v)
+        # from the future: it would move event-time "now" and expire everything else
         if raw.timestamp is not None and ts > raw.timestamp + self.max_clock_skew:
-            raise _Invalid("bad_ts")  # from the future: it would move event-time "now"
+            raise _Invalid("bad_ts")
+        if ts > self.not_after:
+            raise _Invalid("bad_ts")
         return ts
 
     def _prediction(self, obj: dict[str, Any], raw: Raw) -> Prediction:

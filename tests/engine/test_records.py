@@ -446,3 +446,12 @@ def test_a_large_waiting_label_is_not_kept_whole() -> None:
     rej = e.feed([P("z", T0, "m", prob=0.5)])  # binary: label 5 is out of range
     assert [r.reason for r in rej] == ["label_out_of_range"]
     assert json.loads(rej[0].value) == {"id": "z", "label": 5, "ts": T0}
+
+
+def test_event_times_past_the_ceiling_are_bad_ts() -> None:
+    e = Engine(from_dict({}))
+    forged = Raw(Kind.PREDICTION, pred_without("ts"), 253402300799.0)  # Kafka time forged
+    rej = e.feed([P("a", T0, "m", prob=0.5), forged, P("b", T0 + 9e6, "m", prob=0.5)],
+                 not_after=T0 + 3600)
+    assert [r.reason for r in rej] == ["bad_ts", "bad_ts"]
+    assert e.now == T0  # "now" did not move
