@@ -88,12 +88,14 @@ class ScoreHist:
             keep = bucket > self.current(w, now) - 2 * BUCKETS
             if not keep.any():
                 continue
-            pairs, inv = np.unique(np.stack([sid[keep], bucket[keep]], axis=1), axis=0,
-                                   return_inverse=True)
-            inv = inv.reshape(-1)
-            counts = np.bincount(inv * self.bins + b[keep], minlength=len(pairs) * self.bins)
+            bk = bucket[keep]
+            lo = int(bk.min())
+            span = int(bk.max()) - lo + 1
+            keys, inv = np.unique(sid[keep] * span + (bk - lo), return_inverse=True)
+            counts = np.bincount(inv * self.bins + b[keep], minlength=len(keys) * self.bins)
             tab = self._data[w]
-            for (s, idx), row in zip(pairs.tolist(), counts.reshape(len(pairs), self.bins)):
+            pairs = zip((keys // span).tolist(), (keys % span + lo).tolist())
+            for (s, idx), row in zip(pairs, counts.reshape(len(keys), self.bins)):
                 buckets = tab.setdefault(s, {})
                 vec = buckets.get(idx)
                 if vec is None:
