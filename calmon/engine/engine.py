@@ -576,7 +576,7 @@ class Engine:
     def _pending_estimates(self) -> dict[tuple[int, int], tuple[int, float, float]]:
         """(series, window) -> (pending predictions, summed calibrated confidence of the
         predicted class, summed calibrated P(y=1)) over the predictions with no label yet."""
-        model, combo, ts, kind, scores = self.join.waiting()
+        model, combo, ts, kind, score, vectors = self.join.waiting()
         out: dict[tuple[int, int], tuple[int, float, float]] = {}
         if len(model) == 0:
             return out
@@ -585,7 +585,7 @@ class Engine:
                   for w in range(len(self.windows.widths))]
         sample, sid = self.index.fan_out(combo)
         # calibrated once per (model's rows, calibrator), then summed per series and window
-        cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         order = np.argsort(sid, kind="stable")
         uniq, starts = np.unique(sid[order], return_index=True)
         for s, part in zip(uniq.tolist(), np.split(order, starts[1:])):
@@ -597,7 +597,7 @@ class Engine:
             hit = cache.get(key)
             if hit is None:
                 mine = np.flatnonzero(model == midx)
-                hit = cache[key] = (mine, *self._calibrated(mine, kind, scores, live))
+                hit = cache[key] = (mine, *self._calibrated(mine, kind, score, vectors, live))
             mine, top, pos = hit
             at = np.searchsorted(mine, rows)
             for w, bkt in enumerate(buckets):
@@ -608,23 +608,35 @@ class Engine:
         return out
 
     @staticmethod
-    def _calibrated(rows: np.ndarray, kind: np.ndarray, scores: list[Any],
+    def _calibrated(rows: np.ndarray, kind: np.ndarray, score: np.ndarray,
+                    vectors: dict[int, Any],
                     live: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray]:
         """Calibrated confidence of the predicted class and P(y=1) (0 for multiclass)
         of the pending rows ``rows``: identity without a calibrator."""
         top = np.empty(len(rows))
         pos = np.zeros(len(rows))  # binary only: stays 0 for multiclass
-        k = kind[rows]
-        for code in np.unique(k).tolist():
-            part = np.flatnonzero(k == code)
-            given = [scores[i] for i in rows[part].tolist()]
-            raw = np.array(given, dtype=np.float64)
-            if live is not None:
-                probs = np.asarray(live[0](raw, SCORE_KINDS[code]), np.float64)
-            elif code < 2:
-                probs = sigmoid(raw) if code == 1 else raw
+        # one group per score kind and class count (a model's K can change on a reset)
+        k = kind[rows] * 1_000_000
+        multi = np.flatnonzero(k >= 2_000_000)
+        k[multi] += np.array([len(vectors[i]) for i in rows[multi].tolist()], np.int64)
+        for group in np.unique(k).tolist():
+            code = group // 1_000_000
+            part = np.flatnonzero(k == group)
+            if code < 2:
+                raw = score[rows[part]]
             else:
-                probs = _multiclass_probs(np.full(len(given), code), given)[0][1]
+                raw = np.array([vectors[i] for i in rows[part].tolist()], dtype=np.float64)
+            probs = None
+            if live is not None:
+                try:
+                    probs = np.asarray(live[0](raw, SCORE_KINDS[code]), np.float64)
+                    if probs.shape != raw.shape[:1] + (() if code < 2 else raw.shape[1:]):
+                        raise ValueError(f"calibrated shape {probs.shape} for {raw.shape}")
+                except Exception:  # a broken calibrator must not break /metrics
+                    log.exception("the live calibrator failed on pending scores; raw used")
+                    probs = None
+            if probs is None:
+                probs = _raw_probs(raw, code)
             conf, p1 = top_and_positive(probs)
             top[part] = conf
             if p1 is not None:
@@ -743,6 +755,13 @@ class _Columns(NamedTuple):
     score: tuple[Any, ...]
     label: tuple[int, ...]
     label_ts: tuple[float, ...]
+
+
+def _raw_probs(raw: np.ndarray, code: int) -> np.ndarray:
+    """Scores of kind ``SCORE_KINDS[code]`` as probabilities, as ``_add_joined`` reads them."""
+    if code < 2:
+        return sigmoid(raw) if code == 1 else raw
+    return _softmax(raw) if code == 3 else raw / raw.sum(axis=1, keepdims=True)
 
 
 def _fixed_sum(x: np.ndarray) -> float:

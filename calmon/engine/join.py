@@ -314,16 +314,19 @@ class Join:
                 del self._labels[lid]
                 self.events.labels_expired += 1
 
-    def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[Any]]:
-        """Pending predictions with no label yet: (model, combo, ts, kind, scores), the
-        scores as given (a float, or a tuple for multiclass)."""
-        slots = [s for s in self._slot.values() if self._label[s] == NO_LABEL]
-        idx = np.fromiter(slots, np.int64, len(slots))
-        model = np.fromiter((self._model[s] for s in slots), np.int64, len(slots))
-        combo = np.fromiter((self._combo[s] for s in slots), np.int64, len(slots))
-        kind = np.fromiter((self._kind[s] for s in slots), np.int64, len(slots))
-        scores = [self._score.item(s) if self._kind[s] < 2 else self._vectors[s] for s in slots]
-        return model, combo, self._ts[idx], kind, scores
+    def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                               dict[int, Any]]:
+        """Pending predictions with no label yet, as columns: model, combo, ts, kind,
+        binary score (as given), and {row: K-class scores} for the multiclass rows."""
+        slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
+        slots = slots[np.asarray(self._label, np.int64)[slots] == NO_LABEL]
+        kind = np.asarray(self._kind, np.int64)[slots]
+        vectors = {i: self._vectors[s]
+                   for i, s in zip(np.flatnonzero(kind >= 2).tolist(),
+                                   slots[kind >= 2].tolist())}
+        return (np.asarray(self._model, np.int64)[slots],
+                np.asarray(self._combo, np.int64)[slots], self._ts[slots], kind,
+                self._score[slots], vectors)
 
     def drain(self) -> JoinEvents:
         ev, self.events = self.events, JoinEvents()

@@ -196,7 +196,8 @@ def _smooth(f: np.ndarray, w: np.ndarray, t: np.ndarray, sigma: float, grid: int
     smoothed = full[start:start + grid]
     inds = (t * (grid - 1)).astype(int).clip(0, grid - 2)
     resid = (t - inds / (grid - 1)) * (grid - 1)
-    return smoothed[inds] * (1 - resid) + smoothed[inds + 1] * resid
+    out: np.ndarray = smoothed[inds] * (1 - resid) + smoothed[inds + 1] * resid
+    return out
 
 
 # ------------------------------------------------------------ ECE interval
@@ -204,9 +205,9 @@ def _smooth(f: np.ndarray, w: np.ndarray, t: np.ndarray, sigma: float, grid: int
 INTERVAL_DRAWS = 1000
 # how far (in standard errors) a bin's gap is moved toward 0 for the lower bound and away
 # from 0 for the upper one; tuned by the coverage simulation in tests/engine
-SHRINK_SE = 3.0
+SHRINK_SE = 2.0
 PUSH_SE = 2.0
-PSEUDO = 1.0  # pseudo-successes and failures per bin for the spread of accuracies
+PSEUDO = 0.5  # pseudo-successes and failures per bin (Jeffreys) for the spread of accuracies
 
 
 def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level: float,
@@ -311,7 +312,7 @@ def from_vector(vec: np.ndarray, layout: Layout, binary: bool, mce_min_samples: 
     bins = Bins(count, conf, correct)
     n = round(count.sum())
     if n == 0:
-        return Stats(0, *([None] * 10), bins=bins)  # type: ignore[arg-type]
+        return Stats(0, None, None, None, None, None, None, None, None, None, None, bins=bins)
     fcount = vec[lay.fcount:lay.fcount + f]
     fconf = vec[lay.fconf:lay.fconf + f] / CONF_SCALE
     fcorrect = vec[lay.fcorrect:lay.fcorrect + f]

@@ -202,3 +202,17 @@ def test_exporter_spells_the_new_gauges() -> None:
     assert 'calmon_pending_samples{model="m",segment="__all__",window="1h"} 1.0' in text
     assert 'calmon_estimated_accuracy{model="m",segment="__all__",window="1h"} 0.8' in text
     assert "# TYPE calmon_score_psi gauge" in text
+
+
+def test_a_broken_calibrator_does_not_break_the_view() -> None:
+    def broken(scores: np.ndarray, kind: str) -> np.ndarray:
+        raise RuntimeError("bad document")
+
+    engine = Engine(from_dict(CFG), calibrators={("m", "__all__"): (broken, np.ones(3))})
+    engine.feed([P("a", T0, prob=0.9), P("b", T0 + 1, probs=[0.2, 0.8], model="k")])
+    est = rows(engine, "m")["1h"].estimates
+    assert est.pending_samples == 1
+    assert abs(est.estimated_accuracy - 0.9) < 1e-9  # the raw confidence, not nothing
+    # a reference of the wrong length is ignored: the previous window is used (empty here)
+    assert est.score_psi is None
+    assert abs(rows(engine, "k")["1h"].estimates.estimated_accuracy - 0.8) < 1e-9

@@ -171,7 +171,7 @@ def test_interval_covers_the_population_ece_at_its_level() -> None:
     assert min(c[4] for c in cells) >= LEVEL - slack, report
     assert total >= LEVEL - 3 * np.sqrt(LEVEL * (1 - LEVEL) / (REPS * len(cells))), report
     for n, w in mean_width.items():
-        assert w <= 2.5 / np.sqrt(n), mean_width
+        assert w <= 1.8 / np.sqrt(n), mean_width
     # calibrated models: 0 is inside, and the interval is not just [0, 1]
     calibrated = [c for c in cells if c[1] == "calibrated"]
     assert all(c[3] < 1e-3 for c in calibrated)
