@@ -91,7 +91,15 @@ class ScoreHist:
             bk = bucket[keep]
             lo = int(bk.min())
             span = int(bk.max()) - lo + 1
-            keys, inv = np.unique(sid[keep] * span + (bk - lo), return_inverse=True)
+            key = sid[keep] * span + (bk - lo)
+            size = int(key.max()) + 1
+            if size <= 1 << 16:  # small key space: a bincount instead of a sort
+                keys = np.flatnonzero(np.bincount(key, minlength=size))
+                remap = np.zeros(size, np.int64)
+                remap[keys] = np.arange(len(keys))
+                inv = remap[key]
+            else:
+                keys, inv = np.unique(key, return_inverse=True)
             counts = np.bincount(inv * self.bins + b[keep], minlength=len(keys) * self.bins)
             tab = self._data[w]
             pairs = zip((keys // span).tolist(), (keys % span + lo).tolist())
