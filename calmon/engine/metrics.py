@@ -238,7 +238,10 @@ def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level
     se = np.sqrt(q * (1.0 - q) / nb)
     sign = np.where(gap >= 0, 1.0, -1.0)
     shrunk = sign * np.maximum(np.abs(gap) - SHRINK_SE * se, 0.0)
-    pushed = sign * np.maximum(np.abs(gap), PUSH_SE * se)  # |gap| >= 2 se: bias ~ 0 anyway
+    reach = np.maximum(np.abs(gap), PUSH_SE * se)  # |gap| >= 2 se: bias ~ 0 anyway
+    # toward the side there is room on (a bin of confidence 1, all correct, may be 0.98)
+    sign = np.where((c + sign * reach > 1.0) | (c + sign * reach < 0.0), -sign, sign)
+    pushed = sign * reach
     seed = zlib.crc32(np.ascontiguousarray(count, np.float64).tobytes()
                       + np.ascontiguousarray(correct, np.float64).tobytes())
     rng = np.random.default_rng(seed)
