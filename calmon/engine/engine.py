@@ -526,8 +526,12 @@ class Engine:
     # ------------------------------------------------------------ reading
 
     def view(self) -> View:
-        """Every (model, segment, window) row plus counters, computed under the lock.
+        """Every (model, segment, window) row plus counters. The window sums are read
+        under the lock; the metrics (the ECE interval and smooth ECE cost milliseconds
+        a row) are computed outside it, so scrapes never hold up the consumer loop.
         Cached until the next feed, so several readers share one computation."""
+        m = self.cfg.metrics
+        lay = self.windows.layout
         with self.lock:
             cached = self._view_cache
             if cached is not None and cached.version == self.version:
@@ -536,31 +540,36 @@ class Engine:
             if self.classwise is not None:
                 self.classwise.evict(self.now)
             self.scores.evict(self.now)
-            m = self.cfg.metrics
             pending = self._pending_estimates()
-            rows: list[Row] = []
+            work: list[tuple[str, str, str, bool, np.ndarray, float | None, Estimates]] = []
             shown = self.windows.series() | self.scores.series() | {s for s, _ in pending}
             for sid in sorted(shown, key=lambda s: self.index.series[s]):
                 model, segment = self.index.series[sid]
                 binary = self._classes[self._model_idx[model]] == 0
                 live = self._calibrator(model, segment)
                 for w, win in enumerate(m.windows):
-                    vec = self.windows.totals(sid, w, self.now)
+                    vec = self.windows.totals(sid, w, self.now)  # a fresh array
                     if vec is None:
-                        vec = np.zeros(self.windows.layout.size)
-                    stats = metrics.from_vector(vec, self.windows.layout, binary,
-                                                m.mce_min_samples, m.interval_level)
+                        vec = np.zeros(lay.size)
+                    joined = vec[lay.count:lay.count + lay.bins].sum() > 0
                     cw = (self._classwise_ece(sid, w)
-                          if self.classwise is not None and not binary and stats.samples
-                          else None)
+                          if self.classwise is not None and not binary and joined else None)
                     est = self._estimates(sid, w, binary, pending.get((sid, w)),
                                           None if live is None else live[1])
-                    rows.append(Row(model, segment, win.name, binary, stats, cw, est))
-            view = View(self.now, rows, dict(self.counters), self.join.pending,
-                        self.join.pending_labels, list(self.index.series), self.totals.copy(),
-                        self.version)
-            self._view_cache = view
-            return view
+                    work.append((model, segment, win.name, binary, vec, cw, est))
+            version = self.version
+            parts = (self.now, dict(self.counters), self.join.pending,
+                     self.join.pending_labels, list(self.index.series), self.totals.copy())
+        rows = [Row(model, segment, name, binary,
+                    metrics.from_vector(vec, lay, binary, m.mce_min_samples, m.interval_level),
+                    cw, est)
+                for model, segment, name, binary, vec, cw, est in work]
+        now, counters, pend, pend_labels, series, totals = parts
+        view = View(now, rows, counters, pend, pend_labels, series, totals, version)
+        with self.lock:
+            if self.version == version:
+                self._view_cache = view
+        return view
 
     def set_calibrators(self, calibrators: LiveCalibrators) -> None:
         """Replace the live calibrators the label-free estimates use."""

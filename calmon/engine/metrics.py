@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 
@@ -287,6 +288,7 @@ def _bin_means(rng: np.random.Generator, n: np.ndarray, nb: np.ndarray,
 
 _CACHE: dict[bytes, tuple[float, float, float]] = {}
 _CACHE_SIZE = 4096
+_CACHE_LOCK = threading.Lock()
 
 
 def _uncertainty(vec: np.ndarray, count: np.ndarray, conf: np.ndarray, correct: np.ndarray,
@@ -295,12 +297,14 @@ def _uncertainty(vec: np.ndarray, count: np.ndarray, conf: np.ndarray, correct: 
     """(smECE, ECE lower, ECE upper), remembered by the window's counts: the views of a
     scrape recompute them only for the windows that changed since the last one."""
     key = hashlib.blake2b(vec.tobytes() + struct.pack("d", level), digest_size=16).digest()
-    hit = _CACHE.get(key)
+    with _CACHE_LOCK:  # readers of several engines' views may share it
+        hit = _CACHE.get(key)
     if hit is None:
-        if len(_CACHE) >= _CACHE_SIZE:
-            del _CACHE[next(iter(_CACHE))]  # oldest first
-        hit = _CACHE[key] = (smece(fcount, fconf, fcorrect),
-                             *ece_interval(count, conf, correct, level))
+        hit = (smece(fcount, fconf, fcorrect), *ece_interval(count, conf, correct, level))
+        with _CACHE_LOCK:
+            while len(_CACHE) >= _CACHE_SIZE:
+                del _CACHE[next(iter(_CACHE))]  # oldest first
+            _CACHE[key] = hit
     return hit
 
 
