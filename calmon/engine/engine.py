@@ -575,7 +575,7 @@ class Engine:
         """Replace the live calibrators the label-free estimates use."""
         with self.lock:
             self.calibrators = calibrators
-            self._view_cache = None
+            self.version += 1  # so a view being computed with the old ones is not kept
 
     def _calibrator(self, model: str, segment: str) -> tuple[Any, np.ndarray | None] | None:
         """The segment's own calibrator, else the model's."""
