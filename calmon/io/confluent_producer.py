@@ -21,11 +21,10 @@ from confluent_kafka import KafkaException, Producer
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from calmon.config import KafkaConfig
-from calmon.io.confluent_settings import librdkafka_settings
+from calmon.io.confluent_settings import LibrdkafkaLog, librdkafka_settings
 from calmon.io.topics import MIB, fetch_bytes
 
 log = logging.getLogger(__name__)
-LIBRDKAFKA_LOG = logging.getLogger("confluent_kafka")
 
 
 class Delivery:
@@ -85,7 +84,7 @@ def producer_settings(config: KafkaConfig) -> dict[str, Any]:
         "message.max.bytes": max(fetch_bytes(config.max_record_bytes), 8 * MIB),
         "compression.type": "gzip",
         "message.timeout.ms": 120_000,  # kafka-python's delivery_timeout_ms default
-        "logger": LIBRDKAFKA_LOG,
+        "logger": LibrdkafkaLog(),
     }
     settings.update(librdkafka_settings(config.client, role="producer"))
     settings["bootstrap.servers"] = ",".join(config.bootstrap_servers)

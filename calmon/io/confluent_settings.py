@@ -15,6 +15,7 @@ rewriting the security settings of a deployment:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -94,3 +95,31 @@ def librdkafka_settings(client: Mapping[str, Any], *, role: str) -> dict[str, An
             log.warning("kafka.client.%s: no librdkafka counterpart; ignored by the %s "
                         "(give the native librdkafka property, with dots)", key, role)
     return {**translated, **native}
+
+
+class LibrdkafkaLog:
+    """librdkafka's ``logger``: its lines into Python logging (``confluent_kafka``), each
+    facility of each client at most once per ``interval_s``.
+
+    librdkafka logs every failed reconnect (tens a second with short backoffs while
+    a broker is down); one line a minute, with a count of the rest, says as much.
+    """
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        self._log = logging.getLogger("confluent_kafka")
+        self._interval_s = interval_s
+        self._last: dict[tuple[Any, ...], tuple[float, int]] = {}  # key -> (time, suppressed)
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:  # as logging.Logger.log
+        if not self._log.isEnabledFor(level):
+            return
+        key = (level, *args[:2])  # (level, facility, client name)
+        now = time.monotonic()
+        last, suppressed = self._last.get(key, (-float("inf"), 0))
+        if now - last < self._interval_s:
+            self._last[key] = (last, suppressed + 1)
+            return
+        self._last[key] = (now, 0)
+        if suppressed:
+            fmt += f" ({suppressed} similar lines suppressed in the last {self._interval_s:.0f}s)"
+        self._log.log(level, fmt, *args)

@@ -32,12 +32,11 @@ from confluent_kafka import (
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
 from calmon.io import source as shared
-from calmon.io.confluent_settings import librdkafka_settings
+from calmon.io.confluent_settings import LibrdkafkaLog, librdkafka_settings
 from calmon.io.source import Batch, Chunk, KafkaSourceError, Position, to_batch
 from calmon.io.topics import fetch_bytes, owned_partitions
 
 log = logging.getLogger(__name__)
-LIBRDKAFKA_LOG = logging.getLogger("confluent_kafka")  # librdkafka's own log lines
 
 _NO_TIMESTAMP = 0  # confluent_kafka.TIMESTAMP_NOT_AVAILABLE
 
@@ -73,7 +72,7 @@ class ConfluentSource:
             # a misspelt input topic must fail loudly, not be created empty
             "allow.auto.create.topics": False,
             "statistics.interval.ms": 1000,  # feeds connected()
-            "logger": LIBRDKAFKA_LOG,
+            "logger": LibrdkafkaLog(),
         }
         settings.update(librdkafka_settings(cfg.client, role="consumer"))
         # These carry calmon's semantics; a client override would break them.
