@@ -176,6 +176,35 @@ def test_committed_offsets_are_the_fallback(
     assert sorted(r.value for r in got) == sorted(b"new%d" % i for i in range(10))
 
 
+def test_restored_state_ignores_committed_offsets(
+    library: str, kafka_bootstrap: str, topic_pair: tuple[str, str]
+) -> None:
+    # With positions from a restored checkpoint, a partition missing from them was
+    # never counted in that state: it starts at auto_offset_reset (earliest), not at
+    # the group's committed offset, which may belong to a newer state.
+    preds, labels = topic_pair
+    config = make_config(kafka_bootstrap, preds, labels, library)
+    produce(kafka_bootstrap, preds, [b"zero%d" % i for i in range(20)], partition=0)
+    produce(kafka_bootstrap, preds, [b"one%d" % i for i in range(10)], partition=1)
+    first = open_source(config)
+    try:
+        _, positions = read(first, 30)
+        assert positions == {(preds, 0): 20, (preds, 1): 10}
+        assert first.commit(positions)
+    finally:
+        first.close()
+
+    second = make_source(config, metadata_timeout_s=10)
+    try:
+        second.assign({(preds, 0): 15}, from_checkpoint=True)
+        got, _ = read(second, 15)
+        assert_nothing_more(second)
+    finally:
+        second.close()
+    assert sorted(parse(r.source)[1:] for r in got) == (
+        [(0, o) for o in range(15, 20)] + [(1, o) for o in range(10)])
+
+
 def test_two_instances_share_partitions_exactly_once(
     library: str, kafka_bootstrap: str, topic_pair: tuple[str, str]
 ) -> None:
