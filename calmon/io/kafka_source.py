@@ -23,14 +23,9 @@ from kafka.structs import OffsetAndMetadata
 
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
-from calmon.io.source import (
-    MISSING_TOPIC_GRACE_S,
-    Batch,
-    Chunk,
-    KafkaSourceError,
-    Position,
-    to_batch,
-)
+from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, to_batch
+from calmon.io.source import Batch as Batch  # re-exported: older imports
+from calmon.io.source import KafkaSourceError as KafkaSourceError
 from calmon.io.topics import client_settings, fetch_bytes, owned_partitions
 
 log = logging.getLogger(__name__)
