@@ -4,6 +4,8 @@ their state across snapshot/restore."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
@@ -216,3 +218,25 @@ def test_a_broken_calibrator_does_not_break_the_view() -> None:
     # a reference of the wrong length is ignored: the previous window is used (empty here)
     assert est.score_psi is None
     assert abs(rows(engine, "k")["1h"].estimates.estimated_accuracy - 0.8) < 1e-9
+
+
+def test_a_segment_calibrator_wins_over_the_models() -> None:
+    cfg = from_dict({**CFG, "segments": {"slices": [["country"]]}})
+    halve = (lambda s, k: s / 2, None)
+    engine = Engine(cfg, calibrators={("m", "__all__"): (lambda s, k: s, None),
+                                      ("m", "country=FR"): halve})
+    engine.feed([P("a", T0, prob=0.2, segment={"country": "FR"}),
+                 P("b", T0 + 1, prob=0.2, segment={"country": "US"})])
+    assert abs(rows(engine, "m", "country=FR")["1h"].estimates.estimated_positive_rate
+               - 0.1) < 1e-9
+    assert abs(rows(engine, "m", "country=US")["1h"].estimates.estimated_positive_rate
+               - 0.2) < 1e-9
+    assert abs(rows(engine, "m")["1h"].estimates.estimated_positive_rate - 0.2) < 1e-9
+
+
+def test_the_engine_imports_nothing_from_io_or_recal() -> None:
+    code = ("import sys, calmon.engine.engine, calmon.engine.estimates, calmon.engine.metrics;"
+            "print(sorted(m for m in sys.modules if m.startswith(('calmon.io', 'calmon.recal'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
