@@ -33,7 +33,8 @@ CONTRACT_CONFIG_KEYS: dict[str, set[str] | None] = {
     },
     "fields": {"id", "model", "ts", "segment", "label"},
     "join": {"ttl", "label_ttl", "max_pending", "missing_label"},
-    "metrics": {"bins", "fine_bins", "windows", "classwise"},
+    "metrics": {"bins", "fine_bins", "windows", "classwise", "mce_min_samples",
+                "interval_level"},
     "segments": {"slices", "max_values"},
     "recalibration": {
         "enabled",
@@ -113,7 +114,7 @@ def expand_env(text: str, env: Mapping[str, str]) -> str:
 def load_manifests() -> list[tuple[Path, dict[str, Any]]]:
     """Every document of every YAML file under deploy/kubernetes, with its file."""
     docs = []
-    for path in sorted(K8S.glob("*.y*ml")):
+    for path in sorted(K8S.rglob("*.y*ml")):  # operator/ too
         with path.open() as f:
             for doc in yaml.safe_load_all(f):
                 if doc is not None:
