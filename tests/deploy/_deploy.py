@@ -89,6 +89,46 @@ CONTRACT_METRICS = {
     "calmon_calibrator_temperature",
     "calmon_drift",
     "calmon_last_checkpoint_timestamp_seconds",
+    "calmon_classwise_ece",
+    # v2 (CONTRACT.md section 5)
+    "calmon_ece_l2_debiased",
+    "calmon_smece",
+    "calmon_ece_lower",
+    "calmon_ece_upper",
+    "calmon_pending_samples",
+    "calmon_estimated_accuracy",
+    "calmon_estimated_positive_rate",
+    "calmon_score_psi",
+    "calmon_calibrated_samples",
+    "calmon_drift_evidence",
+    "calmon_drift_change_timestamp_seconds",
+    "calmon_dead_letters_failed_total",
+    "calmon_alerts_failed_total",
+    # issue 12: the daemon's own health (to be added to the contract)
+    "calmon_build_info",
+    "calmon_consumer_lag_records",
+    "calmon_loop_heartbeat_timestamp_seconds",
+}
+# Labels each metric carries besides the target's (CONTRACT.md section 5), for
+# the dashboard's variable checks.
+ROW = ("model", "segment", "window")
+METRIC_LABELS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        ["calmon_ece", "calmon_mce", "calmon_ace", "calmon_brier", "calmon_nll",
+         "calmon_accuracy", "calmon_mean_confidence", "calmon_observed_rate",
+         "calmon_observed_over_expected", "calmon_window_samples", "calmon_ece_noise_floor",
+         "calmon_calibrated_ece", "calmon_classwise_ece", "calmon_ece_l2_debiased",
+         "calmon_smece", "calmon_ece_lower", "calmon_ece_upper", "calmon_pending_samples",
+         "calmon_estimated_accuracy", "calmon_estimated_positive_rate", "calmon_score_psi",
+         "calmon_calibrated_samples"], ROW),
+    **dict.fromkeys(
+        ["calmon_bin_samples_total", "calmon_bin_confidence_total", "calmon_bin_correct_total",
+         "calmon_recalibrations_total", "calmon_calibrator_version",
+         "calmon_calibrator_temperature", "calmon_drift", "calmon_drift_evidence",
+         "calmon_drift_change_timestamp_seconds"], ("model", "segment")),
+    **dict.fromkeys(
+        ["calmon_predictions_total", "calmon_labels_total", "calmon_joined_total",
+         "calmon_join_expired_total", "calmon_label_delay_seconds_bucket"], ("model",)),
 }
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -150,6 +190,7 @@ SAMPLE_VARIABLES = {
     "__rate_interval": "1m",
     "__interval": "30s",
     "__range": "1h",
+    "namespace": ".*",
     "model": "ctr",
     "segment": "__all__",
     "window": "1h",

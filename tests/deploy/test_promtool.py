@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -133,7 +134,7 @@ def test_every_description_claims_the_time_its_tests_check() -> None:
         # quiet, then firing one evaluation later (two where promtool's group order
         # may delay an alert on recorded series by one evaluation)
         assert any(not fired_before and fired_at and t1 - t0 <= 2
-                   for (t0, fired_before), (t1, fired_at) in zip(times, times[1:])), (
+                   for (t0, fired_before), (t1, fired_at) in itertools.pairwise(times)), (
             f"{rule['alert']}: no quiet-then-firing check")
 
 
