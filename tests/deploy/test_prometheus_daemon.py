@@ -47,6 +47,7 @@ from tests.daemon_helpers import (
 from tests.deploy._deploy import (
     PROM,
     SAMPLE_VARIABLES,
+    fast_rule_files,
     dashboard_queries,
     load_dashboard,
     substitute,
@@ -144,7 +145,7 @@ def independent_ece(pairs: list[tuple[dict[str, Any], dict[str, Any]]]
 def start_prometheus(tmp: Path, target: str) -> tuple[subprocess.Popen[bytes], Prometheus]:
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(PROM / "recording_rules.yml"), str(PROM / "alert_rules.yml")],
+        "rule_files": fast_rule_files(tmp),
         "scrape_configs": [{"job_name": "calmon", "static_configs": [{"targets": [target]}]}],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
