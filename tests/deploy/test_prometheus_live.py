@@ -296,7 +296,8 @@ def test_cluster_reliability_diagram_sums_instances(prom: Prometheus) -> None:
     conf = {
         int(s["metric"]["bin"]): float(s["value"][1])
         for s in prom.query(
-            'job_model_segment_bin:calmon_bin_mean_confidence:window1h{model="ctr", segment="__all__"}'
+            "job_model_segment_bin:calmon_bin_mean_confidence:window1h"
+            '{model="ctr", segment="__all__"}'
         )
     }
     acc = {
