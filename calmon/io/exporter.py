@@ -167,7 +167,10 @@ class CalmonCollector(Collector):
             yield fam
         fam = CounterMetricFamily("calmon_join_expired_total", "Predictions expired unjoined",
                                   labels=("model", "reason"))
-        for (model, reason), v in sorted(t.expired.items()):
+        # both reasons from a model's first prediction on, so rate() sees the first expiry
+        expired = dict.fromkeys(((m, r) for m in t.predictions for r in ("ttl", "capacity")), 0)
+        expired.update(t.expired)
+        for (model, reason), v in sorted(expired.items()):
             fam.add_metric([model, reason], v)
         yield fam
         yield CounterMetricFamily("calmon_labels_expired_total", "Unmatched labels dropped",

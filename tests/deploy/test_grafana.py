@@ -80,7 +80,7 @@ def test_dashboard_basics() -> None:
 
 
 def test_no_panel_overlaps_another() -> None:
-    boxes = []
+    boxes: list[tuple[str, set[tuple[int, int]]]] = []
     for panel in iter_panels(DASH["panels"]):
         pos = panel["gridPos"]
         assert pos["x"] >= 0 and pos["w"] > 0 and pos["x"] + pos["w"] <= 24, panel["title"]
