@@ -253,14 +253,18 @@ def build(cfg: dict[str, Any]) -> dict[str, Any]:
             target(f"sum without (instance, pod) (rate(calmon_joined_total"
                    f"{sel(segment=False)}[$__rate_interval]))", "joined", "C"),
         ], axis_label="records/s", minimum=0))
+    bucket_sel = sel(segment=False)
     lay.add({
         "type": "heatmap", "title": "Label delay",
         "description": "Labels joined per delay bucket (label ts minus prediction ts) in each "
                        "interval: one cell per $__interval, no overlap.",
         "datasource": DS, "interval": "1m", "maxDataPoints": 200,
+        # x - x offset step: each label lands in exactly one cell (increase() over
+        # [step] at that step would drop increments that straddle two ranges)
         "targets": [target(
-            f"sum by (le) (increase(calmon_label_delay_seconds_bucket{sel(segment=False)}"
-            f"[$__interval]))", "{{le}}", "A", format="heatmap")],
+            f"sum by (le) (clamp_min(calmon_label_delay_seconds_bucket{bucket_sel}"
+            f" - calmon_label_delay_seconds_bucket{bucket_sel} offset $__interval, 0))",
+            "{{le}}", "A", format="heatmap")],
         "fieldConfig": {"defaults": {"unit": "s"}, "overrides": []},
         "options": {"calculate": False, "yAxis": {"unit": "s", "axisLabel": "delay"},
                     "cellValues": {"unit": "short"}, "color": {"mode": "scheme",
@@ -355,8 +359,10 @@ def build(cfg: dict[str, Any]) -> dict[str, Any]:
              "name": "Annotations & Alerts", "type": "dashboard"},
             {"datasource": DS, "enable": True, "hide": False, "iconColor": "purple",
              "name": "Calibrator published",
-             "expr": f"sum by (model, segment, method) (increase(calmon_recalibrations_total"
-                     f"{published}[$__interval])) > 0",
+             # exact per step, as the heatmap; the counters start at 0, so the
+             # first publish shows too
+             "expr": f"sum by (model, segment, method) (calmon_recalibrations_total{published}"
+                     f" - calmon_recalibrations_total{published} offset $__interval) > 0",
              "step": "$__interval", "titleFormat": "Calibrator published",
              "textFormat": "{{model}} / {{segment}}: {{method}}",
              "tagKeys": "model,segment,method", "useValueForTime": False},

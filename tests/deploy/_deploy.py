@@ -188,7 +188,7 @@ def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 # Sample values for Grafana's variables, as Grafana would interpolate them.
 SAMPLE_VARIABLES = {
     "__rate_interval": "1m",
-    "__interval": "30s",
+    "__interval": "2s",  # the test Prometheus scrapes every second
     "__range": "1h",
     "namespace": ".*",
     "model": "ctr",

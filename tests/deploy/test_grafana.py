@@ -219,8 +219,9 @@ def test_required_panels_are_there() -> None:
     [heatmap] = [p for p in iter_panels(DASH["panels"]) if p["type"] == "heatmap"]
     target = heatmap["targets"][0]
     assert target["format"] == "heatmap" and "by (le)" in target["expr"]
-    # one cell per step: the range equals the step, so cells never overlap
-    assert "[$__interval]" in target["expr"] and "$__rate_interval" not in target["expr"]
+    # one cell per step: the change since one step ago, so cells never overlap and no
+    # label falls between two cells
+    assert "offset $__interval" in target["expr"] and "$__rate_interval" not in target["expr"]
     annotations = [a for a in DASH["annotations"]["list"] if "expr" in a]
     assert any('outcome="published"' in a["expr"] for a in annotations)
 

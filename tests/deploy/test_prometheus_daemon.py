@@ -332,9 +332,10 @@ def test_alerts_on_the_live_daemon(setup: Setup) -> None:
     prom = setup.prom
     # The ctr refit of this run: the counter was exported at 0 before it, so increase()
     # sees the first refit (the rule has no "series born" branch to need).
-    published = prom.query('increase(calmon_recalibrations_total{job="calmon", '
-                           'outcome="published", model="ctr"}[10m]) > 0')
-    assert published, prom.query('calmon_recalibrations_total{outcome="published"}')
+    wait_until(lambda: prom.query('increase(calmon_recalibrations_total{job="calmon", '
+                                  'outcome="published", model="ctr"}[10m]) > 0'), 15,
+               "increase() to see the ctr publish", interval=0.5,
+               detail=lambda: prom.query('calmon_recalibrations_total{outcome="published"}'))
     firing = {a["labels"]["alertname"] for a in prom.get("/api/v1/alerts")["data"]["alerts"]}
     assert not firing & {"CalmonTargetDown", "CalmonTargetMissing", "CalmonMainLoopStalled",
                          "CalmonCheckpointTooOld", "CalmonConsumerLag",
@@ -410,11 +411,18 @@ def test_annotation_shows_the_recalibration(setup: Setup, where: str, expr: str)
     # Grafana runs annotation queries as range queries with step = $__interval.
     step = "2s"
     q = substitute(expr, {**VARIABLES, "model": "ctr", "__interval": step})
-    data = setup.prom.get("/api/v1/query_range", query=q, start=f"{setup.started - 5:.3f}",
-                          end=f"{time.time():.3f}", step=step)
-    assert data["status"] == "success", data
-    shown = {(s["metric"]["model"], s["metric"]["segment"]) for s in data["data"]["result"]}
-    assert ("ctr", "__all__") in shown, f"{where}: {data['data']['result']}"
+
+    def shown() -> set[tuple[str, str]]:
+        # the refit may have been published in the last second of the setup: the next
+        # step of a range query ending now shows it
+        data = setup.prom.get("/api/v1/query_range", query=q,
+                              start=f"{setup.started - 5:.3f}", end=f"{time.time():.3f}",
+                              step=step)
+        assert data["status"] == "success", data
+        return {(s["metric"]["model"], s["metric"]["segment"]) for s in data["data"]["result"]}
+
+    wait_until(lambda: ("ctr", "__all__") in shown(), 15, f"{where}: the ctr publish",
+               interval=0.5, detail=shown)
 
 
 _LABEL_VALUES = re.compile(r"label_values\((?:(.+),\s*)?(\w+)\)")
