@@ -114,13 +114,16 @@ def build(cfg: dict[str, Any]) -> dict[str, Any]:
         "[calmon_ece_lower, calmon_ece_upper] at metrics.interval_level for the population "
         "ECE, and the noise floor: an ECE whose band reaches the floor may be noise.", PCT, [
             target(f"calmon_ece{sel(window=True)}", "ECE {{instance}}", "A"),
-            target(f"calmon_ece_lower{sel(window=True)}", "lower {{instance}}", "B"),
-            target(f"calmon_ece_upper{sel(window=True)}", "upper {{instance}}", "C"),
+            # one band over the instances (fillBelowTo needs a fixed series name)
+            target(f"min without (instance, pod) (calmon_ece_lower{sel(window=True)})",
+                   "interval lower", "B"),
+            target(f"max without (instance, pod) (calmon_ece_upper{sel(window=True)})",
+                   "interval upper", "C"),
             target(f"calmon_ece_noise_floor{sel(window=True)}", "noise floor {{instance}}",
                    "D"),
         ], axis_label="calibration error", minimum=0, overrides=[
             {"matcher": {"id": "byFrameRefID", "options": "C"},
-             "properties": [{"id": "custom.fillBelowTo", "value": "lower {{instance}}"},
+             "properties": [{"id": "custom.fillBelowTo", "value": "interval lower"},
                             {"id": "custom.fillOpacity", "value": 20},
                             {"id": "custom.lineWidth", "value": 0}]},
             {"matcher": {"id": "byFrameRefID", "options": "B"},

@@ -216,6 +216,8 @@ def test_required_panels_are_there() -> None:
     fills = [prop for o in band["fieldConfig"]["overrides"] for prop in o["properties"]
              if prop["id"] == "custom.fillBelowTo"]
     assert fills, "the interval is drawn as a band"
+    legends = {t["legendFormat"] for t in band["targets"]}
+    assert all(f["value"] in legends for f in fills), "fillBelowTo names a series"
     [heatmap] = [p for p in iter_panels(DASH["panels"]) if p["type"] == "heatmap"]
     target = heatmap["targets"][0]
     assert target["format"] == "heatmap" and "by (le)" in target["expr"]
