@@ -207,11 +207,11 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
     yield g
     c = CounterMetricFamily("calmon_recalibrations_total", "Refits by outcome",
                             labels=("model", "segment", "method", "outcome"))
-    counts = dict.fromkeys(((m, s, method, outcome) for m, s in r.series
+    refits = dict.fromkeys(((m, s, method, outcome) for m, s in r.series
                             for method in r.methods for outcome in OUTCOMES), 0)
-    counts.update(r.recalibrations)
-    for key, v in sorted(counts.items()):
-        c.add_metric(list(key), v)
+    refits.update(r.recalibrations)
+    for labels, n in sorted(refits.items()):
+        c.add_metric(list(labels), n)
     yield c
     g = GaugeMetricFamily("calmon_calibrator_version", "Live calibrator version",
                           labels=("model", "segment"))
