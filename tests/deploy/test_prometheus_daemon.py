@@ -75,6 +75,7 @@ VARIABLES = {**SAMPLE_VARIABLES, "segment": "__all__"}
 # that read them must run (parse, no error) but may return no data. The lead empties
 # this set once the v2 engine is merged; everything else must return data.
 PENDING_V2_METRICS = {
+    "calmon_score_psi",
     "calmon_calibrated_samples",
     "calmon_drift_evidence",
 }
@@ -126,6 +127,12 @@ class Traffic:
         old = {"id": f"orphan-{self.rounds}", "model": "fraud", "ts": now - 2 * JOIN_TTL_S,
                "prob": 0.5}
         out.append((pred_topic, old["id"].encode(), dumps(old)))
+        # and predictions whose labels have not come yet: the label-free estimates' input
+        for model, score in (("ctr", {"logit": -1.0}), ("fraud", {"prob": 0.2}),
+                             (MODELS[-1], {"probs": [0.7, 0.1, 0.1, 0.1]})):
+            waiting = {"id": f"waiting-{model}-{self.rounds}", "model": model, "ts": now,
+                       "segment": {"country": COUNTRIES[0], "device": DEVICES[0]}, **score}
+            out.append((pred_topic, waiting["id"].encode(), dumps(waiting)))
         self.rounds += 1
         return out
 
