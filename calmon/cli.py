@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from calmon import config as config_mod
+from calmon.engine.series import ALL
 from calmon.errors import CalmonError, ConfigError, StateError
 
 EXIT_CONFIG = 2
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_calibrators_list)
     sp = calsub.add_parser("rollback", help="republish an old version as the newest")
     sp.add_argument("--model", required=True)
-    sp.add_argument("--segment", default="__all__")
+    sp.add_argument("--segment", default=ALL)
     sp.add_argument("--to", type=int, required=True, metavar="VERSION")
     with_config(sp, "config.yaml")
     sp.set_defaults(func=cmd_calibrators_rollback)

@@ -31,7 +31,7 @@ from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, 
 from calmon.engine.join import OUT_OF_RANGE, WAITING, Join, Joined
 from calmon.engine.metrics import Stats
 from calmon.engine.records import SCORE_KINDS, Kind, Label, Parser, Prediction, Raw, Reject
-from calmon.engine.series import SeriesIndex
+from calmon.engine.series import ALL, SeriesIndex
 from calmon.engine.windows import BUCKETS, CONF_SCALE, Samples, Windows, bin_index
 
 log = logging.getLogger(__name__)
@@ -549,7 +549,7 @@ class Engine:
     def _calibrator(self, model: str, segment: str) -> tuple[Any, np.ndarray | None] | None:
         """The segment's own calibrator, else the model's."""
         live = self.calibrators.get((model, segment))
-        return live if live is not None else self.calibrators.get((model, "__all__"))
+        return live if live is not None else self.calibrators.get((model, ALL))
 
     def _pending_estimates(self) -> dict[tuple[int, int], tuple[int, float, float]]:
         """(series, window) -> (pending predictions, summed calibrated confidence of the

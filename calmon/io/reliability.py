@@ -20,6 +20,7 @@ from statistics import NormalDist
 
 from calmon.engine.engine import Engine, Row
 from calmon.engine.metrics import Bins, ece
+from calmon.engine.series import ALL
 
 W, H, PAD = 360, 260, 34  # svg size and plot padding
 CalibratedBins = Callable[[str, str, str], Bins | None]
@@ -151,7 +152,7 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
     # every model's __all__ first (the overview), then the segments, model by model
     level = engine.cfg.metrics.interval_level
     min_samples = engine.cfg.recalibration.min_samples
-    rows = sorted(view.rows, key=lambda r: r.segment != "__all__")
+    rows = sorted(view.rows, key=lambda r: r.segment != ALL)
     for row in rows:
         if row.window != window or row.stats.samples == 0:
             continue
