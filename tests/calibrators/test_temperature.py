@@ -122,7 +122,7 @@ def test_never_raises_fit_nll(seed: int, n: int, scale: float, kind: str) -> Non
         assert mine <= binary_nll_ab(z, y, 1.0, 0.0) + 1e-9
         a, b = scipy_platt(z, y)
         if 1e-4 <= a <= 1e4:  # inside the allowed range: the same optimum
-            assert mine <= binary_nll_ab(z, y, a, b) + 1e-5
+            assert mine <= binary_nll_ab(z, y, a, b) + 1e-4
         return
     else:
         z = rng.normal(0, scale, (n, 4))
