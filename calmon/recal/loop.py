@@ -85,6 +85,12 @@ class Recalibrator:
         series = [(m, s) for m, s, _ in self.engine.buffered_series()]
         events = self.policy.check(now, series, self.engine.samples)
         calibrated = self.policy.calibrated(now, series, self.engine.samples)
+        # series without a calibrator: the identity, i.e. exactly the raw window
+        done = {(m, s) for m, s, _, _, _ in calibrated}
+        for row in self.engine.view().rows:
+            if (row.model, row.segment) in set(series) - done and row.stats.samples:
+                calibrated.append((row.model, row.segment, row.window, row.stats.ece,
+                                   int(row.stats.samples)))
         with self._lock:
             outcomes = Counter(self._outcomes)
             for e in events:

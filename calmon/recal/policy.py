@@ -54,7 +54,7 @@ from calmon.recal.refit import (
     significantly_better,
 )
 from calmon.recal.registry import Live, Registry
-from calmon.recal.triggers import TRIGGERS, Reading, decide
+from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
 
 log = logging.getLogger(__name__)
 
@@ -226,33 +226,50 @@ class Policy:
         # since the restart, in arrival order: where did the change begin?
         cal = None if live is None else live.calibrator
         cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
-        due = (cooled and bool(st.drifting) and st.seen - (st.change_total or 0)
-               >= self.rc.min_samples and not self._deferred(model, segment, keys))
-        if st.change_total is None or due:
-            # where did the change begin? (at the alarm, and again before each refit; in
-            # between, the estimate is kept: the CUSUM scan is the costly part)
-            recent = samples_of(model, segment, st.seen - st.reset_total)
-            if recent is None or len(recent) == 0:
-                return []
-            k = change_point(*target(cal, recent))
-            st.change_total = st.seen - len(recent) + k
-            st.change_ts = float(recent.ts[k])
-        post = samples_of(model, segment, max(st.seen - st.change_total, 1))
-        if post is None or len(post) == 0:
-            return []
-        p, y = target(cal, post)
-        reading = Reading(_bins(p, y, self.cfg.metrics.bins),
-                          post.score.ndim == 1, self._baseline(model, segment, live))
-        decision = decide(self.rc, reading)
+        fresh_estimate = st.change_total is None
+        if fresh_estimate:
+            self._estimate_change(model, segment, st, cal, samples_of)
+        decision, post = self._effects(model, segment, st, live, samples_of)
         events: list[Event] = []
         if decision.fired and not st.drifting:
             events.append(Event(now, model, segment, "drift",
                                 {"trigger": decision.fired[0], "change_ts": st.change_ts}))
         st.drifting = decision.fired
-        if decision.fired and due and len(post) >= self.rc.min_samples:
-            events.append(self._refit(now, model, segment, st, post, live, decision.fired[0],
-                                      keys, samples_of))
+        assert st.change_total is not None
+        if (decision.fired and cooled and st.seen - st.change_total >= self.rc.min_samples
+                and not self._deferred(model, segment, keys)):
+            if not fresh_estimate:  # more samples since the alarm: estimate again
+                self._estimate_change(model, segment, st, cal, samples_of)
+                decision, post = self._effects(model, segment, st, live, samples_of)
+            if decision.fired and len(post) >= self.rc.min_samples:
+                events.append(self._refit(now, model, segment, st, post, live,
+                                          decision.fired[0], keys, samples_of))
         return events
+
+    def _estimate_change(self, model: str, segment: str, st: SeriesState,
+                         cal: Calibrator | None, samples_of: SamplesOf) -> None:
+        """Where did the change begin? The CUSUM start over the samples since the
+        detector's restart (at the alarm, and again before each refit; in between the
+        estimate is kept: this scan is the costly part of a check)."""
+        recent = samples_of(model, segment, st.seen - st.reset_total)
+        if recent is None or len(recent) == 0:
+            st.change_total, st.change_ts = st.seen, None
+            return
+        k = change_point(*target(cal, recent))
+        st.change_total = st.seen - len(recent) + k
+        st.change_ts = float(recent.ts[k])
+
+    def _effects(self, model: str, segment: str, st: SeriesState, live: Live | None,
+                 samples_of: SamplesOf) -> tuple[Decision, SampleSet]:
+        """The effect-size triggers on the samples since the estimated change."""
+        assert st.change_total is not None
+        post = samples_of(model, segment, max(st.seen - st.change_total, 1))
+        if post is None or len(post) == 0:
+            return Decision(0.0, (), None), SampleSet(*(np.zeros(0),) * 4)
+        p, y = target(None if live is None else live.calibrator, post)
+        reading = Reading(_bins(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
+                          self._baseline(model, segment, live))
+        return decide(self.rc, reading), post
 
     def _deferred(self, model: str, segment: str, keys: list[tuple[str, str]]) -> bool:
         """With per_segment, a model-level refit waits while any of the model's segments
@@ -321,7 +338,8 @@ class Policy:
                   r: Refit) -> dict[str, Any]:
         assert r.calibrator is not None
         return r.calibrator.to_json(
-            model=model, segment=segment, fitted_at=iso(now), trigger=trigger,
+            # rounded up to the second, so no fit sample counts as predicted after it
+            model=model, segment=segment, fitted_at=iso(math.ceil(now)), trigger=trigger,
             change_ts=st.change_ts, reference=r.reference,
             fit={"samples": r.fit_samples, "holdout_samples": r.holdout_samples,
                  "holdout_before": r.before.as_dict() if r.before else None,
