@@ -32,7 +32,8 @@ def loop_values(x: np.ndarray, y: np.ndarray, bins: int) -> list[float]:
 
 
 @pytest.mark.parametrize("bins", [15, 10, 7, 1])
-def test_binary_values_are_laplace_smoothed_bin_label_means(rng: np.random.Generator, bins: int) -> None:
+def test_binary_values_are_laplace_smoothed_bin_label_means(rng: np.random.Generator,
+                                                            bins: int) -> None:
     z, y = binary_data(rng, 3000)
     p = expit(2 * z)
     p[:40] = np.arange(40) % (bins + 1) / bins  # exactly on the edges, including 0 and 1
