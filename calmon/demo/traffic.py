@@ -6,6 +6,8 @@
   (logits x 0.4) a little later.
 * ``fraud``: a binary model (probabilities) with country and device segments,
   where the base rate in ``country=BR`` shifts up (a prior shift) mid-run.
+* ``search``: a binary model (logits) that stays calibrated throughout: it must
+  never raise a drift alarm.
 
 Labels follow their predictions after a random delay, sometimes out of order,
 keyed by id like a real pipeline.
@@ -26,6 +28,7 @@ from calmon.engine.records import sigmoid
 
 log = logging.getLogger(__name__)
 
+MODELS = ("ctr", "fraud", "triage", "search")
 COUNTRIES = ("US", "DE", "BR", "IN", "JP")
 DEVICES = ("ios", "android", "web")
 
@@ -71,6 +74,11 @@ class Traffic:
             y = int(rng.random() < sigmoid(z + shift))
             rec = {"id": pid, "model": model, "ts": now, "segment": seg, "prob": sigmoid(z)}
             return rec, (1 if y else None)
+        if model == "search":  # calibrated for ever: labels drawn from its own scores
+            z = float(rng.normal(-1.0, 1.5))
+            y = int(rng.random() < sigmoid(z))
+            return ({"id": pid, "model": model, "ts": now, "segment": seg, "logit": z},
+                    (1 if y else None))
         z = rng.normal(0.0, 1.6, 5)
         p = np.exp(z) / np.exp(z).sum()
         y = int(rng.choice(5, p=p))
@@ -93,7 +101,7 @@ class Traffic:
                 carry += self.rate * tick
                 n, carry = int(carry), carry - int(carry)
                 for _ in range(n):
-                    model = ("ctr", "fraud", "triage")[int(self.rng.integers(3))]
+                    model = MODELS[int(self.rng.integers(len(MODELS)))]
                     rec, y = self._prediction(model, elapsed, now)
                     key = rec["id"].encode()
                     producer.send(self.predictions_topic, key=key, value=json.dumps(rec).encode())

@@ -272,19 +272,20 @@ class Policy:
         return decide(self.rc, reading), post
 
     def _deferred(self, model: str, segment: str, keys: list[tuple[str, str]]) -> bool:
-        """With per_segment, a model-level refit waits while any of the model's segments
-        drifts or has a calibrator of its own: the drift is then local, and a model-level
-        fit would move the segments that did not drift (they keep what they had)."""
+        """With per_segment, a model-level refit waits while the drift looks local: some,
+        but fewer than half, of the model's segments drift or have a calibrator of their
+        own. Those get their own fits; a model-level fit would move the segments that did
+        not drift (they keep what they had). A drift in most segments is global."""
         if segment != ALL or not self.rc.per_segment:
             return False
-        for m, seg in keys:
-            if m != model or seg == ALL:
-                continue
-            st = self.states.get((m, seg))
-            if (st is not None and st.drifting) or self.registry.live(m, seg) is not None:
-                log.info("model-level refit of %r deferred: segment %r drifts on its own",
-                         model, seg)
-                return True
+        segments = [seg for m, seg in keys if m == model and seg != ALL]
+        local = [seg for seg in segments
+                 if ((st := self.states.get((model, seg))) is not None and st.drifting)
+                 or self.registry.live(model, seg) is not None]
+        if 0 < len(local) < len(segments) / 2:
+            log.debug("model-level refit of %r deferred: %d of %d segments drift alone",
+                      model, len(local), len(segments))
+            return True
         return False
 
     def _baseline(self, model: str, segment: str, live: Live | None) -> float | None:
