@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 BATCH = 5000
 
 
-def read_records(path: Path, kind: Kind, ts_path: str) -> Iterator[tuple[tuple, Raw]]:
+def read_records(path: Path, kind: Kind,
+                 ts_path: str) -> Iterator[tuple[tuple[float, int, bytes], Raw]]:
     """Each non-blank line as (sort key, Raw). Lines whose ts cannot be read sort last;
     the engine still rejects or accepts them on their merits."""
     parts = ts_path.split(".")
@@ -49,7 +50,8 @@ def _ts_of(value: bytes, parts: list[str]) -> float:
         return math.inf
 
 
-def _sorted(cfg: Config, predictions: Path, labels: Path) -> list[tuple[tuple, Raw]]:
+def _sorted(cfg: Config, predictions: Path,
+            labels: Path) -> list[tuple[tuple[float, int, bytes], Raw]]:
     return sorted([*read_records(predictions, Kind.PREDICTION, cfg.fields.ts),
                    *read_records(labels, Kind.LABEL, cfg.fields.ts)], key=lambda kr: kr[0])
 
@@ -128,11 +130,12 @@ def to_json(view: View, classwise: bool = False,
     if backtest is not None:
         # after the calibrator live at the end, on samples predicted after its fit only;
         # a series without one: the raw window (nothing to recalibrate)
-        cal = {(m, s, w): (v, n) for m, s, w, v, n in backtest.calibrated}
+        cal: dict[tuple[str, str, str], tuple[float | None, int]] = {
+            (m, s, w): (v, n) for m, s, w, v, n in backtest.calibrated}
         for row in rows:
-            v, n = cal.get((row["model"], row["segment"], row["window"]),
-                           (row["ece"], row["samples"]))
-            row["calibrated_ece"], row["calibrated_samples"] = v, n
+            got = cal.get((str(row["model"]), str(row["segment"]), str(row["window"])))
+            row["calibrated_ece"], row["calibrated_samples"] = (
+                got if got is not None else (row["ece"], row["samples"]))
         out["events"] = [_plain(e.as_dict()) for e in backtest.events]
     return out
 

@@ -84,8 +84,7 @@ class TemperatureCalibrator(Calibrator):
     @classmethod
     def from_params(cls, params: Mapping[str, Any], input: str) -> Self:
         if isinstance(params, Mapping) and "bias" in params:  # optional key
-            rest = {k: v for k, v in params.items() if k != "bias"}
-            rest = check_params(rest, cls)
+            rest = check_params({k: v for k, v in params.items() if k != "bias"}, cls)
             return cls(number(rest["temperature"], "temperature"), input,
                        number(params["bias"], "bias"))
         params = check_params(params, cls)

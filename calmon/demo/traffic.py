@@ -54,7 +54,8 @@ class Traffic:
         self._seq = 0
         self._due: list[tuple[float, int, bytes, bytes]] = []  # (send at, seq, key, label)
 
-    def _prediction(self, model: str, elapsed: float, now: float) -> tuple[dict, int | None]:
+    def _prediction(self, model: str, elapsed: float,
+                    now: float) -> tuple[dict[str, object], int | None]:
         """One prediction record and its true label (None: no label will be sent)."""
         rng = self.rng
         self._seq += 1
@@ -79,11 +80,11 @@ class Traffic:
             y = int(rng.random() < sigmoid(z))
             return ({"id": pid, "model": model, "ts": now, "segment": seg, "logit": z},
                     (1 if y else None))
-        z = rng.normal(0.0, 1.6, 5)
-        p = np.exp(z) / np.exp(z).sum()
+        zs = rng.normal(0.0, 1.6, 5)
+        p = np.exp(zs) / np.exp(zs).sum()
         y = int(rng.choice(5, p=p))
         scale = 0.4 if elapsed >= self.drift.triage_at else 1.0
-        q = np.exp(z * scale) / np.exp(z * scale).sum()
+        q = np.exp(zs * scale) / np.exp(zs * scale).sum()
         return {"id": pid, "model": "triage", "ts": now, "segment": seg,
                 "probs": [round(float(v), 9) for v in q]}, y
 
@@ -103,7 +104,7 @@ class Traffic:
                 for _ in range(n):
                     model = MODELS[int(self.rng.integers(len(MODELS)))]
                     rec, y = self._prediction(model, elapsed, now)
-                    key = rec["id"].encode()
+                    key = str(rec["id"]).encode()
                     producer.send(self.predictions_topic, key=key, value=json.dumps(rec).encode())
                     self.sent += 1
                     if y is not None:

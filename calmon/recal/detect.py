@@ -66,7 +66,8 @@ def log_lr(p: np.ndarray, y: np.ndarray) -> np.ndarray:
     eta = (_A * z + _B) * sign
     with np.errstate(divide="ignore"):
         log_p = np.log(np.where(pos, p, 1.0 - p))
-    return np.clip(-np.logaddexp(0.0, eta) - log_p, -_LOG_CAP, _LOG_CAP)
+    out: np.ndarray = np.clip(-np.logaddexp(0.0, eta) - log_p, -_LOG_CAP, _LOG_CAP)
+    return out
 
 
 @dataclass

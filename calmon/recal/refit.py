@@ -103,7 +103,8 @@ def per_sample_nll(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
         py = np.where(labels == 1, probs, 1.0 - probs)
     else:
         py = probs[np.arange(len(labels)), labels]
-    return -np.log(np.clip(py, _EPS, 1.0))
+    out: np.ndarray = -np.log(np.clip(py, _EPS, 1.0))
+    return out
 
 
 def evaluate(probs: np.ndarray, labels: np.ndarray, bins: int) -> Evaluation:
