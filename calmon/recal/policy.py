@@ -229,7 +229,7 @@ class Policy:
         fresh_estimate = st.change_total is None
         if fresh_estimate:
             self._estimate_change(model, segment, st, cal, samples_of)
-        decision, post = self._effects(model, segment, st, live, samples_of)
+        decision, post = self._effects(now, model, segment, st, live, samples_of)
         events: list[Event] = []
         if decision.fired and not st.drifting:
             events.append(Event(now, model, segment, "drift",
@@ -240,7 +240,7 @@ class Policy:
                 and not self._deferred(model, segment, keys)):
             if not fresh_estimate:  # more samples since the alarm: estimate again
                 self._estimate_change(model, segment, st, cal, samples_of)
-                decision, post = self._effects(model, segment, st, live, samples_of)
+                decision, post = self._effects(now, model, segment, st, live, samples_of)
             if decision.fired and len(post) >= self.rc.min_samples:
                 events.append(self._refit(now, model, segment, st, post, live,
                                           decision.fired[0], keys, samples_of))
@@ -259,11 +259,15 @@ class Policy:
         st.change_total = st.seen - len(recent) + k
         st.change_ts = float(recent.ts[k])
 
-    def _effects(self, model: str, segment: str, st: SeriesState, live: Live | None,
-                 samples_of: SamplesOf) -> tuple[Decision, SampleSet]:
-        """The effect-size triggers on the samples since the estimated change."""
+    def _effects(self, now: float, model: str, segment: str, st: SeriesState,
+                 live: Live | None, samples_of: SamplesOf) -> tuple[Decision, SampleSet]:
+        """The effect-size triggers on the samples since the estimated change that lie in
+        ``recalibration.window`` (also what a refit is fitted on)."""
         assert st.change_total is not None
         post = samples_of(model, segment, max(st.seen - st.change_total, 1))
+        if post is not None:
+            post = post.select(in_window(post.ts, self.cfg.window(self.rc.window).seconds,
+                                         now))
         if post is None or len(post) == 0:
             return Decision(0.0, (), None), SampleSet(*(np.zeros(0),) * 4)
         p, y = target(None if live is None else live.calibrator, post)
