@@ -76,9 +76,11 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
                        output_dir: Path | None = None) -> Backtest:
     """The recalibration backtest: the daemon's policy (calmon.recal.policy) checked
     every ``recalibration.interval`` of event time while the files are fed in timestamp
-    order. Checks fall on multiples of the interval; a check at time t sees every record
-    with ts < t. Published calibrators go to ``output_dir`` (memory when None) and apply
-    to everything the policy scores after them, as they would live."""
+    order. Checks fall on multiples of the interval: a check at time t sees every record
+    with ts < t, and its clock is "now" as in the engine (the largest prediction ts
+    seen), exactly as the daemon's job reads it. Published calibrators go to
+    ``output_dir`` (memory when None) and apply to everything the policy scores after
+    them, as they would live."""
     from calmon.recal.policy import Policy
     from calmon.recal.registry import Registry
 
@@ -102,7 +104,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
             while ts >= next_check:
                 engine.feed(batch)
                 batch = []
-                events += policy.check(next_check, series(), engine.samples)
+                events += policy.check(engine.now, series(), engine.samples)
                 # skip idle stretches in one step: nothing changes between empty checks
                 # except cooldowns, which the next check with data sees anyway
                 next_check = max(next_check + interval,
@@ -111,9 +113,9 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
         if len(batch) >= BATCH:
             engine.feed(batch)
             batch = []
-    engine.feed(batch)
-    if math.isfinite(next_check):
-        events += policy.check(next_check, series(), engine.samples)
+    engine.feed(batch)  # the rest, then one last check
+    if math.isfinite(engine.now):
+        events += policy.check(engine.now, series(), engine.samples)
     now = engine.now
     calibrated = policy.calibrated(now, series(), engine.samples) if math.isfinite(now) else []
     return Backtest(engine.view(), events, calibrated)
