@@ -102,19 +102,23 @@ class SeriesState:
     change_ts: float | None = None
     last_refit: float | None = None
     change_total: int | None = None  # ring total at the estimated change
+    rejections: int = 0  # rejected refits since the detector restarted
+    last_n: int = 0  # post-change samples the last rejected refit had
 
     def snapshot(self) -> dict[str, Any]:
         return {"detector": self.detector.snapshot(), "basis": list(self.basis),
                 "seen": self.seen, "reset_total": self.reset_total,
                 "drifting": list(self.drifting), "change_ts": self.change_ts,
-                "last_refit": self.last_refit, "change_total": self.change_total}
+                "last_refit": self.last_refit, "change_total": self.change_total,
+                "rejections": self.rejections, "last_n": self.last_n}
 
     @classmethod
     def restore(cls, s: dict[str, Any]) -> SeriesState:
         b = s["basis"]
         return cls(Detector.restore(s["detector"]), (b[0], b[1]), int(s["seen"]),
                    int(s["reset_total"]), tuple(s["drifting"]), s["change_ts"],
-                   s["last_refit"], s.get("change_total"))
+                   s["last_refit"], s.get("change_total"), int(s.get("rejections", 0)),
+                   int(s.get("last_n", 0)))
 
 
 @dataclass(frozen=True)
@@ -225,7 +229,10 @@ class Policy:
             return []
         # since the restart, in arrival order: where did the change begin?
         cal = None if live is None else live.calibrator
-        cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
+        if st.rejections:  # after a rejection: try again once the evidence has doubled
+            cooled = st.seen - (st.change_total or 0) >= 2 * st.last_n
+        else:
+            cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
         fresh_estimate = st.change_total is None
         if fresh_estimate:
             self._estimate_change(model, segment, st, cal, samples_of)
@@ -313,9 +320,15 @@ class Policy:
         guards = ()
         if segment == ALL and self.rc.per_segment:
             guards = self._segment_guards(model, post, keys, samples_of, st.change_ts)
+        # alpha spending over the retries of one alarm: attempt i gates at alpha / 2^i
+        alpha = self.rc.alpha / 2 ** st.rejections
         result = refit(post, self.rc.method, None if live is None else live.calibrator,
-                       self.rc.holdout_fraction, self.cfg.metrics.bins, self.rc.alpha,
-                       prior, guards)
+                       self.rc.holdout_fraction, self.cfg.metrics.bins, alpha, prior, guards)
+        if result.outcome == "rejected":
+            st.rejections += 1
+            st.last_n = len(post)
+        else:  # failed, or published (the state is replaced below): the cooldown applies
+            st.rejections = 0
         fields: dict[str, Any] = {
             "method": result.method, "trigger": trigger,
             "fit_samples": result.fit_samples, "holdout_samples": result.holdout_samples,

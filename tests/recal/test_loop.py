@@ -166,7 +166,7 @@ def test_auto_picks_a_binning_method_for_a_step_distortion(tmp_path: Path) -> No
 def test_a_refit_that_does_not_beat_the_live_calibrator_is_rejected(tmp_path: Path) -> None:
     """A good (not perfect) histogram calibrator is live; the data drift enough to fire,
     but temperature-with-bias cannot be flat on each side of 0.5, so the refit is
-    ``rejected`` and nothing is published; the cooldown (event time) holds the next try."""
+    ``rejected`` and nothing is published; the next try waits for twice the data."""
     cfg = recal_config(tmp_path, recalibration={"cooldown": "10m"})
     out = Path(cfg.recalibration.output_dir)
     registry = Registry(out)
@@ -187,13 +187,15 @@ def test_a_refit_that_does_not_beat_the_live_calibrator_is_rejected(tmp_path: Pa
     assert state.drift[("step", "__all__", "ece_above")] == 1
     assert state.drift_evidence[("step", "__all__")] >= 1.0
 
-    # 5 minutes later: inside the cooldown, nothing is refitted
-    feed(engine, step_prob_stream(rng, "step", 500, BASE_TS + 1800.0, 300.0, prefix="b"))
+    # after a rejection the next try waits until the post-change samples have doubled
+    # (not for the cooldown: a rejection published nothing), with alpha halved
+    feed(engine, step_prob_stream(rng, "step", 2000, BASE_TS + 1800.0, 600.0, prefix="b"))
     assert [e for e in recal.run_once() if e.kind != "drift"] == []
-    # 15 minutes later: tried (and rejected) again
-    feed(engine, step_prob_stream(rng, "step", 500, BASE_TS + 2700.0, 300.0, prefix="c"))
+    feed(engine, step_prob_stream(rng, "step", 5000, BASE_TS + 2400.0, 1200.0, prefix="c"))
     (again,) = recal.run_once()
     assert again.kind == "rejected"
+    assert again.fields["fit_samples"] + again.fields["holdout_samples"] >= 2 * (
+        rejected.fields["fit_samples"] + rejected.fields["holdout_samples"])
     assert recal.metrics_state().recalibrations == {
         ("step", "__all__", "temperature", "rejected"): 2}
 
