@@ -78,6 +78,7 @@ class Registry:
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[float, Live | None]] = {}
         self._memory: dict[tuple[str, str], list[dict[str, Any]]] = {}  # root is None
+        self._names_cache: dict[tuple[str, str], tuple[str, str]] = {}
 
     def dir_of(self, model: str, segment: str) -> Path:
         """The series' directory: exactly two levels below ``output_dir``, always."""
@@ -198,15 +199,21 @@ class Registry:
             })
         return out
 
-    @staticmethod
-    def _names(mdir: Path, sdir: Path) -> tuple[str, str]:
+    def _names(self, mdir: Path, sdir: Path) -> tuple[str, str]:
         """Model and segment of a series directory: from its document (hashed long names
-        cannot be decoded), else by decoding the directory names."""
+        cannot be decoded), else by decoding the directory names. Cached per directory
+        (a directory's names never change), so a scrape reads no file twice."""
+        key = (mdir.name, sdir.name)
+        cached = self._names_cache.get(key)
+        if cached is not None:
+            return cached
+        names = unquote(mdir.name), unquote(sdir.name)
         try:
             doc = read_document(sdir / "latest.json")
             if isinstance(doc, dict) and dir_name(str(doc["model"])) == mdir.name and (
                     dir_name(str(doc["segment"])) == sdir.name):
-                return str(doc["model"]), str(doc["segment"])
+                names = str(doc["model"]), str(doc["segment"])
+                self._names_cache[key] = names
         except (CalibratorError, KeyError):
             pass
-        return unquote(mdir.name), unquote(sdir.name)
+        return names
