@@ -283,20 +283,25 @@ class Policy:
         return decide(self.rc, reading), post
 
     def _deferred(self, model: str, segment: str, keys: list[tuple[str, str]]) -> bool:
-        """With per_segment, a model-level refit waits while the drift looks local: some,
-        but fewer than half, of the model's segments drift or have a calibrator of their
-        own. Those get their own fits; a model-level fit would move the segments that did
-        not drift (they keep what they had). A drift in most segments is global."""
+        """With per_segment, a model-level refit waits while the drift looks local: in
+        some slice, some but fewer than half of the values drift or have a calibrator of
+        their own. Those get their own fits; a model-level fit would move the segments
+        that did not drift (they keep what they had)."""
         if segment != ALL or not self.rc.per_segment:
             return False
-        segments = [seg for m, seg in keys if m == model and seg != ALL]
-        local = [seg for seg in segments
-                 if ((st := self.states.get((model, seg))) is not None and st.drifting)
-                 or self.registry.live(model, seg) is not None]
-        if 0 < len(local) < len(segments) / 2:
-            log.debug("model-level refit of %r deferred: %d of %d segments drift alone",
-                      model, len(local), len(segments))
-            return True
+        slices: dict[tuple[str, ...], list[bool]] = {}
+        for m, seg in keys:
+            if m != model or seg == ALL:
+                continue
+            st = self.states.get((model, seg))
+            local = (st is not None and bool(st.drifting)) or (
+                self.registry.live(model, seg) is not None)
+            slices.setdefault(_slice_of(seg), []).append(local)
+        for flags in slices.values():
+            if 0 < sum(flags) < len(flags) / 2:
+                log.debug("model-level refit of %r deferred: %d of %d values of a slice "
+                          "drift alone", model, sum(flags), len(flags))
+                return True
         return False
 
     def _baseline(self, model: str, segment: str, live: Live | None) -> float | None:
@@ -445,6 +450,11 @@ class Policy:
                 b = _bins(p, y, self.cfg.metrics.bins)
                 out.append((model, segment, w.name, ece(b.count, b.conf, b.correct), n))
         return out
+
+
+def _slice_of(segment: str) -> tuple[str, ...]:
+    """The keys of a segment label ``k1=v1,k2=v2`` (its slice)."""
+    return tuple(part.split("=", 1)[0] for part in segment.split(","))
 
 
 def _bins(conf: np.ndarray, correct: np.ndarray, bins: int) -> Bins:
