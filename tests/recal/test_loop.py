@@ -186,6 +186,20 @@ def test_a_refit_that_does_not_beat_the_live_calibrator_is_rejected(tmp_path: Pa
     assert state.recalibrations == {("step", "__all__", "temperature", "rejected"): 1}
     assert state.drift[("step", "__all__", "ece_above")] == 1
     assert state.drift_evidence[("step", "__all__")] >= 1.0
+    # the live map is wrong from the start: the change is dated at the first samples
+    assert BASE_TS <= state.drift_change_ts[("step", "__all__")] <= BASE_TS + 600
+    # and the exporter spells them as the contract does
+    from prometheus_client import generate_latest
+    from prometheus_client.core import CollectorRegistry
+
+    from calmon.io.exporter import CalmonCollector
+
+    reg = CollectorRegistry()
+    reg.register(CalmonCollector(engine, recal=recal.metrics_state))
+    text = generate_latest(reg).decode()
+    for name in ("calmon_drift_evidence{", "calmon_drift_change_timestamp_seconds{",
+                 "calmon_calibrated_samples{", "calmon_alerts_failed_total "):
+        assert name in text, name
 
     # after a rejection the next try waits until the post-change samples have doubled
     # (not for the cooldown: a rejection published nothing), with alpha halved
