@@ -396,7 +396,7 @@ class Policy:
         thr = self.log_threshold()
         evidence, change, drift = {}, {}, {}
         for key, st in self.states.items():
-            lm = max(st.detector.log_m, 0.0 if not st.detector.alarmed else thr)
+            lm = max(st.detector.log_m, thr) if st.detector.alarmed else st.detector.log_m
             evidence[key] = math.exp(min(lm - thr, 690.0))
             if st.detector.alarmed and st.change_ts is not None:
                 change[key] = st.change_ts
