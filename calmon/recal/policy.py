@@ -59,6 +59,7 @@ from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
 log = logging.getLogger(__name__)
 
 ALL = "__all__"
+FIRST_FEED = 10_000  # samples a series' detector starts on (bounds the first check's cost)
 SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in "samples of curvature"
 # (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
 # series' ring, with the ring's running total; None when the series has no ring.
@@ -212,8 +213,11 @@ class Policy:
         live = self.live(model, segment)
         basis = self._basis(model, segment)
         st = self.states.get((model, segment))
-        if st is None:  # first sight: everything buffered is new
-            st = self.states[(model, segment)] = SeriesState(Detector.new(), basis)
+        if st is None:  # first sight: the newest buffered samples are new (at most
+            # FIRST_FEED, chosen by position only, so the test stays valid)
+            start = max(0, head.total - FIRST_FEED)
+            st = self.states[(model, segment)] = SeriesState(Detector.new(), basis, start,
+                                                             start)
         elif st.basis != basis:  # a new live calibrator: a new null, a new test
             st = self.states[(model, segment)] = SeriesState(
                 Detector.new(), basis, head.total, head.total, last_refit=st.last_refit)
