@@ -19,6 +19,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from calmon.calibrators import METHODS
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.metrics import Bins
@@ -93,6 +94,8 @@ class Recalibrator:
                                    int(row.stats.samples)))
         with self._lock:
             outcomes = Counter(self._outcomes)
+            for key in self._zero_keys(series):  # pre-created at 0: increase() needs no
+                outcomes.setdefault(key, 0)      # "series born" special case
             for e in events:
                 if e.kind != "drift":
                     outcomes[(e.model, e.segment, str(e.fields.get("method")), e.kind)] += 1
@@ -102,6 +105,17 @@ class Recalibrator:
         for e in events:
             self._alert(e)
         return events
+
+    def _zero_keys(self, series: list[tuple[str, str]]) -> list[tuple[str, str, str, str]]:
+        """calmon_recalibrations_total series to show at 0 before any refit: each
+        outcome of the configured method (auto: what it may pick, and failures as
+        auto)."""
+        if self.rc.method == "auto":
+            combos = [(m, o) for m in METHODS for o in ("published", "rejected")]
+            combos.append(("auto", "failed"))
+        else:
+            combos = [(self.rc.method, o) for o in ("published", "rejected", "failed")]
+        return [(m, s, meth, o) for m, s in series for meth, o in combos]
 
     def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
         """The reliability diagram of a window after the live calibrator (for /reliability),
