@@ -102,7 +102,7 @@ class SeriesState:
     drifting: tuple[str, ...] = ()
     change_ts: float | None = None
     last_refit: float | None = None
-    change_total: int | None = None  # ring total at the estimated change
+    change_total: int | None = None  # ring total when the change was last estimated
     rejections: int = 0  # rejected refits since the detector restarted
     last_n: int = 0  # post-change samples the last rejected refit had
 
@@ -231,12 +231,7 @@ class Policy:
         if not st.detector.alarmed:
             st.drifting, st.change_ts, st.change_total = (), None, None
             return []
-        # since the restart, in arrival order: where did the change begin?
         cal = None if live is None else live.calibrator
-        if st.rejections:  # after a rejection: try again once the evidence has doubled
-            cooled = st.seen - (st.change_total or 0) >= 2 * st.last_n
-        else:
-            cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
         fresh_estimate = st.change_total is None
         if fresh_estimate:
             self._estimate_change(model, segment, st, cal, samples_of)
@@ -246,8 +241,11 @@ class Policy:
             events.append(Event(now, model, segment, "drift",
                                 {"trigger": decision.fired[0], "change_ts": st.change_ts}))
         st.drifting = decision.fired
-        assert st.change_total is not None
-        if (decision.fired and cooled and st.seen - st.change_total >= self.rc.min_samples
+        if st.rejections:  # after a rejection: try again once the evidence has doubled
+            cooled = len(post) >= 2 * st.last_n
+        else:
+            cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
+        if (decision.fired and cooled and len(post) >= self.rc.min_samples
                 and not self._deferred(model, segment, keys)):
             if not fresh_estimate:  # more samples since the alarm: estimate again
                 self._estimate_change(model, segment, st, cal, samples_of)
@@ -257,28 +255,38 @@ class Policy:
                                           decision.fired[0], keys, samples_of))
         return events
 
+    def _since_restart(self, model: str, segment: str, st: SeriesState,
+                       samples_of: SamplesOf) -> SampleSet | None:
+        return samples_of(model, segment, st.seen - st.reset_total)
+
     def _estimate_change(self, model: str, segment: str, st: SeriesState,
                          cal: Calibrator | None, samples_of: SamplesOf) -> None:
         """Where did the change begin? The CUSUM start over the samples since the
-        detector's restart (at the alarm, and again before each refit; in between the
-        estimate is kept: this scan is the costly part of a check)."""
-        recent = samples_of(model, segment, st.seen - st.reset_total)
+        detector's restart, taken in prediction-time order (labels arrive in any order;
+        the model changed at a moment of prediction time). Done at the alarm and again
+        before each refit; in between the estimate is kept (this scan is the costly part
+        of a check)."""
+        st.change_total = st.seen  # when it was estimated
+        recent = self._since_restart(model, segment, st, samples_of)
         if recent is None or len(recent) == 0:
-            st.change_total, st.change_ts = st.seen, None
+            st.change_ts = None
             return
-        k = change_point(*target(cal, recent))
-        st.change_total = st.seen - len(recent) + k
-        st.change_ts = float(recent.ts[k])
+        order = np.argsort(recent.ts, kind="stable")
+        p, y = target(cal, recent)
+        k = change_point(p[order], y[order])
+        st.change_ts = float(recent.ts[order][k])
 
     def _effects(self, now: float, model: str, segment: str, st: SeriesState,
                  live: Live | None, samples_of: SamplesOf) -> tuple[Decision, SampleSet]:
-        """The effect-size triggers on the samples since the estimated change that lie in
-        ``recalibration.window`` (also what a refit is fitted on)."""
-        assert st.change_total is not None
-        post = samples_of(model, segment, max(st.seen - st.change_total, 1))
+        """The effect-size triggers on the samples since the detector's restart predicted
+        at or after the estimated change, inside ``recalibration.window`` (also what a
+        refit is fitted on)."""
+        post = self._since_restart(model, segment, st, samples_of)
         if post is not None:
-            post = post.select(in_window(post.ts, self.cfg.window(self.rc.window).seconds,
-                                         now))
+            keep = in_window(post.ts, self.cfg.window(self.rc.window).seconds, now)
+            if st.change_ts is not None:
+                keep &= post.ts >= st.change_ts
+            post = post.select(keep)
         if post is None or len(post) == 0:
             return Decision(0.0, (), None), SampleSet(*(np.zeros(0),) * 4)
         p, y = target(None if live is None else live.calibrator, post)
