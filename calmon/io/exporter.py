@@ -9,6 +9,7 @@ series disappears as soon as its segment has left every window.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from calmon import __version__
 from calmon.engine.engine import DELAY_BUCKETS, Engine, View
 from calmon.engine.records import REASONS
 
@@ -37,8 +39,28 @@ ROW_GAUGES = (
      "Observed over expected positives, sum(y)/sum(p) (binary models)"),
     ("calmon_ece_noise_floor", "noise_floor",
      "Expected ECE of a perfectly calibrated model with the same bins"),
+    ("calmon_ece_l2_debiased", "ece_l2_debiased",
+     "Debiased l2 calibration error over the equal-width bins (Kumar et al. 2019)"),
+    ("calmon_smece", "smece", "Smooth ECE (Blasiok and Nakkiran 2023) from the fine bins"),
+    ("calmon_ece_lower", "ece_lower",
+     "Lower end of the metrics.interval_level interval for the population ECE"),
+    ("calmon_ece_upper", "ece_upper",
+     "Upper end of the metrics.interval_level interval for the population ECE"),
+)
+# before the labels: read from Row.estimates
+ESTIMATE_GAUGES = (
+    ("calmon_pending_samples", "pending_samples",
+     "Predictions in the window still waiting for their label"),
+    ("calmon_estimated_accuracy", "estimated_accuracy",
+     "Accuracy the pending predictions will show if the live calibrator holds (CBPE)"),
+    ("calmon_estimated_positive_rate", "estimated_positive_rate",
+     "Mean calibrated P(y=1) of the pending predictions (binary models)"),
+    ("calmon_score_psi", "score_psi",
+     "Population stability index of the raw confidences against the reference histogram"),
 )
 ROW_LABELS = ("model", "segment", "window")
+OUTCOMES = ("published", "rejected", "failed")
+FIT_METHODS = ("temperature", "platt", "isotonic", "histogram")  # what ``auto`` may choose
 
 
 @dataclass
@@ -54,15 +76,24 @@ class RecalState:
     drift_evidence: dict[tuple[str, str], float] = field(default_factory=dict)
     drift_change_ts: dict[tuple[str, str], float] = field(default_factory=dict)
     alerts_failed: int = 0
+    # (model, segment) series the loop evaluates and the methods a refit may report:
+    # their recalibration counters are exported at 0 before the first refit, so
+    # increase() sees the first one (no "series born" special case in alert rules)
+    series: list[tuple[str, str]] = field(default_factory=list)
+    methods: tuple[str, ...] = ()
 
 
 class CalmonCollector(Collector):
     def __init__(self, engine: Engine,
                  last_checkpoint: Callable[[], float | None] = lambda: None,
-                 recal: Callable[[], RecalState] | None = None) -> None:
+                 recal: Callable[[], RecalState] | None = None, *,
+                 lag: Callable[[], dict[tuple[str, int], int]] | None = None,
+                 heartbeat: Callable[[], float | None] | None = None) -> None:
         self.engine = engine
         self.last_checkpoint = last_checkpoint
         self.recal = recal
+        self.lag = lag
+        self.heartbeat = heartbeat
 
     def describe(self) -> list[Metric]:
         return []  # dynamic families: nothing to check at registration
@@ -80,6 +111,26 @@ class CalmonCollector(Collector):
         if ts is not None:
             g.add_metric([], ts)
         yield g
+        yield from self._process()
+
+    def _process(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("calmon_build_info", "Always 1; the running calmon's version",
+                                 labels=("version", "python"))
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+        g = GaugeMetricFamily("calmon_consumer_lag_records",
+                              "Records in the partition after calmon's position (end offset "
+                              "minus next offset), refreshed every few seconds",
+                              labels=("topic", "partition"))
+        for (topic, partition), v in sorted((self.lag() if self.lag else {}).items()):
+            g.add_metric([topic, str(partition)], v)
+        yield g
+        g = GaugeMetricFamily("calmon_loop_heartbeat_timestamp_seconds",
+                              "Unix time the main loop last made progress (polled or waited)")
+        beat = self.heartbeat() if self.heartbeat else None
+        if beat is not None:
+            g.add_metric([], beat)
+        yield g
 
     @staticmethod
     def _windows(view: View) -> Iterator[Metric]:
@@ -87,6 +138,8 @@ class CalmonCollector(Collector):
                                     labels=ROW_LABELS)
         fams = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr)
                 for name, attr, doc in ROW_GAUGES]
+        ests = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr)
+                for name, attr, doc in ESTIMATE_GAUGES]
         for row in view.rows:
             key = [row.model, row.segment, row.window]
             samples.add_metric(key, row.stats.samples)
@@ -94,8 +147,12 @@ class CalmonCollector(Collector):
                 v = getattr(row.stats, attr)
                 if v is not None:
                     fam.add_metric(key, v)
+            for fam, attr in ests:
+                v = getattr(row.estimates, attr)
+                if v is not None:
+                    fam.add_metric(key, v)
         yield samples
-        for fam, _ in fams:
+        for fam, _ in fams + ests:
             yield fam
         classwise = GaugeMetricFamily(
             "calmon_classwise_ece", "Mean over classes of the ECE of p_k against [y = k] "
@@ -138,7 +195,10 @@ class CalmonCollector(Collector):
             yield fam
         fam = CounterMetricFamily("calmon_join_expired_total", "Predictions expired unjoined",
                                   labels=("model", "reason"))
-        for (model, reason), v in sorted(t.expired.items()):
+        # both reasons from a model's first prediction on, so rate() sees the first expiry
+        expired = dict.fromkeys(((m, r) for m in t.predictions for r in ("ttl", "capacity")), 0)
+        expired.update(t.expired)
+        for (model, reason), v in sorted(expired.items()):
             fam.add_metric([model, reason], v)
         yield fam
         yield CounterMetricFamily("calmon_labels_expired_total", "Unmatched labels dropped",
@@ -175,8 +235,11 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
     yield g
     c = CounterMetricFamily("calmon_recalibrations_total", "Refits by outcome",
                             labels=("model", "segment", "method", "outcome"))
-    for key, v in sorted(r.recalibrations.items()):
-        c.add_metric(list(key), v)
+    refits = dict.fromkeys(((m, s, method, outcome) for m, s in r.series
+                            for method in r.methods for outcome in OUTCOMES), 0)
+    refits.update(r.recalibrations)
+    for labels, n in sorted(refits.items()):
+        c.add_metric(list(labels), n)
     yield c
     g = GaugeMetricFamily("calmon_calibrator_version", "Live calibrator version",
                           labels=("model", "segment"))

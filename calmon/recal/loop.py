@@ -47,6 +47,7 @@ class Recalibrator:
         # what the exporter shows (process-local), replaced whole under the lock
         self._outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self._calibrated: list[tuple[str, str, str, float | None, int]] = []
+        self._series: list[tuple[str, str]] = []  # the series the last run evaluated
         self.events: list[Event] = []  # this process's events, newest last (bounded)
 
     # ------------------------------------------------------------ lifecycle
@@ -94,28 +95,21 @@ class Recalibrator:
                                    int(row.stats.samples)))
         with self._lock:
             outcomes = Counter(self._outcomes)
-            for key in self._zero_keys(series):  # pre-created at 0: increase() needs no
-                outcomes.setdefault(key, 0)      # "series born" special case
             for e in events:
                 if e.kind != "drift":
                     outcomes[(e.model, e.segment, str(e.fields.get("method")), e.kind)] += 1
             self._outcomes = outcomes
             self._calibrated = calibrated
+            self._series = series
             self.events = (self.events + events)[-1000:]
         for e in events:
             self._alert(e)
         return events
 
-    def _zero_keys(self, series: list[tuple[str, str]]) -> list[tuple[str, str, str, str]]:
-        """calmon_recalibrations_total series to show at 0 before any refit: each
-        outcome of the configured method (auto: what it may pick, and failures as
-        auto)."""
-        if self.rc.method == "auto":
-            combos = [(m, o) for m in METHODS for o in ("published", "rejected")]
-            combos.append(("auto", "failed"))
-        else:
-            combos = [(self.rc.method, o) for o in ("published", "rejected", "failed")]
-        return [(m, s, meth, o) for m, s in series for meth, o in combos]
+    def _methods(self) -> tuple[str, ...]:
+        """Methods a refit may report: their counters are exported at 0 from the start
+        (the exporter pre-creates them), so increase() sees the first refit."""
+        return (*METHODS, "auto") if self.rc.method == "auto" else (self.rc.method,)
 
     def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
         """The reliability diagram of a window after the live calibrator (for /reliability),
@@ -180,12 +174,13 @@ class Recalibrator:
         with self._lock:
             calibrated = list(self._calibrated)
             outcomes = dict(self._outcomes)
+            series = list(self._series)
         return RecalState(
             [(m, s, w, v) for m, s, w, v, _ in calibrated if v is not None], outcomes,
             versions, temps, dict(g.drift),
             calibrated_samples=[(m, s, w, n) for m, s, w, _, n in calibrated],
             drift_evidence=dict(g.evidence), drift_change_ts=dict(g.change_ts),
-            alerts_failed=self.alerts.failed)
+            alerts_failed=self.alerts.failed, series=series, methods=self._methods())
 
     def calibrated_rows(self) -> list[tuple[str, str, str, float | None, int]]:
         with self._lock:
