@@ -83,7 +83,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     seen), exactly as the daemon's job reads it. Published calibrators go to
     ``output_dir`` (memory when None) and apply to everything the policy scores after
     them, as they would live."""
-    from calmon.recal.policy import Policy
+    from calmon.recal.policy import Policy, live_calibrators
     from calmon.recal.registry import Registry
 
     if not cfg.recalibration.enabled:
@@ -120,6 +120,9 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
         events += policy.check(engine.now, series(), engine.samples)
     now = engine.now
     calibrated = policy.calibrated(now, series(), engine.samples) if math.isfinite(now) else []
+    # the label-free estimates and score PSI of the rows read the calibrators live now
+    engine.set_calibrators({k: (v[0], v[1])
+                            for k, v in live_calibrators(policy.registry).items()})
     return Backtest(engine.view(), events, calibrated)
 
 

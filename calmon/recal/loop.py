@@ -25,7 +25,15 @@ from calmon.engine.engine import Engine
 from calmon.engine.metrics import Bins
 from calmon.io.exporter import RecalState
 from calmon.recal.alerts import AlertSender
-from calmon.recal.policy import ALL, Event, Policy, in_window, parse_iso, target
+from calmon.recal.policy import (
+    ALL,
+    Event,
+    Policy,
+    in_window,
+    live_calibrators,
+    parse_iso,
+    target,
+)
 from calmon.recal.registry import Publish, Registry
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,7 @@ class Recalibrator:
         self._outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self._calibrated: list[tuple[str, str, str, float | None, int]] = []
         self._series: list[tuple[str, str]] = []  # the series the last run evaluated
+        self._pushed: list[tuple[tuple[str, str], int]] | None = None
         self.events: list[Event] = []  # this process's events, newest last (bounded)
 
     # ------------------------------------------------------------ lifecycle
@@ -57,6 +66,7 @@ class Recalibrator:
         from apscheduler.schedulers.background import BackgroundScheduler
 
         self.alerts.start()
+        self.push_calibrators()  # what is on disk already serves the estimates
         self._scheduler = BackgroundScheduler(timezone=UTC)
         # the first run comes early (at most FIRST_RUN_S after start), so the drift and
         # calibrated-ECE gauges appear without waiting a whole interval
@@ -86,6 +96,7 @@ class Recalibrator:
             return []
         series = [(m, s) for m, s, _ in self.engine.buffered_series()]
         events = self.policy.check(now, series, self.engine.samples)
+        self.push_calibrators()
         calibrated = self.policy.calibrated(now, series, self.engine.samples)
         # series without a calibrator: the identity, i.e. exactly the raw window
         done = {(m, s) for m, s, _, _, _ in calibrated}
@@ -110,6 +121,15 @@ class Recalibrator:
         """Methods a refit may report: their counters are exported at 0 from the start
         (the exporter pre-creates them), so increase() sees the first refit."""
         return (*METHODS, "auto") if self.rc.method == "auto" else (self.rc.method,)
+
+    def push_calibrators(self) -> None:
+        """Hand the live calibrators (and their fit histograms) to the engine, for its
+        label-free estimates and score PSI; only when a version changed."""
+        live = live_calibrators(self.registry)
+        versions = sorted((k, v[2]) for k, v in live.items())
+        if versions != self._pushed:
+            self.engine.set_calibrators({k: (v[0], v[1]) for k, v in live.items()})
+            self._pushed = versions
 
     def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
         """The reliability diagram of a window after the live calibrator (for /reliability),

@@ -464,6 +464,28 @@ class Policy:
         return out
 
 
+def live_calibrators(registry: Registry) -> dict[tuple[str, str], tuple[Any, Any, int]]:
+    """(model, segment) -> (apply(scores, kind), reference bin counts or None, version) of
+    every live calibrator: what the engine's label-free estimates need."""
+    out: dict[tuple[str, str], tuple[Any, Any, int]] = {}
+    for e in registry.entries():
+        live = registry.live(e["model"], e["segment"])
+        if live is None:
+            continue
+        ref = live.doc.get("reference")
+        try:
+            ref_arr = np.asarray(ref, dtype=np.float64) if isinstance(ref, list) else None
+            if ref_arr is not None and (ref_arr.ndim != 1 or not np.isfinite(ref_arr).all()):
+                ref_arr = None
+        except (TypeError, ValueError):
+            ref_arr = None
+        cal = live.calibrator
+        out[(e["model"], e["segment"])] = (
+            lambda scores, kind, cal=cal: apply_or_identity(cal, scores, kind), ref_arr,
+            live.version)
+    return out
+
+
 def _slice_of(segment: str) -> tuple[str, ...]:
     """The keys of a segment label ``k1=v1,k2=v2`` (its slice)."""
     return tuple(part.split("=", 1)[0] for part in segment.split(","))

@@ -105,6 +105,11 @@ def test_drift_is_refit_on_post_change_samples_through_the_gate(tmp_path: Path) 
         assert doc["reference"] == want.tolist()
         drift = next(e for e in events if e.model == model and e.kind == "drift")
         assert drift.fields["change_ts"] == doc["change_ts"]
+        # the engine's label-free estimates and score PSI get the same calibrator
+        apply, reference = engine.calibrators[(model, "__all__")]
+        assert reference.tolist() == doc["reference"]
+        np.testing.assert_allclose(apply(zh, "logit" if zh.ndim == 1 else "logits"),
+                                   probs_of(doc, zh), atol=1e-12)
 
     # right after the publish, nothing was predicted after fitted_at: honest = no number
     state = recal.metrics_state()
