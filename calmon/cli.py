@@ -56,6 +56,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not Path(p).is_file():
             print(f"calmon replay: no such file: {p}", file=sys.stderr)
             return EXIT_CONFIG
+    if args.recalibrate:
+        bt = replay.replay_recalibrate(cfg, Path(args.predictions), Path(args.labels),
+                                       None if args.output_dir is None else Path(args.output_dir))
+        if args.json:
+            json.dump(replay.to_json(bt.view, cfg.metrics.classwise, bt), sys.stdout,
+                      allow_nan=False)
+            sys.stdout.write("\n")
+        else:
+            replay.print_table(bt.view, sys.stdout)
+            replay.print_events(bt.events, sys.stdout)
+        return 0
+    if args.output_dir is not None:
+        print("calmon replay: --output-dir needs --recalibrate", file=sys.stderr)
+        return EXIT_CONFIG
     view = replay.replay(cfg, Path(args.predictions), Path(args.labels))
     if args.json:
         json.dump(replay.to_json(view, cfg.metrics.classwise), sys.stdout, allow_nan=False)
@@ -131,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--predictions", required=True, help="predictions, one JSON record a line")
     sp.add_argument("--labels", required=True, help="labels, one JSON record a line")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--recalibrate", action="store_true",
+                    help="backtest the recalibration policy in event time (adds events)")
+    sp.add_argument("--output-dir", default=None, metavar="DIR",
+                    help="with --recalibrate: write published calibrators here")
     with_config(sp)
     sp.set_defaults(func=cmd_replay)
 

@@ -7,22 +7,29 @@ identical output.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from calmon.config import Config
 from calmon.engine.engine import Engine, View
 from calmon.engine.records import Kind, Raw, parse_ts
+
+if TYPE_CHECKING:
+    from calmon.recal.policy import Event
 
 BATCH = 5000
 # a plain replay runs no calibrator: its calibrated ECE is null (replay --recalibrate has one)
 NO_CALIBRATOR = {"calibrated_ece": None, "calibrated_samples": None}
 
 
-def read_records(path: Path, kind: Kind, ts_path: str) -> Iterator[tuple[tuple, Raw]]:
+def read_records(path: Path, kind: Kind,
+                 ts_path: str) -> Iterator[tuple[tuple[float, int, bytes], Raw]]:
     """Each non-blank line as (sort key, Raw). Lines whose ts cannot be read sort last;
     the engine still rejects or accepts them on their merits."""
     parts = ts_path.split(".")
@@ -45,24 +52,111 @@ def _ts_of(value: bytes, parts: list[str]) -> float:
         return math.inf
 
 
+def _sorted(cfg: Config, predictions: Path,
+            labels: Path) -> list[tuple[tuple[float, int, bytes], Raw]]:
+    return sorted([*read_records(predictions, Kind.PREDICTION, cfg.fields.ts),
+                   *read_records(labels, Kind.LABEL, cfg.fields.ts)], key=lambda kr: kr[0])
+
+
 def replay(cfg: Config, predictions: Path, labels: Path) -> View:
     """Feed both files through a fresh engine; return its final view."""
     engine = Engine(cfg)
-    records = sorted([*read_records(predictions, Kind.PREDICTION, cfg.fields.ts),
-                      *read_records(labels, Kind.LABEL, cfg.fields.ts)], key=lambda kr: kr[0])
+    records = _sorted(cfg, predictions, labels)
     for i in range(0, len(records), BATCH):
         engine.feed(raw for _, raw in records[i:i + BATCH])
     return engine.view()
 
 
-def to_json(view: View, classwise: bool = False) -> dict[str, Any]:
+@dataclass
+class Backtest:
+    view: View
+    events: list[Event]
+    calibrated: list[tuple[str, str, str, float | None, int]]
+
+
+def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
+                       output_dir: Path | None = None) -> Backtest:
+    """The recalibration backtest: the daemon's policy (calmon.recal.policy) checked
+    every ``recalibration.interval`` of event time while the files are fed in timestamp
+    order. Checks fall on multiples of the interval: a check at time t sees every record
+    with ts < t, and its clock is "now" as in the engine (the largest prediction ts
+    seen), exactly as the daemon's job reads it. Published calibrators go to
+    ``output_dir`` (memory when None) and apply to everything the policy scores after
+    them, as they would live."""
+    from calmon.recal.policy import Policy, live_calibrators
+    from calmon.recal.registry import Registry
+
+    if not cfg.recalibration.enabled:
+        cfg = dataclasses.replace(cfg, recalibration=dataclasses.replace(
+            cfg.recalibration, enabled=True))
+    engine = Engine(cfg)
+    policy = Policy(cfg, Registry(output_dir))
+    interval = cfg.recalibration.interval
+    events: list[Event] = []
+    batch: list[Raw] = []
+    next_check = math.inf
+
+    def series() -> list[tuple[str, str]]:
+        return [(m, s) for m, s, _ in engine.buffered_series()]
+
+    for (ts, _, _), raw in _sorted(cfg, predictions, labels):
+        if math.isfinite(ts):
+            if not math.isfinite(next_check):
+                next_check = (math.floor(ts / interval) + 1) * interval
+            while ts >= next_check:
+                engine.feed(batch)
+                batch = []
+                events += policy.check(engine.now, series(), engine.samples)
+                # skip idle stretches in one step: nothing changes between empty checks
+                # except cooldowns, which the next check with data sees anyway
+                next_check = max(next_check + interval,
+                                 math.floor(ts / interval) * interval)
+        batch.append(raw)
+        if len(batch) >= BATCH:
+            engine.feed(batch)
+            batch = []
+    engine.feed(batch)  # the rest, then one last check
+    if math.isfinite(engine.now):
+        events += policy.check(engine.now, series(), engine.samples)
+    now = engine.now
+    calibrated = policy.calibrated(now, series(), engine.samples) if math.isfinite(now) else []
+    # the label-free estimates and score PSI of the rows read the calibrators live now
+    engine.set_calibrators({k: (v[0], v[1])
+                            for k, v in live_calibrators(policy.registry).items()})
+    return Backtest(engine.view(), events, calibrated)
+
+
+def to_json(view: View, classwise: bool = False,
+            backtest: Backtest | None = None) -> dict[str, Any]:
     rows = [{"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row(),
              **r.estimates.as_row(), **NO_CALIBRATOR,
              **({"classwise_ece": r.classwise_ece} if classwise else {})}
             for r in view.rows]
     counters = {k: view.counters.get(k, 0) for k in
                 ("predictions", "labels", "joined", "invalid", "expired", "duplicates")}
-    return {"rows": rows, "counters": counters}
+    out: dict[str, Any] = {"rows": rows, "counters": counters}
+    if backtest is not None:
+        # after the calibrator live at the end, on samples predicted after its fit only;
+        # a series without one: the raw window (nothing to recalibrate)
+        cal: dict[tuple[str, str, str], tuple[float | None, int]] = {
+            (m, s, w): (v, n) for m, s, w, v, n in backtest.calibrated}
+        for row in rows:
+            got = cal.get((str(row["model"]), str(row["segment"]), str(row["window"])))
+            row["calibrated_ece"], row["calibrated_samples"] = (
+                got if got is not None else (row["ece"], row["samples"]))
+        out["events"] = [_plain(e.as_dict()) for e in backtest.events]
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """JSON-able and finite (events are printed with allow_nan=False)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def print_table(view: View, out: TextIO) -> None:
@@ -88,6 +182,33 @@ def print_table(view: View, out: TextIO) -> None:
     out.write("\n" + "  ".join(f"{k}={c.get(k, 0)}" for k in
                                ("predictions", "labels", "joined", "invalid", "expired",
                                 "duplicates")) + "\n")
+
+
+def print_events(events: list[Event], out: TextIO) -> None:
+    """One line per recalibration event, in event-time order."""
+    if not events:
+        out.write("\nno recalibration events\n")
+        return
+    out.write("\nevents:\n")
+    for e in events:
+        f = e.fields
+        when = datetime.fromtimestamp(e.ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if e.kind == "drift":
+            ch = f.get("change_ts")
+            since = "" if ch is None else " since " + datetime.fromtimestamp(
+                ch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            detail = f"trigger {f.get('trigger')}{since}"
+        else:
+            b, a = f.get("holdout_before") or {}, f.get("holdout_after") or {}
+            detail = f"{f.get('method')}"
+            if "version" in f:
+                detail += f" v{f['version']}"
+            if b and a:
+                detail += (f" holdout ECE {b['ece']:.4f} -> {a['ece']:.4f},"
+                           f" NLL {b['nll']:.4f} -> {a['nll']:.4f}")
+            if f.get("reason"):
+                detail += f" ({f['reason']})"
+        out.write(f"{when}  {e.model}  {e.segment}  {e.kind:<9} {detail}\n")
 
 
 def _fmt(v: Any) -> str:

@@ -24,7 +24,7 @@ from tests.daemon_helpers import http_get, parse_metrics, series, subprocess_env
 
 pytestmark = pytest.mark.integration
 
-MODELS = {"ctr", "fraud", "triage"}
+MODELS = {"ctr", "fraud", "triage", "search"}
 JOINED_WITHIN_S = 30.0
 RECALIBRATED_WITHIN_S = 50.0  # from the start; drift begins ~10 s in, --duration is 60
 EXIT_WITHIN_S = 15.0
@@ -127,6 +127,14 @@ def test_demo_runs_recalibrates_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> N
         wait_until(recalibrated, remaining, "a published calibrator", detail=output,
                    interval=0.25)
         alive()
+        # -- the steady model never alarms: its evidence stays below the threshold
+        code, body = http_get(port, "/metrics", timeout=2.0)
+        assert code == 200
+        evidence = series(parse_metrics(body.decode()), "calmon_drift_evidence", "model",
+                          "segment")
+        steady = {k: v for k, v in evidence.items() if k[0] == "search"}
+        assert steady and all(v < 1.0 for v in steady.values()), steady
+        assert ">> drift search/" not in output()
 
         # -- Ctrl+C: exit 0 within 15 s, port free, nothing left behind
         proc.send_signal(signal.SIGINT)

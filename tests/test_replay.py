@@ -4,6 +4,7 @@ order of the lines and of how the records are batched."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -222,3 +223,105 @@ def test_missing_file_exits_2(capsys, tmp_path: Path) -> None:
     rc = main(["replay", "--predictions", str(p), "--labels", str(tmp_path / "nope.jsonl")])
     _, err = capsys.readouterr()
     assert rc == 2 and "nope.jsonl" in err
+
+
+# ---------------------------------------------------------------- --recalibrate
+
+RECAL_CONFIG = """
+metrics:
+  windows: [1h, 24h]
+segments:
+  slices: []
+recalibration:
+  interval: 5m
+  cooldown: 1h
+  min_samples: 500
+  window: 24h
+"""
+EVENT_KEYS = {"ts", "model", "segment", "kind"}
+REFIT_KEYS = EVENT_KEYS | {"method", "trigger", "fit_samples", "holdout_samples",
+                           "holdout_before", "holdout_after"}
+
+
+def drifting_files(tmp_path: Path, seed: int = 4) -> tuple[Path, Path, Path]:
+    """A binary model, 6k predictions a day for two days, logits sharpened 2.5x after
+    the first day; labels 1-10 minutes after their predictions."""
+    rng = np.random.default_rng(seed)
+    n = 12_000
+    ts = np.sort(T0 + rng.uniform(0, 2 * 86_400, n))
+    z = rng.normal(-1.5, 1.2, n)
+    y = (rng.random(n) < 1 / (1 + np.exp(-z))).astype(int)
+    reported = np.where(ts >= T0 + 86_400, 2.5 * z, z)
+    preds = [json.dumps({"id": f"r{i}", "model": "ctr", "ts": float(ts[i]),
+                         "logit": float(reported[i])}) for i in range(n)]
+    labels = [json.dumps({"id": f"r{i}", "label": int(y[i]),
+                          "ts": float(ts[i] + rng.uniform(60, 600))}) for i in range(n)]
+    cfg = tmp_path / "recal.yaml"
+    cfg.write_text(RECAL_CONFIG)
+    return write(tmp_path / "p.jsonl", preds), write(tmp_path / "l.jsonl", labels), cfg
+
+
+def run_recalibrate(capsys, p: Path, lab: Path, cfg: Path, *extra: str) -> str:
+    rc = main(["replay", "--predictions", str(p), "--labels", str(lab), "-c", str(cfg),
+               "--recalibrate", "--json", *extra])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return out
+
+
+def test_recalibrate_backtest_events(capsys, tmp_path: Path) -> None:
+    p, lab, cfg = drifting_files(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    out = run_recalibrate(capsys, p, lab, cfg)
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written without --output-dir
+    doc = json.loads(out)
+    events = doc["events"]
+    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)
+    # checks on the 5-minute grid, each at "now": the newest prediction before it
+    pred_ts = np.sort([json.loads(line)["ts"] for line in p.read_text().splitlines()])
+    for e in events:
+        boundary = (math.floor(e["ts"] / 300) + 1) * 300
+        assert e["ts"] == pred_ts[pred_ts < boundary].max()
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "drift" and "published" in kinds, events
+    drift, published = events[0], events[kinds.index("published")]
+    assert set(drift) == EVENT_KEYS | {"trigger", "change_ts"}
+    change = T0 + 86_400
+    assert abs(drift["change_ts"] - change) < 1800
+    assert drift["ts"] - change < 3 * 3600  # caught within hours at 250 samples/h
+    assert set(published) == REFIT_KEYS | {"version"} and published["version"] == 1
+    assert published["holdout_after"]["nll"] < published["holdout_before"]["nll"]
+    assert published["fit_samples"] + published["holdout_samples"] >= 500
+    # every row carries the calibrated ECE, on samples predicted after the fit only
+    rows = {(r["model"], r["segment"], r["window"]): r for r in doc["rows"]}
+    r1h = rows[("ctr", "__all__", "1h")]
+    assert r1h["calibrated_samples"] <= r1h["samples"]
+    assert r1h["calibrated_ece"] is None or r1h["calibrated_ece"] < r1h["ece"]
+
+
+def test_recalibrate_is_deterministic_and_writes_documents(capsys, tmp_path: Path) -> None:
+    p, lab, cfg = drifting_files(tmp_path)
+    first = run_recalibrate(capsys, p, lab, cfg)
+    # the same records in another line order: the same bytes
+    lines = p.read_text().splitlines()
+    random.Random(1).shuffle(lines)
+    p2 = write(tmp_path / "p2.jsonl", lines)
+    assert run_recalibrate(capsys, p2, lab, cfg) == first
+    out_dir = tmp_path / "cal"
+    with_dir = run_recalibrate(capsys, p, lab, cfg, "--output-dir", str(out_dir))
+    assert with_dir == first
+    published = [e for e in json.loads(first)["events"] if e["kind"] == "published"]
+    docs = sorted((out_dir / "ctr" / "__all__").glob("v*.json"))
+    assert len(docs) == len(published) >= 1
+    latest_doc = json.loads((out_dir / "ctr" / "__all__" / "latest.json").read_text())
+    assert latest_doc["version"] == published[-1]["version"]
+    assert latest_doc["fit"]["holdout_after"] == published[-1]["holdout_after"]
+    assert len(latest_doc["reference"]) == 15 and latest_doc["change_ts"] is not None
+
+
+def test_output_dir_needs_recalibrate(capsys, tmp_path: Path) -> None:
+    p, lab, cfg = drifting_files(tmp_path)
+    rc = main(["replay", "--predictions", str(p), "--labels", str(lab), "-c", str(cfg),
+               "--output-dir", str(tmp_path / "x")])
+    assert rc == 2
+    assert "--recalibrate" in capsys.readouterr().err

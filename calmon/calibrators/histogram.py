@@ -1,5 +1,6 @@
-"""Histogram binning (Zadrozny & Elkan 2001): each confidence bin maps to the observed
-frequency of its fit samples."""
+"""Histogram binning (Zadrozny & Elkan 2001): each confidence bin maps to the
+Laplace-smoothed frequency of its fit samples, (positives + 1) / (samples + 2), so no
+output is ever exactly 0 or 1."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ class HistogramCalibrator(TopLabelCalibrator):
         counts = np.bincount(idx, minlength=len(edges) - 1)
         sums = np.bincount(idx, weights=y, minlength=len(edges) - 1)
         centres = (edges[:-1] + edges[1:]) / 2
-        values = np.where(counts > 0, sums / np.maximum(counts, 1), centres)
+        values = np.where(counts > 0, (sums + 1.0) / (counts + 2.0), centres)
         return cls(edges, values, input)
 
     def params(self) -> dict[str, Any]:

@@ -1,6 +1,11 @@
 """Isotonic regression: the increasing step map of least squared error (pool adjacent
-violators), interpolated linearly between its thresholds, exactly as scikit-learn's
-IsotonicRegression(out_of_bounds="clip") predicts."""
+violators), interpolated linearly between its thresholds, as scikit-learn's
+IsotonicRegression(out_of_bounds="clip") predicts, then Laplace-smoothed.
+
+Smoothing: each level set of the fit (a block of w samples with mean m) becomes
+(m w + 1) / (w + 2), and a weighted PAVA (weights w + 2) restores monotonicity. So no
+output is ever exactly 0 or 1: a block of 5 negatives says 1/7, not "impossible", and
+the NLL of a later positive there stays finite."""
 
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ class IsotonicCalibrator(TopLabelCalibrator):
         if options:
             raise CalibratorError(f"isotonic takes no options, got {sorted(options)}")
         ux, uy, uw = _pool_ties(x, y)
-        fitted = _pava(uy, uw)
+        fitted = _laplace(_pava(uy, uw), uw)
         # Keep the ends and every point whose y differs from a neighbour's: the others lie
         # on a flat segment and interpolation does not need them (sklearn's trimming).
         keep = np.ones(len(fitted), dtype=bool)
@@ -76,6 +81,15 @@ def _pool_ties(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     bounds = np.concatenate(([0], starts))
     counts = np.diff(np.concatenate((bounds, [len(xs)]))).astype(np.float64)
     return xs[bounds], np.add.reduceat(ys, bounds) / counts, counts
+
+
+def _laplace(fitted: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Laplace-smooth each level set of a PAVA fit, then make it monotone again."""
+    starts = np.flatnonzero(np.concatenate(([True], fitted[1:] != fitted[:-1])))
+    bw = np.add.reduceat(w, starts)
+    smoothed = (fitted[starts] * bw + 1.0) / (bw + 2.0)
+    sizes = np.diff(np.concatenate((starts, [len(fitted)])))
+    return np.repeat(_pava(smoothed, bw + 2.0), sizes)
 
 
 def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:

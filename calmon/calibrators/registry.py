@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Final
 
 from numpy.typing import ArrayLike
@@ -23,6 +22,48 @@ CLASSES: Final[dict[str, type[Calibrator]]] = {
     for cls in (TemperatureCalibrator, PlattCalibrator, IsotonicCalibrator, HistogramCalibrator)
 }
 METHODS: Final = tuple(CLASSES)  # ("temperature", "platt", "isotonic", "histogram")
+MAX_BYTES: Final = 16 * 1024 * 1024  # an isotonic map of a full buffer is ~2 MB
+MAX_DEPTH: Final = 8  # documents nest 3 deep; anything deeper is not ours
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a parsed JSON value, giving up past ``limit`` (iterative)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, Mapping | list):
+            deepest = max(deepest, d)
+            if d > limit:
+                return d
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, Mapping) else v))
+    return deepest
+
+
+def parse_document(data: bytes | str) -> Any:
+    """JSON bytes of a calibrator document, bounded in size and nesting.
+    CalibratorError for anything else (never RecursionError or MemoryError)."""
+    if len(data) > MAX_BYTES:
+        raise CalibratorError(f"calibrator document over {MAX_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise CalibratorError(f"not valid JSON: {str(exc)[:200]}") from None
+    if _depth(doc, MAX_DEPTH) > MAX_DEPTH:
+        raise CalibratorError(f"calibrator document nested deeper than {MAX_DEPTH}")
+    return doc
+
+
+def read_document(path: str | os.PathLike[str]) -> Any:
+    """Read and parse a calibrator file without reading more than MAX_BYTES + 1."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise CalibratorError(f"cannot read calibrator {path}: {exc}") from exc
+    try:
+        return parse_document(data)
+    except CalibratorError as exc:
+        raise CalibratorError(f"{path}: {exc}") from None
 
 
 def _class(method: Any) -> type[Calibrator]:
@@ -50,13 +91,10 @@ def load(source: str | os.PathLike[str] | Mapping[str, Any]) -> Calibrator:
     already-parsed object. Keys other than method/params/input are kept in ``.meta``."""
     if isinstance(source, Mapping):
         doc: Any = source
+        if _depth(doc, MAX_DEPTH) > MAX_DEPTH:
+            raise CalibratorError(f"calibrator document nested deeper than {MAX_DEPTH}")
     elif isinstance(source, str | os.PathLike):
-        try:
-            doc = json.loads(Path(source).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise CalibratorError(f"cannot read calibrator {source}: {exc}") from exc
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-            raise CalibratorError(f"{source} is not valid JSON: {exc}") from exc
+        doc = read_document(source)
     else:
         raise CalibratorError(f"load() takes a path or a dict, got {type(source).__name__}")
     if not isinstance(doc, Mapping):
@@ -64,6 +102,10 @@ def load(source: str | os.PathLike[str] | Mapping[str, Any]) -> Calibrator:
     for key in RESERVED:
         if key not in doc:
             raise CalibratorError(f"calibrator document has no {key!r}")
+    version = doc.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                or version < 0):
+        raise CalibratorError(f"version must be a non-negative integer, got {version!r}")
     cls = _class(doc["method"])
     if doc["input"] not in INPUTS:
         raise CalibratorError(f"input must be one of {', '.join(INPUTS)}, got {doc['input']!r}")

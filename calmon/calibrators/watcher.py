@@ -11,27 +11,25 @@ probabilities.
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 
 from calmon.calibrators.base import Calibrator
-from calmon.calibrators.registry import load
+from calmon.calibrators.paths import dir_name
+from calmon.calibrators.registry import load, parse_document, read_document
 from calmon.calibrators.scores import to_probs
 from calmon.errors import CalibratorError
 
 ALL = "__all__"
+log = logging.getLogger(__name__)
 
 
-def safe_name(name: str) -> str:
-    """A model or segment name as one path component of the calibrator tree
-    (``/`` and friends escaped); the publisher uses the same spelling."""
-    return quote(name, safe="=,_-.:@+") if name not in (".", "..") else quote(name, safe="")
+safe_name = dir_name  # the publisher's spelling (calibrators.paths), kept under its old name
 
 
 class CalibratorWatcher:
@@ -81,10 +79,10 @@ class CalibratorWatcher:
             if self._mtimes.get(latest) == mtime:
                 continue
             try:
-                doc = json.loads(latest.read_text(encoding="utf-8"))
-                changed |= self._offer(doc)
-            except (OSError, ValueError, CalibratorError):
-                continue  # half-written by a foreign tool; next refresh tries again
+                changed |= self._offer(read_document(latest))
+            except (OSError, CalibratorError) as e:
+                # a bad file is skipped (and retried when it changes), never raised to serving
+                log.warning("skipping calibrator %s: %s", latest, str(e)[:200])
             self._mtimes[latest] = mtime
         return changed
 
@@ -94,16 +92,19 @@ class CalibratorWatcher:
         for records in batches.values():
             for rec in records:
                 try:
-                    changed |= self._offer(json.loads(rec.value))
-                except (ValueError, TypeError, CalibratorError):
-                    continue
+                    changed |= self._offer(parse_document(rec.value))
+                except (ValueError, TypeError, CalibratorError) as e:
+                    log.warning("skipping calibrator record at offset %s: %s",
+                                getattr(rec, "offset", "?"), str(e)[:200])
         return changed
 
     def _offer(self, doc: dict[str, Any]) -> bool:
         """Raises CalibratorError for anything that is not a calibrator document."""
         try:
             key = (str(doc["model"]), str(doc.get("segment", ALL)))
-            version = int(doc.get("version", 0))
+            version = doc.get("version", 0)
+            if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+                raise ValueError(f"version must be a non-negative integer, got {version!r}")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CalibratorError(f"not a calibrator document: {e!r}") from None
         held = self._live.get(key)

@@ -37,10 +37,10 @@ def demo_config(bootstrap: str, port: int, workdir: Path) -> config.Config:
                   "client": {"request_timeout_ms": 5000, "reconnect_backoff_max_ms": 1000}},
         "join": {"missing_label": {"value": 0, "after": "5s"}, "label_ttl": "5m"},
         "metrics": {"windows": ["30s", "5m", "1h"]},
-        "segments": {"slices": [["country"], ["device"], ["country", "device"]],
-                     "max_values": 10},
-        "recalibration": {"interval": "3s", "method": "auto", "min_samples": 200,
+        "segments": {"slices": [["country"], ["device"]], "max_values": 10},
+        "recalibration": {"interval": "3s", "method": "temperature", "min_samples": 300,
                           "cooldown": "10s", "window": "30s", "buffer": 20000,
+                          "per_segment": True,
                           "output_dir": str(workdir / "calibrators"),
                           "triggers": {"ece_above": 0.03}},
         "server": {"host": "127.0.0.1", "port": port},
@@ -66,7 +66,7 @@ class StatusPrinter:
         self.traffic = traffic
         self.out = out
         self._seen: dict[tuple[str, str], int] = {}
-        self._outcomes: dict[tuple[str, str, str, str], int] = {}
+        self._events = 0
 
     def run(self, stop: threading.Event) -> None:
         next_status = time.monotonic() + STATUS_EVERY
@@ -77,26 +77,28 @@ class StatusPrinter:
                 next_status += STATUS_EVERY
 
     def _recalibrations(self) -> None:
+        """Every drift alarm and refit outcome, as it happens (from the loop's events)."""
         recal = self.daemon.recal
         if recal is None:
             return
-        for key, n in recal.metrics_state().recalibrations.items():
-            if key[3] != "published" and n > self._outcomes.get(key, 0):
-                self.out.write(f"  >> refit {key[0]}/{key[1]} with {key[2]}: {key[3]} "
-                               "(does not beat the live calibrator on holdout)\n")
-            self._outcomes[key] = n
-        for e in recal.registry.entries():
-            key = (e["model"], e["segment"])
-            if e["live"] is not None and self._seen.get(key) != e["live"]:
-                self._seen[key] = e["live"]
-                live = recal.registry.live(*key)
-                fit = (live.doc.get("fit") or {}) if live else {}
-                before = (fit.get("holdout_before") or {}).get("ece")
-                after = (fit.get("holdout_after") or {}).get("ece")
-                nums = f" holdout ECE {before:.3f} -> {after:.3f}" if before and after else ""
-                self.out.write(f"  >> recalibrated {e['model']}/{e['segment']}: v{e['live']} "
-                               f"{e['method']} (trigger {e['trigger']}){nums}\n")
-                self.out.flush()
+        events = recal.events  # replaced whole by each run: a consistent list
+        fresh, self._events = events[self._events:], len(events)
+        for e in fresh:
+            f = e.fields
+            where = f"{e.model}/{e.segment}"
+            if e.kind == "drift":
+                since = f.get("change_ts")
+                ago = f" (change estimated {e.ts - since:.0f} s earlier)" if since else ""
+                self.out.write(f"  >> drift {where}: {f.get('trigger')}{ago}\n")
+            elif e.kind == "published":
+                b, a = f.get("holdout_before") or {}, f.get("holdout_after") or {}
+                self.out.write(f"  >> recalibrated {where}: v{f.get('version')} "
+                               f"{f.get('method')} (trigger {f.get('trigger')}) holdout ECE "
+                               f"{b.get('ece', 0):.3f} -> {a.get('ece', 0):.3f}\n")
+            else:
+                self.out.write(f"  >> refit {where} {e.kind}: {f.get('reason')}\n")
+        if fresh:
+            self.out.flush()
 
     def _status(self) -> None:
         view = self.daemon.engine.view()
@@ -110,7 +112,7 @@ class StatusPrinter:
             if row.segment != "__all__" or row.window != window:
                 continue
             raw = row.stats.ece
-            live = self._seen.get((row.model, "__all__"))
+            live = recal_live(self.daemon, row.model)
             c = cal.get((row.model, row.segment, window)) if live else None
             shown_raw = f"{raw:.3f}" if raw is not None else "  -  "
             shown_cal = f"-> calibrated {c:.3f}" if c is not None else " " * 19
@@ -119,6 +121,13 @@ class StatusPrinter:
                 f"ECE({window}) raw {shown_raw} {shown_cal}   "
                 f"calibrator {('v' + str(live)) if live else '-'}\n")
         self.out.flush()
+
+
+def recal_live(daemon: Daemon, model: str) -> int | None:
+    if daemon.recal is None:
+        return None
+    live = daemon.recal.registry.live(model, "__all__")
+    return None if live is None else live.version
 
 
 def run_demo(duration: float | None, rate: float, port: int, out: TextIO = sys.stdout) -> int:
@@ -150,8 +159,9 @@ def run_demo(duration: float | None, rate: float, port: int, out: TextIO = sys.s
                   f"  reliability  http://127.0.0.1:{port}/reliability\n"
                   f"  status       http://127.0.0.1:{port}/status\n"
                   f"  calibrators  {cfg.recalibration.output_dir}\n"
-                  "Drift starts after ~10 s; recalibrations are printed as they happen. "
-                  "Ctrl+C stops.\n")
+                  "ctr drifts after ~10 s, fraud (country=BR) after ~15 s, triage after "
+                  "~20 s; search stays calibrated.\nAlarms and recalibrations are printed "
+                  "as they happen. Ctrl+C stops.\n")
         out.flush()
         code = daemon.run()
         out.write("calmon demo: stopped.\n")

@@ -6,6 +6,8 @@
   (logits x 0.4) a little later.
 * ``fraud``: a binary model (probabilities) with country and device segments,
   where the base rate in ``country=BR`` shifts up (a prior shift) mid-run.
+* ``search``: a binary model (logits) that stays calibrated throughout: it must
+  never raise a drift alarm.
 
 Labels follow their predictions after a random delay, sometimes out of order,
 keyed by id like a real pipeline.
@@ -26,6 +28,7 @@ from calmon.engine.records import sigmoid
 
 log = logging.getLogger(__name__)
 
+MODELS = ("ctr", "fraud", "triage", "search")
 COUNTRIES = ("US", "DE", "BR", "IN", "JP")
 DEVICES = ("ios", "android", "web")
 
@@ -51,7 +54,8 @@ class Traffic:
         self._seq = 0
         self._due: list[tuple[float, int, bytes, bytes]] = []  # (send at, seq, key, label)
 
-    def _prediction(self, model: str, elapsed: float, now: float) -> tuple[dict, int | None]:
+    def _prediction(self, model: str, elapsed: float,
+                    now: float) -> tuple[dict[str, object], int | None]:
         """One prediction record and its true label (None: no label will be sent)."""
         rng = self.rng
         self._seq += 1
@@ -71,11 +75,16 @@ class Traffic:
             y = int(rng.random() < sigmoid(z + shift))
             rec = {"id": pid, "model": model, "ts": now, "segment": seg, "prob": sigmoid(z)}
             return rec, (1 if y else None)
-        z = rng.normal(0.0, 1.6, 5)
-        p = np.exp(z) / np.exp(z).sum()
+        if model == "search":  # calibrated for ever: labels drawn from its own scores
+            z = float(rng.normal(-1.0, 1.5))
+            y = int(rng.random() < sigmoid(z))
+            return ({"id": pid, "model": model, "ts": now, "segment": seg, "logit": z},
+                    (1 if y else None))
+        zs = rng.normal(0.0, 1.6, 5)
+        p = np.exp(zs) / np.exp(zs).sum()
         y = int(rng.choice(5, p=p))
         scale = 0.4 if elapsed >= self.drift.triage_at else 1.0
-        q = np.exp(z * scale) / np.exp(z * scale).sum()
+        q = np.exp(zs * scale) / np.exp(zs * scale).sum()
         return {"id": pid, "model": "triage", "ts": now, "segment": seg,
                 "probs": [round(float(v), 9) for v in q]}, y
 
@@ -93,9 +102,9 @@ class Traffic:
                 carry += self.rate * tick
                 n, carry = int(carry), carry - int(carry)
                 for _ in range(n):
-                    model = ("ctr", "fraud", "triage")[int(self.rng.integers(3))]
+                    model = MODELS[int(self.rng.integers(len(MODELS)))]
                     rec, y = self._prediction(model, elapsed, now)
-                    key = rec["id"].encode()
+                    key = str(rec["id"]).encode()
                     producer.send(self.predictions_topic, key=key, value=json.dumps(rec).encode())
                     self.sent += 1
                     if y is not None:

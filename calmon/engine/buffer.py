@@ -22,9 +22,22 @@ class SampleSet:
     label: np.ndarray
     kind: np.ndarray  # 0 prob, 1 logit, 2 probs, 3 logits
     score: np.ndarray  # (n,) binary or (n, K) multiclass
+    total: int = 0  # samples ever added to the ring: the last (total - seen) are new
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    def tail(self, n: int) -> SampleSet:
+        """The newest ``n`` samples (all when n >= len)."""
+        if n >= len(self):
+            return self
+        cut = slice(len(self) - max(n, 0), None)
+        return SampleSet(self.ts[cut], self.label[cut], self.kind[cut], self.score[cut],
+                         self.total)
+
+    def select(self, mask: np.ndarray) -> SampleSet:
+        return SampleSet(self.ts[mask], self.label[mask], self.kind[mask], self.score[mask],
+                         self.total)
 
 
 class Ring:
@@ -38,10 +51,12 @@ class Ring:
         self.score = np.zeros(shape)
         self.size = 0
         self.head = 0  # next write position
+        self.total = 0  # samples ever added (detectors read only what is new)
 
     def extend(self, ts: np.ndarray, label: np.ndarray, kind: np.ndarray,
                score: np.ndarray) -> None:
         n = len(ts)
+        self.total += n
         if n >= self.capacity:  # only the newest fit
             ts, label, kind, score = (a[n - self.capacity:] for a in (ts, label, kind, score))
             n = self.capacity
@@ -53,21 +68,25 @@ class Ring:
         self.head = (self.head + n) % self.capacity
         self.size = min(self.capacity, self.size + n)
 
-    def samples(self) -> SampleSet:
-        start = (self.head - self.size) % self.capacity
-        idx = (start + np.arange(self.size)) % self.capacity
+    def samples(self, last: int | None = None) -> SampleSet:
+        """A copy of the contents, or of the newest ``last`` samples only (cheap: the
+        detectors read what is new every check)."""
+        n = self.size if last is None else max(0, min(last, self.size))
+        start = (self.head - n) % self.capacity
+        idx = (start + np.arange(n)) % self.capacity
         return SampleSet(self.ts[idx].copy(), self.label[idx].copy(), self.kind[idx].copy(),
-                         self.score[idx].copy())
+                         self.score[idx].copy(), self.total)
 
     def snapshot(self) -> dict[str, Any]:
         s = self.samples()
         return {"classes": self.classes, "ts": s.ts, "label": s.label, "kind": s.kind,
-                "score": s.score}
+                "score": s.score, "total": self.total}
 
     @classmethod
     def restore(cls, capacity: int, snap: dict[str, Any]) -> Ring:
         ring = cls(capacity, int(snap["classes"]))
         ring.extend(snap["ts"], snap["label"], snap["kind"], snap["score"])
+        ring.total = int(snap.get("total", ring.total))
         return ring
 
 
@@ -85,9 +104,9 @@ class Buffers:
             ring = self.rings[sid] = Ring(self.capacity, classes)
         ring.extend(ts, label, kind, score)
 
-    def samples(self, sid: int) -> SampleSet | None:
+    def samples(self, sid: int, last: int | None = None) -> SampleSet | None:
         ring = self.rings.get(sid)
-        return None if ring is None else ring.samples()
+        return None if ring is None else ring.samples(last)
 
     def snapshot(self) -> dict[int, Any]:
         return {sid: ring.snapshot() for sid, ring in self.rings.items()}

@@ -633,13 +633,14 @@ class Engine:
         n, top, pos = pending
         return Estimates(n, top / n, pos / n if binary else None, score_psi)
 
-    def samples(self, model: str, segment: str) -> SampleSet | None:
-        """A copy of the recent joined samples of one series (None without a buffer)."""
+    def samples(self, model: str, segment: str, last: int | None = None) -> SampleSet | None:
+        """A copy of the recent joined samples of one series (None without a buffer);
+        only the newest ``last`` when given."""
         with self.lock:
             sid = self.index.find(model, segment)
             if self.buffers is None or sid is None:
                 return None
-            return self.buffers.samples(sid)
+            return self.buffers.samples(sid, last)
 
     def buffered_series(self) -> list[tuple[str, str, int]]:
         """(model, segment, classes) of every series with a sample buffer."""

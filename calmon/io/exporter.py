@@ -73,6 +73,10 @@ class RecalState:
     versions: dict[tuple[str, str], int] = field(default_factory=dict)
     temperatures: dict[tuple[str, str], float] = field(default_factory=dict)
     drift: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    calibrated_samples: list[tuple[str, str, str, int]] = field(default_factory=list)
+    drift_evidence: dict[tuple[str, str], float] = field(default_factory=dict)
+    drift_change_ts: dict[tuple[str, str], float] = field(default_factory=dict)
+    alerts_failed: int = 0
     # (model, segment) series the loop evaluates and the methods a refit may report:
     # their recalibration counters are exported at 0 before the first refit, so
     # increase() sees the first one (no "series born" special case in alert rules)
@@ -256,6 +260,28 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
     for trig, v in sorted(r.drift.items()):
         g.add_metric(list(trig), v)
     yield g
+    g = GaugeMetricFamily("calmon_calibrated_samples",
+                          "Samples behind calmon_calibrated_ece (predicted after the fit)",
+                          labels=ROW_LABELS)
+    for model, segment, window, n in r.calibrated_samples:
+        g.add_metric([model, segment, window], n)
+    yield g
+    g = GaugeMetricFamily("calmon_drift_evidence",
+                          "Drift detector statistic over its threshold (>= 1 alarms)",
+                          labels=("model", "segment"))
+    for key, v in sorted(r.drift_evidence.items()):
+        g.add_metric(list(key), v)
+    yield g
+    g = GaugeMetricFamily("calmon_drift_change_timestamp_seconds",
+                          "Estimated start of the current change, while alarming",
+                          labels=("model", "segment"))
+    for key, v in sorted(r.drift_change_ts.items()):
+        g.add_metric(list(key), v)
+    yield g
+    c = CounterMetricFamily("calmon_alerts_failed_total",
+                            "Webhook alerts not delivered after retries")
+    c.add_metric([], r.alerts_failed)
+    yield c
 
 
 def _le(b: float) -> str:

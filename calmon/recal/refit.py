@@ -1,29 +1,45 @@
-"""Refit a calibrator on recent samples and decide whether it may go live.
+"""Refit a calibrator on post-change samples and decide whether it may go live.
 
-Pure numpy. The buffer is split in time: the older part fits, the newest
-``holdout_fraction`` judges. A candidate is published only if it beats the
-live calibrator (identity when there is none) on BOTH holdout ECE and NLL.
+Pure numpy. The samples (already only those after the estimated change) are sorted by
+prediction time and split in time: the newest ``holdout_fraction`` is the holdout that
+only the publish gate sees; ``auto`` also keeps a selection part (the newest 30% of the
+rest) on which it picks its method, then refits the winner on fit + selection.
+
+The gate publishes only when, on the holdout,
+- the NLL improvement over the live calibrator is significant at ``alpha``: a one-sided
+  paired z-test on the per-sample differences nll_live_i - nll_new_i; and
+- the ECE does not get worse beyond noise: the new ECE is at most the live one, or
+  within the (1 - alpha) quantile of the ECE a calibrated model shows on these bins;
+- and no guard objects (a model-level fit must not make a large segment significantly
+  worse: the same paired test, the other way round).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from calmon.calibrators import METHODS, Calibrator, fit, to_probs
-from calmon.calibrators.scores import to_logits
+from calmon.calibrators.platt import PlattCalibrator, logistic_toward
+from calmon.calibrators.scores import is_binary, to_logits
+from calmon.calibrators.temperature import TemperatureCalibrator
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import (
     bins_from_samples,
     confidence_and_correct,
     ece,
-    nll_from_samples,
+    null_ece_quantile,
 )
 from calmon.engine.records import SCORE_KINDS
 from calmon.errors import CalibratorError
 
 MIN_FIT = 20  # below this a fit is noise, whatever the config says
+SELECTION = 0.3  # auto: share of the non-holdout samples used to pick the method
+_EPS = 1e-15
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,20 @@ class Refit:
     before: Evaluation | None
     after: Evaluation | None
     reason: str = ""
+    reference: list[int] | None = None  # bin counts of the fit samples' raw confidences
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Platt-form (a, b) a segment fit is shrunk toward (the model's calibrator)."""
+
+    a: float
+    b: float
+    strength: float
+
+
+# A guard looks at a candidate calibrator and returns why it must not be published.
+Guard = Callable[[Calibrator], str | None]
 
 
 def input_kind(samples: SampleSet) -> str:
@@ -68,10 +98,19 @@ def scores_as(samples: SampleSet, kind: str) -> np.ndarray:
     return out
 
 
+def per_sample_nll(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    if probs.ndim == 1:
+        py = np.where(labels == 1, probs, 1.0 - probs)
+    else:
+        py = probs[np.arange(len(labels)), labels]
+    out: np.ndarray = -np.log(np.clip(py, _EPS, 1.0))
+    return out
+
+
 def evaluate(probs: np.ndarray, labels: np.ndarray, bins: int) -> Evaluation:
     conf, correct = confidence_and_correct(probs, labels)
     b = bins_from_samples(conf, correct, bins)
-    return Evaluation(ece(b.count, b.conf, b.correct), nll_from_samples(probs, labels))
+    return Evaluation(ece(b.count, b.conf, b.correct), float(per_sample_nll(probs, labels).mean()))
 
 
 def apply_or_identity(cal: Calibrator | None, scores: np.ndarray, kind: str) -> np.ndarray:
@@ -83,9 +122,48 @@ def apply_or_identity(cal: Calibrator | None, scores: np.ndarray, kind: str) -> 
     return cal.apply(scores)
 
 
+def significantly_better(nll_old: np.ndarray, nll_new: np.ndarray, alpha: float) -> bool:
+    """One-sided paired z-test: is mean(nll_old - nll_new) > 0 at level alpha?"""
+    d = nll_old - nll_new
+    n = len(d)
+    if n < 2:
+        return False
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if not sd > 0:
+        return mean > 0
+    return mean / (sd / math.sqrt(n)) > NormalDist().inv_cdf(1.0 - alpha)
+
+
+def platt_form(cal: Calibrator | None) -> tuple[float, float] | None:
+    """(a, b) of a binary calibrator of Platt form: sigmoid(a z + b); identity is (1, 0)."""
+    if cal is None:
+        return 1.0, 0.0
+    if isinstance(cal, TemperatureCalibrator) and is_binary(cal.input):
+        return 1.0 / cal.temperature, cal.bias
+    if isinstance(cal, PlattCalibrator) and is_binary(cal.input):
+        return cal.a, cal.b
+    return None
+
+
+def fit_one(method: str, x: np.ndarray, y: np.ndarray, kind: str, bins: int,
+            prior: Prior | None) -> Calibrator:
+    """Fit ``method``; binary temperature/platt shrunk toward ``prior`` when given."""
+    if prior is not None and is_binary(kind) and method in ("temperature", "platt"):
+        z = to_logits(x, kind)
+        yf = y.astype(np.float64)
+        a, b = logistic_toward(z, yf, prior.a, prior.b, prior.strength)
+        if method == "platt":
+            return PlattCalibrator(a, b, kind)
+        return TemperatureCalibrator(min(max(1.0 / a, 1e-4), 1e4) if a > 0 else 1e4, kind, b)
+    if method == "histogram":
+        return fit(method, x, y, input=kind, bins=bins)
+    return fit(method, x, y, input=kind)
+
+
 def refit(samples: SampleSet, method: str, live: Calibrator | None, holdout_fraction: float,
-          bins: int) -> Refit:
-    """Fit ``method`` (or every method for ``auto``, best holdout NLL) and gate it."""
+          bins: int, alpha: float = 0.01, prior: Prior | None = None,
+          guards: tuple[Guard, ...] = ()) -> Refit:
+    """Fit ``method`` (``auto``: pick on the selection split) and gate it on the holdout."""
     order = np.argsort(samples.ts, kind="stable")
     kind = input_kind(samples)
     scores = scores_as(samples, kind)[order]
@@ -97,19 +175,57 @@ def refit(samples: SampleSet, method: str, live: Calibrator | None, holdout_frac
                      f"too few samples to split ({n_fit} fit, {n_hold} holdout)")
     fit_x, fit_y = scores[:n_fit], labels[:n_fit]
     hold_x, hold_y = scores[n_fit:], labels[n_fit:]
-    before = evaluate(apply_or_identity(live, hold_x, kind), hold_y, bins)
-    candidates: list[tuple[Evaluation, Calibrator]] = []
+    live_probs = apply_or_identity(live, hold_x, kind)
+    before = evaluate(live_probs, hold_y, bins)
+    reference = _reference(fit_x, kind, bins)
     errors: list[str] = []
-    for m in (METHODS if method == "auto" else (method,)):
-        try:
-            cal = fit(m, fit_x, fit_y, input=kind)
-        except CalibratorError as e:
-            errors.append(f"{m}: {e}")
-            continue
-        candidates.append((evaluate(cal.apply(hold_x), hold_y, bins), cal))
-    if not candidates:
-        return Refit("failed", method, None, n_fit, n_hold, before, None, "; ".join(errors))
-    after, best = min(candidates, key=lambda c: c[0].nll)
-    better = after.ece < before.ece and after.nll < before.nll
-    return Refit("published" if better else "rejected", best.method, best, n_fit, n_hold,
-                 before, after, "" if better else "does not beat the live calibrator")
+    chosen = method
+    if method == "auto":
+        n_sel = round(n_fit * SELECTION)
+        if n_fit - n_sel < MIN_FIT or n_sel < MIN_FIT:
+            return Refit("failed", method, None, n_fit, n_hold, before, None,
+                         "too few samples for a selection split")
+        best: tuple[float, str] | None = None
+        for m in METHODS:
+            try:
+                cand = fit_one(m, fit_x[:-n_sel], fit_y[:-n_sel], kind, bins, prior)
+            except CalibratorError as e:
+                errors.append(f"{m}: {e}")
+                continue
+            sel_nll = float(per_sample_nll(cand.apply(fit_x[-n_sel:]), fit_y[-n_sel:]).mean())
+            if best is None or sel_nll < best[0]:
+                best = (sel_nll, m)
+        if best is None:
+            return Refit("failed", method, None, n_fit, n_hold, before, None, "; ".join(errors))
+        chosen = best[1]
+    try:
+        cal = fit_one(chosen, fit_x, fit_y, kind, bins, prior)
+    except CalibratorError as e:
+        return Refit("failed", chosen, None, n_fit, n_hold, before, None, f"{chosen}: {e}")
+    new_probs = cal.apply(hold_x)
+    after = evaluate(new_probs, hold_y, bins)
+    reason = ""
+    if not significantly_better(per_sample_nll(live_probs, hold_y),
+                                per_sample_nll(new_probs, hold_y), alpha):
+        reason = "holdout NLL improvement not significant"
+    elif after.ece > before.ece:
+        conf, correct = confidence_and_correct(new_probs, hold_y)
+        b = bins_from_samples(conf, correct, bins)
+        if after.ece > null_ece_quantile(b.count, b.conf, 1.0 - alpha):
+            reason = "holdout ECE worse beyond its noise"
+    if not reason:
+        for guard in guards:
+            why = guard(cal)
+            if why:
+                reason = why
+                break
+    return Refit("rejected" if reason else "published", chosen, cal, n_fit, n_hold, before,
+                 after, reason, reference)
+
+
+def _reference(x: np.ndarray, kind: str, bins: int) -> list[int]:
+    """Bin counts of the raw confidences (binary P(y=1), multiclass top label)."""
+    probs = to_probs(x, kind)
+    conf = probs if probs.ndim == 1 else probs.max(axis=1)
+    b = bins_from_samples(conf, np.zeros(len(conf)), bins)
+    return [int(v) for v in b.count]

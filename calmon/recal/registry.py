@@ -2,12 +2,18 @@
 ``latest.json``, each written temp-then-rename so readers never see half a file.
 
 The files are the source of truth for versions, so versions continue across
-restarts and a rollback by the CLI is seen by a running daemon.
+restarts and a rollback by the CLI is seen by a running daemon. Names become
+directories through ``calibrators.paths.dir_name`` (the watcher's spelling too),
+and every path is checked to lie inside ``output_dir`` before anything is written.
+
+``Registry(None)`` keeps documents in memory instead (``replay --recalibrate``
+without ``--output-dir``): same versions, nothing written.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -19,8 +25,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from calmon.calibrators import Calibrator, load
-from calmon.calibrators.watcher import safe_name as _safe
+from calmon.calibrators.paths import dir_name
+from calmon.calibrators.registry import read_document
 from calmon.errors import CalibratorError
+
+log = logging.getLogger(__name__)
 
 _VERSION = re.compile(r"^v(\d+)\.json$")
 Publish = Callable[[str, bytes], object]  # (key "<model>/<segment>", JSON bytes)
@@ -63,23 +72,45 @@ def write_new(path: Path, data: bytes) -> bool:
 
 
 class Registry:
-    def __init__(self, output_dir: str | Path, publish: Publish | None = None) -> None:
-        self.root = Path(output_dir)
+    def __init__(self, output_dir: str | Path | None, publish: Publish | None = None) -> None:
+        self.root = None if output_dir is None else Path(output_dir)
         self.publish_to_topic = publish
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[float, Live | None]] = {}
+        self._memory: dict[tuple[str, str], list[dict[str, Any]]] = {}  # root is None
+        self._names_cache: dict[tuple[str, str], tuple[str, str]] = {}
 
     def dir_of(self, model: str, segment: str) -> Path:
-        return self.root / _safe(model) / _safe(segment)
+        """The series' directory: exactly two levels below ``output_dir``, always."""
+        if self.root is None:
+            raise CalibratorError("an in-memory registry has no directories")
+        d = self.root / dir_name(model) / dir_name(segment)
+        if d.parent.parent != self.root or d.parent.name in ("", ".", ".."):
+            raise CalibratorError(f"refusing a calibrator path outside {self.root}")
+        return d
 
     def versions(self, model: str, segment: str) -> list[int]:
+        if self.root is None:
+            return [int(d["version"]) for d in self._memory.get((model, segment), [])]
         d = self.dir_of(model, segment)
         if not d.is_dir():
             return []
         return sorted(int(m.group(1)) for p in d.iterdir() if (m := _VERSION.match(p.name)))
 
     def live(self, model: str, segment: str) -> Live | None:
-        """The calibrator in ``latest.json`` (re-read when the file changes), or None."""
+        """The calibrator in ``latest.json`` (re-read when the file changes), or None.
+        A bad file counts as none (logged once per change of the file)."""
+        if self.root is None:
+            with self._lock:
+                docs = self._memory.get((model, segment))
+                if not docs:
+                    return None
+                cached = self._cache.get((model, segment))
+                if cached is not None and cached[0] == len(docs):
+                    return cached[1]
+                live_m = Live(load(docs[-1]), docs[-1])
+                self._cache[(model, segment)] = (len(docs), live_m)
+                return live_m
         path = self.dir_of(model, segment) / "latest.json"
         try:
             mtime = path.stat().st_mtime_ns
@@ -90,9 +121,10 @@ class Registry:
             if cached is not None and cached[0] == mtime:
                 return cached[1]
             try:
-                doc = json.loads(path.read_text(encoding="utf-8"))
+                doc = read_document(path)
                 live: Live | None = Live(load(doc), doc)
-            except (OSError, ValueError, CalibratorError):
+            except (OSError, CalibratorError) as e:
+                log.warning("ignoring calibrator %s: %s", path, str(e)[:200])
                 live = None
             self._cache[(model, segment)] = (mtime, live)
             return live
@@ -101,6 +133,12 @@ class Registry:
         """Give ``doc`` the next version, write it and ``latest.json``, and send it to
         the calibrators topic when one is set. Returns the document as written."""
         model, segment = doc["model"], doc["segment"]
+        if self.root is None:
+            with self._lock:
+                docs = self._memory.setdefault((model, segment), [])
+                doc = {**doc, "version": len(docs) + 1}
+                docs.append(json.loads(json.dumps(doc, allow_nan=False)))
+            return doc
         with self._lock:
             d = self.dir_of(model, segment)
             d.mkdir(parents=True, exist_ok=True)
@@ -117,11 +155,16 @@ class Registry:
 
     def read(self, model: str, segment: str, version: int) -> dict[str, Any]:
         """Raises CalibratorError when that version does not exist or is unreadable."""
+        if self.root is None:
+            for d in self._memory.get((model, segment), []):
+                if d["version"] == version:
+                    return dict(d)
+            raise CalibratorError(f"{model}/{segment}: no version {version}")
         path = self.dir_of(model, segment) / f"v{version}.json"
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise CalibratorError(f"{path}: {e}") from None
+        doc = read_document(path)
+        if not isinstance(doc, dict):
+            raise CalibratorError(f"{path}: not a JSON object")
+        return doc
 
     def rollback(self, model: str, segment: str, to_version: int) -> dict[str, Any]:
         """Republish an old version's parameters as a new version."""
@@ -134,19 +177,43 @@ class Registry:
 
     def entries(self) -> list[dict[str, Any]]:
         """One summary per model/segment: live version, method, all versions."""
-        out = []
-        if not self.root.is_dir():
-            return out
-        for mdir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            for sdir in sorted(p for p in mdir.iterdir() if p.is_dir()):
-                model, segment = unquote(mdir.name), unquote(sdir.name)
-                live = self.live(model, segment)
-                out.append({
-                    "model": model, "segment": segment,
-                    "versions": self.versions(model, segment),
-                    "live": None if live is None else live.version,
-                    "method": None if live is None else live.doc.get("method"),
-                    "fitted_at": None if live is None else live.doc.get("fitted_at"),
-                    "trigger": None if live is None else live.doc.get("trigger"),
-                })
+        out: list[dict[str, Any]] = []
+        if self.root is None:
+            keys = sorted(self._memory)
+        else:
+            if not self.root.is_dir():
+                return out
+            keys = []
+            for mdir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+                for sdir in sorted(p for p in mdir.iterdir() if p.is_dir()):
+                    keys.append(self._names(mdir, sdir))
+        for model, segment in keys:
+            live = self.live(model, segment)
+            out.append({
+                "model": model, "segment": segment,
+                "versions": self.versions(model, segment),
+                "live": None if live is None else live.version,
+                "method": None if live is None else live.doc.get("method"),
+                "fitted_at": None if live is None else live.doc.get("fitted_at"),
+                "trigger": None if live is None else live.doc.get("trigger"),
+            })
         return out
+
+    def _names(self, mdir: Path, sdir: Path) -> tuple[str, str]:
+        """Model and segment of a series directory: from its document (hashed long names
+        cannot be decoded), else by decoding the directory names. Cached per directory
+        (a directory's names never change), so a scrape reads no file twice."""
+        key = (mdir.name, sdir.name)
+        cached = self._names_cache.get(key)
+        if cached is not None:
+            return cached
+        names = unquote(mdir.name), unquote(sdir.name)
+        try:
+            doc = read_document(sdir / "latest.json")
+            if isinstance(doc, dict) and dir_name(str(doc["model"])) == mdir.name and (
+                    dir_name(str(doc["segment"])) == sdir.name):
+                names = str(doc["model"]), str(doc["segment"])
+                self._names_cache[key] = names
+        except (CalibratorError, KeyError):
+            pass
+        return names

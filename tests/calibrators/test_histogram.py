@@ -27,11 +27,13 @@ def loop_values(x: np.ndarray, y: np.ndarray, bins: int) -> list[float]:
         b = loop_bin(xi, bins)
         total[b] += yi
         count[b] += 1
-    return [total[i] / count[i] if count[i] else (i + 0.5) / bins for i in range(bins)]
+    return [(total[i] + 1) / (count[i] + 2) if count[i] else (i + 0.5) / bins
+            for i in range(bins)]
 
 
 @pytest.mark.parametrize("bins", [15, 10, 7, 1])
-def test_binary_values_are_bin_label_means(rng: np.random.Generator, bins: int) -> None:
+def test_binary_values_are_laplace_smoothed_bin_label_means(rng: np.random.Generator,
+                                                            bins: int) -> None:
     z, y = binary_data(rng, 3000)
     p = expit(2 * z)
     p[:40] = np.arange(40) % (bins + 1) / bins  # exactly on the edges, including 0 and 1
@@ -48,8 +50,8 @@ def test_default_is_15_bins_and_empty_bins_map_to_centres() -> None:
     p = np.array([0.0, 0.01, 0.02, 0.99, 1.0])
     cal = fit("histogram", p, [0, 1, 0, 1, 1], "prob")
     assert len(cal.values) == 15
-    assert cal.values[0] == pytest.approx(1 / 3)
-    assert cal.values[14] == 1.0
+    assert cal.values[0] == pytest.approx((1 + 1) / (3 + 2))  # Laplace: never 0 or 1
+    assert cal.values[14] == pytest.approx((2 + 1) / (2 + 2))
     np.testing.assert_allclose(cal.values[1:14], [(i + 0.5) / 15 for i in range(1, 14)])
 
 

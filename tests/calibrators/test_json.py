@@ -119,7 +119,11 @@ GOOD = {"method": "temperature", "params": {"temperature": 2.0}, "input": "logit
         {**GOOD, "input": "score"},
         {**GOOD, "params": [2.0]},
         {**GOOD, "params": {}},
-        {**GOOD, "params": {"temperature": 2.0, "bias": 0.1}},
+        {**GOOD, "params": {"temperature": 2.0, "bias": "0.1"}},
+        {**GOOD, "input": "logits", "params": {"temperature": 2.0, "bias": 0.1}},
+        {**GOOD, "version": -1},
+        {**GOOD, "version": "3"},
+        {**GOOD, "version": True},
         {**GOOD, "params": {"temperature": 0.0}},
         {**GOOD, "params": {"temperature": -1.0}},
         {**GOOD, "params": {"temperature": float("nan")}},
@@ -154,3 +158,35 @@ def test_invalid_files_raise(tmp_path: Path) -> None:
         load(tmp_path / "missing.json")
     with pytest.raises(CalibratorError):
         load(tmp_path)  # a directory
+
+
+def test_load_bounds_size_and_nesting(tmp_path) -> None:
+    from calmon.calibrators.registry import MAX_BYTES
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 50_000 + "]" * 50_000)
+    with pytest.raises(CalibratorError):
+        load(deep)
+    nested = {**GOOD, "extra": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": 1}}}}}}}}}
+    with pytest.raises(CalibratorError):
+        load(nested)
+    big = tmp_path / "big.json"
+    big.write_bytes(b'{"pad": "' + b"x" * (MAX_BYTES + 1) + b'"}')
+    with pytest.raises(CalibratorError, match="over"):
+        load(big)
+
+
+def test_watcher_skips_a_bad_latest_json_and_keeps_the_good_ones(tmp_path, caplog) -> None:
+    from calmon.calibrators import CalibratorWatcher
+
+    good = tmp_path / "m" / "__all__"
+    good.mkdir(parents=True)
+    (good / "latest.json").write_text(json.dumps({**GOOD, "model": "m", "version": 2}))
+    bad = tmp_path / "n" / "__all__"
+    bad.mkdir(parents=True)
+    (bad / "latest.json").write_text(json.dumps({**GOOD, "model": "n", "version": "two"}))
+    w = CalibratorWatcher(tmp_path, min_interval=0.0)
+    assert w.version("m") == 2
+    assert w.get("n") is None  # skipped, never raised
+    assert w.apply("n", [0.25]).tolist() == [0.25]  # identity on probabilities
+    assert any("skipping calibrator" in r.message for r in caplog.records)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import minimize_scalar
+from scipy.optimize import minimize, minimize_scalar
 from scipy.special import expit, log_expit, log_softmax, softmax
 
 from calmon.calibrators import TemperatureCalibrator, fit
@@ -30,19 +30,37 @@ def scipy_temperature(nll, lo: float = -9.0, hi: float = 9.0) -> float:
     return float(np.exp(res.x))
 
 
-@pytest.mark.parametrize("s", [0.5, 2.0, 3.0])
-def test_recovers_binary_temperature(rng: np.random.Generator, s: float) -> None:
-    z, y = binary_data(rng, 20_000, scale=2.0)
-    cal = fit("temperature", z * s, y, "logit")  # reported logits z * s: T = s undoes it
+def binary_nll_ab(z: np.ndarray, y: np.ndarray, a: float, b: float) -> float:
+    eta = a * z + b
+    return float(-np.mean(y * log_expit(eta) + (1 - y) * log_expit(-eta)))
+
+
+def scipy_platt(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    res = minimize(lambda w: binary_nll_ab(z, y, w[0], w[1]), x0=[1.0, 0.0], method="BFGS",
+                   options={"gtol": 1e-10})
+    return float(res.x[0]), float(res.x[1])
+
+
+@pytest.mark.parametrize(("s", "shift"), [(0.5, 0.0), (2.0, 0.0), (3.0, 0.0), (1.0, 1.5),
+                                          (2.5, -1.0)])
+def test_recovers_binary_temperature_and_bias(rng: np.random.Generator, s: float,
+                                              shift: float) -> None:
+    # truth sigmoid(z + shift); the model reports z * s: T = s and bias = shift undo it
+    z, _ = binary_data(rng, 20_000, scale=2.0)
+    y = (rng.random(len(z)) < expit(z + shift)).astype(np.int64)
+    cal = fit("temperature", z * s, y, "logit")
     assert isinstance(cal, TemperatureCalibrator)
-    assert cal.temperature == pytest.approx(s, rel=0.02)
-    assert cal.temperature == pytest.approx(
-        scipy_temperature(lambda t: binary_nll(z * s, y, t)), rel=1e-6
-    )
-    np.testing.assert_allclose(cal.apply(z * s), expit(z * s / cal.temperature), rtol=1e-13)
-    # prob input: the same model given as probabilities fits the same temperature.
+    assert cal.temperature == pytest.approx(s, rel=0.05)
+    assert cal.bias == pytest.approx(shift, abs=0.08)
+    a, b = scipy_platt(z * s, y)
+    assert 1 / cal.temperature == pytest.approx(a, rel=1e-5)
+    assert cal.bias == pytest.approx(b, abs=1e-5)
+    np.testing.assert_allclose(cal.apply(z * s), expit(z * s / cal.temperature + cal.bias),
+                               rtol=1e-13)
+    # prob input: the same model given as probabilities fits the same map.
     cal_p = fit("temperature", expit(z * s), y, "prob")
     assert cal_p.temperature == pytest.approx(cal.temperature, rel=1e-6)
+    assert cal_p.bias == pytest.approx(cal.bias, abs=1e-6)
 
 
 @pytest.mark.parametrize("s", [0.5, 2.0, 3.0])
@@ -68,16 +86,16 @@ def test_recovers_multiclass_temperature(rng: np.random.Generator, s: float) -> 
     )
 
 
-def test_identity_when_scores_are_uninformative() -> None:
-    cal = fit("temperature", [0.0, 0.0, 0.0, 0.0], [0, 1, 0, 1], "logit")
-    assert cal.temperature == 1.0
+def test_uninformative_scores_give_the_base_rate() -> None:
+    cal = fit("temperature", [0.0, 0.0, 0.0, 0.0], [0, 1, 1, 1], "logit")
+    np.testing.assert_allclose(cal.apply([-3.0, 0.0, 3.0]), 0.75, rtol=1e-3)
 
 
 def test_separable_data_gives_a_bounded_small_temperature() -> None:
     z = np.array([-2.0, -1.0, 1.0, 2.0])
     cal = fit("temperature", z, [0, 0, 1, 1], "logit")
-    assert 0 < cal.temperature <= 1e-3
-    assert binary_nll(z, np.array([0, 0, 1, 1]), cal.temperature) < 1e-100
+    assert 1e-4 <= cal.temperature <= 0.1
+    assert binary_nll_ab(z, np.array([0, 0, 1, 1]), 1 / cal.temperature, cal.bias) < 1e-3
 
 
 @settings(max_examples=60, deadline=None)
@@ -89,7 +107,7 @@ def test_separable_data_gives_a_bounded_small_temperature() -> None:
 )
 def test_never_raises_fit_nll(seed: int, n: int, scale: float, kind: str) -> None:
     rng = np.random.default_rng(seed)
-    if kind in ("logit", "prob"):
+    if kind in ("logit", "prob"):  # temperature and bias: compared with scipy in 2-D
         z = rng.normal(0, scale, n)
         y = rng.integers(0, 2, n)
         y[:2] = [0, 1]  # both classes present
@@ -98,8 +116,14 @@ def test_never_raises_fit_nll(seed: int, n: int, scale: float, kind: str) -> Non
             q = np.clip(scores, 1e-15, 1 - 1e-15)
             z = np.log(q) - np.log(1 - q)
 
-        def nll(t: float) -> float:
-            return binary_nll(z, y, t)
+        cal = fit("temperature", scores, y, kind)
+        assert 1e-4 * (1 - 1e-12) <= cal.temperature <= 1e4 * (1 + 1e-12)
+        mine = binary_nll_ab(z, y, 1 / cal.temperature, cal.bias)
+        assert mine <= binary_nll_ab(z, y, 1.0, 0.0) + 1e-9
+        a, b = scipy_platt(z, y)
+        if 1e-4 <= a <= 1e4:  # inside the allowed range: the same optimum
+            assert mine <= binary_nll_ab(z, y, a, b) + 1e-4
+        return
     else:
         z = rng.normal(0, scale, (n, 4))
         y = rng.integers(0, 4, n)

@@ -7,14 +7,14 @@ never with calmon's metrics or calibrators.
 
 from __future__ import annotations
 
-import math
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.optimize import minimize_scalar
 from scipy.special import expit, log_softmax
 
+import calmon.recal.policy as policy_mod
 from calmon.engine.engine import Engine
 from calmon.recal.loop import Recalibrator
 from calmon.recal.registry import Registry
@@ -23,6 +23,7 @@ from tests.recal.helpers import (
     Stream,
     arrays,
     binary_logit_stream,
+    conf_correct,
     ece_np,
     feed,
     latest,
@@ -31,243 +32,267 @@ from tests.recal.helpers import (
     read_json,
     recal_config,
     step_prob_stream,
-    temperature_probs,
     window_mask,
 )
 
 HOUR = 3600.0
-WINDOWS = {"1h": HOUR, "24h": 24 * HOUR}
-
-
-def fit_temperature(z: np.ndarray, y: np.ndarray) -> float:
-    """NLL-optimal temperature by scipy's bounded scalar minimiser over log T."""
-    if z.ndim == 1:
-        def nll(lt: float) -> float:
-            s = z / math.exp(lt)
-            return float(np.mean(np.logaddexp(0.0, s) - y * s))
-    else:
-        def nll(lt: float) -> float:
-            return float(-np.mean(log_softmax(z / math.exp(lt), axis=1)[np.arange(len(y)), y]))
-    res = minimize_scalar(nll, bounds=(-5.0, 5.0), method="bounded",
-                          options={"xatol": 1e-10})
-    return math.exp(res.x)
+T2 = BASE_TS + 5 * HOUR  # where the drift starts
 
 
 def drift_stream(seed: int) -> Stream:
     """Two hours of calibrated traffic, then (3h later) 40 minutes of logits sharpened
-    by 1/T: multiplied by T = 2.5, for a binary and a 5-class model."""
+    2.5x, for a binary and a 5-class model."""
     rng = np.random.default_rng(seed)
     s = Stream()
     s.extend(binary_logit_stream(rng, "bin", 2000, BASE_TS, 2 * HOUR, prefix="a"))
     s.extend(multiclass_logit_stream(rng, "mc5", 1500, 5, BASE_TS, 2 * HOUR, prefix="a"))
-    t2 = BASE_TS + 5 * HOUR
-    s.extend(binary_logit_stream(rng, "bin", 6000, t2, 2400.0, scale=2.5, prefix="b"))
-    s.extend(multiclass_logit_stream(rng, "mc5", 4000, 5, t2, 2400.0, scale=2.5, prefix="b"))
+    s.extend(binary_logit_stream(rng, "bin", 6000, T2, 2400.0, scale=2.5, prefix="b"))
+    s.extend(multiclass_logit_stream(rng, "mc5", 4000, 5, T2, 2400.0, scale=2.5, prefix="b"))
     return s
 
 
-def test_drift_refit_publishes_temperature_and_calibrated_view(tmp_path: Path) -> None:
-    """Acceptance 1 at engine level and acceptance 8: the published temperature is the
-    NLL optimum on the fit part, its holdout numbers are the numpy ones, and
-    ``calibrated_ece`` is the ECE of the window after the published calibrator."""
+def nonzero(counts: dict) -> dict:
+    return {k: v for k, v in counts.items() if v}
+
+
+def probs_of(doc: dict, z: np.ndarray) -> np.ndarray:
+    """A temperature document applied with scipy: sigmoid(z/T + b) or softmax(z/T)."""
+    t = doc["params"]["temperature"]
+    if z.ndim == 1:
+        return expit(z / t + doc["params"]["bias"])
+    return np.exp(log_softmax(z / t, axis=1))
+
+
+def test_drift_is_refit_on_post_change_samples_through_the_gate(tmp_path: Path) -> None:
     cfg = recal_config(tmp_path)
     engine = Engine(cfg)
     recal = Recalibrator(cfg, engine)
     stream = drift_stream(seed=1)
     feed(engine, stream)
-    results = recal.run_once()
-    assert sorted(r.outcome for r in results) == ["published", "published"], results
-
+    events = recal.run_once()
+    kinds = {(e.model, e.kind) for e in events}
+    assert kinds == {("bin", "drift"), ("bin", "published"), ("mc5", "drift"),
+                     ("mc5", "published")}, events
     out = Path(cfg.recalibration.output_dir)
-    now = max(p["ts"] for p in stream.preds)
-    state = recal.metrics_state()
-    calibrated = {(m, s, w): v for m, s, w, v in state.calibrated_ece}
     for model in ("bin", "mc5"):
         doc = read_json(latest(out, model))
         assert doc["version"] == 1 and doc["method"] == "temperature"
-        assert doc["model"] == model and doc["segment"] == "__all__"
-        t = doc["params"]["temperature"]
-        assert abs(t / 2.5 - 1.0) < 0.10, (model, t)
-
-        ts, z, y, kind = arrays(stream, model)
-        assert doc["input"] == kind
-        # the refit saw the 1h trigger window only: the drifted samples, split in time
-        recent = window_mask(ts, now, HOUR)
-        assert recent.sum() == (6000 if model == "bin" else 4000)
-        order = np.argsort(ts[recent], kind="stable")
-        zr, yr = z[recent][order], y[recent][order]
+        assert abs(doc["params"]["temperature"] / 2.5 - 1) < 0.1, doc["params"]
+        if model == "bin":
+            assert abs(doc["params"]["bias"]) < 0.2
+        # the estimated change time is near the true one, and the refit used only
+        # the samples after it, split in time
+        assert T2 - 600 <= doc["change_ts"] <= T2 + 600, doc["change_ts"] - T2
+        ts, z, y, _kind = arrays(stream, model)
+        post = ts >= doc["change_ts"]
         fit = doc["fit"]
+        assert fit["samples"] + fit["holdout_samples"] == post.sum()
+        zp, yp = z[post], y[post]
         n_hold = fit["holdout_samples"]
-        assert fit["samples"] + n_hold == len(yr)
-        assert abs(n_hold - 0.3 * len(yr)) <= 1
-        zf, yf, zh, yh = zr[:-n_hold], yr[:-n_hold], zr[-n_hold:], yr[-n_hold:]
-        assert t == pytest.approx(fit_temperature(zf, yf), rel=1e-4)
-        before = temperature_probs(zh, kind, 1.0)
-        after = temperature_probs(zh, kind, t)
-        assert fit["holdout_before"]["ece"] == pytest.approx(ece_np(before, yh), abs=1e-9)
-        assert fit["holdout_before"]["nll"] == pytest.approx(nll_np(before, yh), abs=1e-9)
-        assert fit["holdout_after"]["ece"] == pytest.approx(ece_np(after, yh), abs=1e-9)
-        assert fit["holdout_after"]["nll"] == pytest.approx(nll_np(after, yh), abs=1e-9)
-        assert fit["holdout_after"]["ece"] < fit["holdout_before"]["ece"]
-        assert fit["holdout_after"]["nll"] < fit["holdout_before"]["nll"]
+        assert abs(n_hold - 0.3 * post.sum()) <= 1
+        zh, yh = zp[-n_hold:], yp[-n_hold:]
+        raw = expit(zh) if zh.ndim == 1 else np.exp(log_softmax(zh, axis=1))
+        new = probs_of(doc, zh)
+        assert fit["holdout_before"]["ece"] == pytest.approx(ece_np(raw, yh), abs=1e-9)
+        assert fit["holdout_before"]["nll"] == pytest.approx(nll_np(raw, yh), abs=1e-9)
+        assert fit["holdout_after"]["ece"] == pytest.approx(ece_np(new, yh), abs=1e-9)
+        assert fit["holdout_after"]["nll"] == pytest.approx(nll_np(new, yh), abs=1e-9)
+        # reference: bin counts of the fit part's raw confidences
+        zf = zp[:-n_hold]
+        conf, _ = conf_correct(expit(zf) if zf.ndim == 1 else
+                               np.exp(log_softmax(zf, axis=1)), y[post][:-n_hold])
+        want = np.bincount(np.clip(np.ceil(conf * 15).astype(int) - 1, 0, 14), minlength=15)
+        assert doc["reference"] == want.tolist()
+        drift = next(e for e in events if e.model == model and e.kind == "drift")
+        assert drift.fields["change_ts"] == doc["change_ts"]
+        # the engine's label-free estimates and score PSI get the same calibrator
+        apply, reference = engine.calibrators[(model, "__all__")]
+        assert reference.tolist() == doc["reference"]
+        np.testing.assert_allclose(apply(zh, "logit" if zh.ndim == 1 else "logits"),
+                                   probs_of(doc, zh), atol=1e-12)
 
-        # acceptance 8: right after the publishing run the calibrated view already
-        # shows the published calibrator, on every window
-        for w, seconds in WINDOWS.items():
-            mask = window_mask(ts, now, seconds)
-            want = ece_np(temperature_probs(z[mask], kind, t), y[mask])
-            assert calibrated[(model, "__all__", w)] == pytest.approx(want, abs=1e-9), (model, w)
-        raw_1h = {r.model: r.stats.ece for r in engine.view().rows if r.window == "1h"}
-        assert calibrated[(model, "__all__", "1h")] < raw_1h[model]
+    # right after the publish, nothing was predicted after fitted_at: honest = no number
+    state = recal.metrics_state()
+    assert state.calibrated_ece == [] or all(s != "__all__" for _, s, _, _ in
+                                             state.calibrated_ece)
+    assert {(m, w): n for m, _, w, n in state.calibrated_samples} == {
+        ("bin", "1h"): 0, ("bin", "24h"): 0, ("mc5", "1h"): 0, ("mc5", "24h"): 0}
+    assert state.versions == {("bin", "__all__"): 1, ("mc5", "__all__"): 1}
 
-        assert state.versions[(model, "__all__")] == 1
-        assert state.temperatures[(model, "__all__")] == t
-        assert state.recalibrations == {
-            ("bin", "__all__", "temperature", "published"): 1,
-            ("mc5", "__all__", "temperature", "published"): 1}
-
-    # the next run keeps showing the same calibrated view and does not refit again:
-    # after the published calibrator nothing is significant any more
-    assert recal.run_once() == []
-    again = {(m, s, w): v for m, s, w, v in recal.metrics_state().calibrated_ece}
-    assert again == calibrated
-    assert not any(recal.metrics_state().drift.values())
-
-
-def test_calibrated_ece_reads_the_same_window_as_calmon_ece(tmp_path: Path) -> None:
-    """With a published identity calibrator (temperature 1 on logits) the calibrated view
-    is the model's own window: ``calibrated_ece`` must equal ``calmon_ece`` for every
-    window, also when samples lie between now - W and the window's first bucket."""
-    cfg = recal_config(tmp_path, recalibration={"min_samples": 10**9})  # never refit
-    engine = Engine(cfg)
-    recal = Recalibrator(cfg, engine)
-    rng = np.random.default_rng(2)
-    stream = binary_logit_stream(rng, "bin", 8000, BASE_TS, 2 * HOUR, scale=1.3)
-    feed(engine, stream)
-    Registry(cfg.recalibration.output_dir).publish(
-        {"model": "bin", "segment": "__all__", "method": "temperature",
-         "params": {"temperature": 1.0}, "input": "logit"})
-    recal.run_once()
-    calibrated = {w: v for m, s, w, v in recal.metrics_state().calibrated_ece}
-    rows = {r.window: r.stats for r in engine.view().rows}
-    ts, z, y, _ = arrays(stream, "bin")
-    now = float(ts.max())
-    for w, seconds in WINDOWS.items():
-        mask = window_mask(ts, now, seconds)
-        assert rows[w].samples == mask.sum()  # the documented bucket window
-        want = ece_np(expit(z[mask]), y[mask])
-        assert rows[w].ece == pytest.approx(want, abs=1e-9)
-        assert calibrated[w] == pytest.approx(want, abs=1e-9), w
+    # later traffic (same drifted model) is what the calibrated ECE is computed on
+    rng = np.random.default_rng(5)
+    later = Stream()
+    later.extend(binary_logit_stream(rng, "bin", 1500, T2 + 2400.0 + 60, 1200.0, scale=2.5,
+                                     prefix="c"))
+    later.extend(multiclass_logit_stream(rng, "mc5", 1500, 5, T2 + 2400.0 + 60, 1200.0,
+                                         scale=2.5, prefix="c"))
+    feed(engine, later)
+    again = recal.run_once()
+    assert [e for e in again if e.kind == "published"] == []
+    state = recal.metrics_state()
+    cal = {(m, w): v for m, _, w, v in state.calibrated_ece}
+    counts = {(m, w): n for m, _, w, n in state.calibrated_samples}
+    for model in ("bin", "mc5"):
+        doc = read_json(latest(out, model))
+        ts, z, y, _ = arrays(later, model)
+        all_ts = np.concatenate([arrays(stream, model)[0], ts])
+        now = float(all_ts.max())
+        for w, seconds in (("1h", HOUR), ("24h", 24 * HOUR)):
+            mask = window_mask(ts, now, seconds)  # all of `later` is after fitted_at
+            assert counts[(model, w)] == mask.sum()
+            assert cal[(model, w)] == pytest.approx(ece_np(probs_of(doc, z[mask]), y[mask]),
+                                                    abs=1e-9)
 
 
 def test_auto_picks_a_binning_method_for_a_step_distortion(tmp_path: Path) -> None:
-    """Acceptance 2: scores whose true probability is a step (0.2 below 0.5, 0.8 above)
-    cannot be fixed by a temperature; ``auto`` publishes isotonic or histogram."""
+    """Scores whose true probability is a step (0.2 below 0.5, 0.8 above) cannot be fixed
+    by a sigmoid of the logit; ``auto`` (choosing on its own selection split) publishes
+    isotonic or histogram, and its holdout numbers are the published map's."""
     cfg = recal_config(tmp_path, recalibration={"method": "auto"})
     engine = Engine(cfg)
     recal = Recalibrator(cfg, engine)
     stream = step_prob_stream(np.random.default_rng(3), "step", 6000, BASE_TS, 1800.0)
     feed(engine, stream)
-    (result,) = recal.run_once()
-    assert result.outcome == "published", result
+    published = [e for e in recal.run_once() if e.kind == "published"]
+    assert len(published) == 1, published
     doc = read_json(latest(Path(cfg.recalibration.output_dir), "step"))
     assert doc["method"] in ("isotonic", "histogram"), doc["method"]
-    assert result.method == doc["method"] and doc["input"] == "prob"
-
-    # the published map, applied here from its parameters, gives the holdout numbers
-    _, s, y, _ = arrays(stream, "step")
+    ts, s, y, _ = arrays(stream, "step")
+    post = ts >= doc["change_ts"]
     n_hold = doc["fit"]["holdout_samples"]
-    sh, yh, sf, yf = s[-n_hold:], y[-n_hold:], s[:-n_hold], y[:-n_hold]
+    sh, yh = s[post][-n_hold:], y[post][-n_hold:]
     params = doc["params"]
     if doc["method"] == "histogram":
         edges, values = np.array(params["edges"]), np.array(params["values"])
-        idx = np.clip(np.searchsorted(edges, sh, side="left") - 1, 0, len(values) - 1)
-        ph = values[idx]
+        ph = values[np.clip(np.searchsorted(edges, sh, side="left") - 1, 0, len(values) - 1)]
     else:
         ph = np.interp(sh, params["x"], params["y"])
-    after = doc["fit"]["holdout_after"]
-    assert after["ece"] == pytest.approx(ece_np(ph, yh), abs=1e-9)
-    assert after["nll"] == pytest.approx(nll_np(ph, yh), abs=1e-9)
-    # and it beats the best temperature scaling (scipy) on the same split
-    logit = np.log(np.clip(sh, 1e-15, 1)) - np.log(np.clip(1 - sh, 1e-15, 1))
-    logit_f = np.log(np.clip(sf, 1e-15, 1)) - np.log(np.clip(1 - sf, 1e-15, 1))
-    t = fit_temperature(logit_f, yf)
-    assert after["nll"] < nll_np(expit(logit / t), yh) - 0.01
+    assert ((ph > 0) & (ph < 1)).all()  # Laplace-smoothed: no certainties
+    assert doc["fit"]["holdout_after"]["ece"] == pytest.approx(ece_np(ph, yh), abs=1e-9)
+    assert doc["fit"]["holdout_after"]["nll"] == pytest.approx(nll_np(ph, yh), abs=1e-9)
 
 
 def test_a_refit_that_does_not_beat_the_live_calibrator_is_rejected(tmp_path: Path) -> None:
-    """Acceptance 4: a good (not perfect) histogram calibrator is live; the data drift
-    enough to fire, but a temperature refit is far worse than the live map, so the
-    refit is counted ``rejected`` and nothing is published."""
-    cfg = recal_config(tmp_path)
+    """A good (not perfect) histogram calibrator is live; the data drift enough to fire,
+    but temperature-with-bias cannot be flat on each side of 0.5, so the refit is
+    ``rejected`` and nothing is published; the next try waits for twice the data."""
+    cfg = recal_config(tmp_path, recalibration={"cooldown": "10m"})
     out = Path(cfg.recalibration.output_dir)
     registry = Registry(out)
     registry.publish({"model": "step", "segment": "__all__", "method": "histogram",
                       "params": {"edges": [0.0, 0.5, 1.0], "values": [0.2, 0.65]},
-                      "input": "prob"})
+                      "input": "prob", "fitted_at": "2000-01-01T00:00:00Z"})
     live_bytes = latest(out, "step").read_bytes()
     engine = Engine(cfg)
-    clock = [1_000_000.0]
-    recal = Recalibrator(cfg, engine, clock=lambda: clock[0])
-    stream = step_prob_stream(np.random.default_rng(4), "step", 6000, BASE_TS, 1800.0)
-    feed(engine, stream)
-
-    (result,) = recal.run_once()
-    assert result.outcome == "rejected", result
+    recal = Recalibrator(cfg, engine)
+    rng = np.random.default_rng(4)
+    feed(engine, step_prob_stream(rng, "step", 6000, BASE_TS, 1800.0, prefix="a"))
+    (rejected,) = [e for e in recal.run_once() if e.kind != "drift"]
+    assert rejected.kind == "rejected", rejected
     assert registry.versions("step", "__all__") == [1]
     assert latest(out, "step").read_bytes() == live_bytes
     state = recal.metrics_state()
-    assert state.recalibrations == {("step", "__all__", "temperature", "rejected"): 1}
-    assert state.versions == {("step", "__all__"): 1}
+    assert nonzero(state.recalibrations) == {("step", "__all__", "temperature", "rejected"): 1}
+    # every series and method is handed to the exporter, which shows them at 0
+    assert state.series == [("step", "__all__")] and state.methods == ("temperature",)
     assert state.drift[("step", "__all__", "ece_above")] == 1
+    assert state.drift_evidence[("step", "__all__")] >= 1.0
+    # the live map is wrong from the start: the change is dated at the first samples
+    assert BASE_TS <= state.drift_change_ts[("step", "__all__")] <= BASE_TS + 600
+    # and the exporter spells them as the contract does
+    from prometheus_client import generate_latest
+    from prometheus_client.core import CollectorRegistry
 
-    # independently: the live map beats the best temperature on the holdout part
-    _, s, y, _ = arrays(stream, "step")
-    n_hold = result.holdout_samples
-    sh, yh = s[-n_hold:], y[-n_hold:]
-    live = np.where(sh <= 0.5, 0.2, 0.65)
-    assert result.before is not None
-    assert result.before.nll == pytest.approx(nll_np(live, yh), abs=1e-9)
-    assert result.before.ece == pytest.approx(ece_np(live, yh), abs=1e-9)
-    lg = np.log(s / (1 - s))
-    t = fit_temperature(lg[:-n_hold], y[:-n_hold])
-    assert nll_np(expit(lg[-n_hold:] / t), yh) > nll_np(live, yh) + 0.01
+    from calmon.io.exporter import CalmonCollector
 
-    # inside the cooldown the trigger keeps firing but nothing is refitted ...
-    assert recal.run_once() == []
-    assert recal.metrics_state().recalibrations == state.recalibrations
-    # ... after it, the refit is tried (and rejected) again
-    clock[0] += cfg.recalibration.cooldown
+    reg = CollectorRegistry()
+    reg.register(CalmonCollector(engine, recal=recal.metrics_state))
+    text = generate_latest(reg).decode()
+    for name in ("calmon_drift_evidence{", "calmon_drift_change_timestamp_seconds{",
+                 "calmon_calibrated_samples{", "calmon_alerts_failed_total "):
+        assert name in text, name
+
+    # after a rejection the next try waits until the post-change samples have doubled
+    # (not for the cooldown: a rejection published nothing), with alpha halved
+    feed(engine, step_prob_stream(rng, "step", 2000, BASE_TS + 1800.0, 600.0, prefix="b"))
+    assert [e for e in recal.run_once() if e.kind != "drift"] == []
+    feed(engine, step_prob_stream(rng, "step", 5000, BASE_TS + 2400.0, 1200.0, prefix="c"))
     (again,) = recal.run_once()
-    assert again.outcome == "rejected"
-    assert recal.metrics_state().recalibrations == {
+    assert again.kind == "rejected"
+    assert again.fields["fit_samples"] + again.fields["holdout_samples"] >= 2 * (
+        rejected.fields["fit_samples"] + rejected.fields["holdout_samples"])
+    assert nonzero(recal.metrics_state().recalibrations) == {
         ("step", "__all__", "temperature", "rejected"): 2}
-    assert registry.versions("step", "__all__") == [1]
 
 
-def test_ece_increase_compares_with_the_live_documents_holdout_ece(tmp_path: Path) -> None:
-    """``ece_increase`` compares with the holdout ECE recorded in the live calibrator's
-    document, so it works for a restarted Recalibrator (and follows a CLI rollback)."""
+def test_hostile_names_stay_inside_output_dir(tmp_path: Path) -> None:
     cfg = recal_config(tmp_path)
     engine = Engine(cfg)
-    clock = [1_000_000.0]
-    first = Recalibrator(cfg, engine, clock=lambda: clock[0])
-    rng = np.random.default_rng(12)
-    feed(engine, binary_logit_stream(rng, "bin", 5000, BASE_TS, 1800.0, scale=2.5, prefix="a"))
-    (r1,) = first.run_once()
-    assert r1.outcome == "published" and r1.after is not None
+    recal = Recalibrator(cfg, engine)
+    names = ["..", "a/b", "\u00e9" * 60, "."]  # 120 bytes: within limits, hashed on disk
+    rng = np.random.default_rng(8)
+    for i, name in enumerate(names):
+        s = binary_logit_stream(rng, name, 3000, BASE_TS, 1800.0, scale=2.5, prefix=f"{i}")
+        feed(engine, s)
+    events = recal.run_once()
+    assert sorted(e.model for e in events if e.kind == "published") == sorted(names)
+    out = Path(cfg.recalibration.output_dir).resolve()
+    files = [p.resolve() for p in tmp_path.rglob("*.json")]
+    assert files and all(out in p.parents for p in files)
+    assert all(p.parent.parent.parent == out for p in files)
+    assert all(len(part.encode()) <= 120 for p in files for part in p.relative_to(out).parts)
+    assert sorted(e["model"] for e in recal.registry.entries()) == sorted(names)
 
-    # later the model sharpens further; only ece_increase is configured now
-    only_increase = {"triggers": {"ece_above": None, "ece_increase": 0.02,
-                                  "observed_over_expected": None}}
-    cfg2 = recal_config(tmp_path, recalibration=only_increase)
-    feed(engine, binary_logit_stream(rng, "bin", 5000, BASE_TS + 2 * HOUR, 1800.0,
-                                     scale=7.5, prefix="b"))
-    clock[0] += 10.0
-    restarted = Recalibrator(cfg2, engine, clock=lambda: clock[0])  # no recal state at all
-    (r2,) = restarted.run_once()
-    assert r2.outcome == "published"
-    assert restarted.metrics_state().drift[("bin", "__all__", "ece_increase")] == 1
-    doc = read_json(latest(Path(cfg.recalibration.output_dir), "bin"))
-    assert doc["version"] == 2 and doc["trigger"] == "ece_increase"
-    assert abs(doc["params"]["temperature"] / 7.5 - 1.0) < 0.10
+
+def test_one_failing_series_does_not_stop_the_others(tmp_path: Path, monkeypatch) -> None:
+    cfg = recal_config(tmp_path)
+    engine = Engine(cfg)
+    recal = Recalibrator(cfg, engine)
+    rng = np.random.default_rng(9)
+    for name in ("good", "bad"):
+        feed(engine, binary_logit_stream(rng, name, 3000, BASE_TS, 1800.0, scale=2.5,
+                                         prefix=name))
+    calls: list[str] = []
+    orig = policy_mod.Policy._refit
+
+    def failing(self, now, model, segment, *a, **k):
+        calls.append(model)
+        if model == "bad":
+            raise OSError(28, "No space left on device")
+        return orig(self, now, model, segment, *a, **k)
+
+    monkeypatch.setattr(policy_mod.Policy, "_refit", failing)
+    events = recal.run_once()
+    outcome = {e.model: e.kind for e in events if e.kind != "drift"}
+    assert outcome == {"bad": "failed", "good": "published"}
+    assert sorted(calls) == ["bad", "good"]
+    assert recal.metrics_state().recalibrations[("bad", "__all__", "temperature", "failed")] == 1
+
+
+def test_a_bad_latest_json_is_skipped_not_raised(tmp_path: Path) -> None:
+    cfg = recal_config(tmp_path)
+    out = Path(cfg.recalibration.output_dir)
+    d = out / "bin" / "__all__"
+    d.mkdir(parents=True)
+    (d / "latest.json").write_text("[" * 100_000)  # deep nesting
+    engine = Engine(cfg)
+    recal = Recalibrator(cfg, engine)
+    feed(engine, binary_logit_stream(np.random.default_rng(1), "bin", 2000, BASE_TS, 900.0))
+    recal.run_once()  # no exception: the file counts as no calibrator
+    assert recal.registry.live("bin", "__all__") is None
+    (d / "latest.json").write_text(json.dumps({"method": "temperature", "version": "x",
+                                               "params": {"temperature": 2}, "input": "logit"}))
+    assert recal.registry.live("bin", "__all__") is None
+
+
+def test_snapshot_restores_the_detectors(tmp_path: Path) -> None:
+    cfg = recal_config(tmp_path)
+    engine = Engine(cfg)
+    recal = Recalibrator(cfg, engine)
+    feed(engine, drift_stream(seed=3))
+    recal.run_once()
+    snap = json.loads(json.dumps(recal.snapshot()))  # plain JSON data
+    other = Recalibrator(cfg, engine)
+    other.restore(snap)
+    assert other.snapshot() == snap
+    assert other.policy.gauges == recal.policy.gauges

@@ -1,0 +1,511 @@
+"""The recalibration policy: detection, refits and the publish gate as one pure step.
+
+``Policy.check(now, series, samples_of)`` is what runs every ``recalibration.interval``:
+the daemon's APScheduler job calls it on the engine's event time, and
+``calmon replay --recalibrate`` calls it on the files' event time, so a backtest runs
+exactly the daemon's code. It takes samples and a clock and returns events; its only
+side effect is publishing through the registry it was given.
+
+Per series (a model's ``__all__``, and each segment with ``per_segment``):
+
+1. the series' e-detector (calmon.recal.detect) is fed the samples joined since the
+   last check, scored after the live calibrator; it restarts whenever the live
+   calibrator changes (a new null). Its threshold is 1 / (alpha / S), S the number of
+   series the model can have, so all of a calibrated model's series together raise a
+   false alarm with probability at most alpha between two refits, however long it runs;
+2. once it alarms, the change time is estimated (CUSUM start) and the effect-size
+   triggers read the samples since then: a trigger that fires makes a ``drift`` event;
+3. outside the cooldown, with at least ``min_samples`` post-change samples, those
+   samples alone are refitted (calmon.recal.refit) and published only through the gate.
+   A segment's calibrator is shrunk toward the model's; a model-level refit is not
+   published when it makes a segment with ``min_samples`` samples significantly worse.
+
+One failing series (an OSError, a fit that raises) is a ``failed`` event for that
+series only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from calmon.calibrators import Calibrator
+from calmon.config import Config
+from calmon.engine.buffer import SampleSet
+from calmon.engine.metrics import Bins, bins_from_samples, confidence_and_correct, ece
+from calmon.engine.windows import BUCKETS
+from calmon.recal.detect import Detector, change_point
+from calmon.recal.refit import (
+    Prior,
+    Refit,
+    apply_or_identity,
+    input_kind,
+    per_sample_nll,
+    platt_form,
+    refit,
+    scores_as,
+    significantly_better,
+)
+from calmon.recal.registry import Live, Registry
+from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
+
+log = logging.getLogger(__name__)
+
+ALL = "__all__"
+FIRST_FEED = 10_000  # samples a series' detector starts on (bounds the first check's cost)
+SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in "samples of curvature"
+# (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
+# series' ring, with the ring's running total; None when the series has no ring.
+SamplesOf = Callable[[str, str, int | None], SampleSet | None]
+
+
+def in_window(ts: np.ndarray, seconds: float, now: float) -> np.ndarray:
+    """Which samples the engine's window of ``seconds`` holds: the same buckets as the
+    window's row (calmon.engine.windows), not simply ``ts > now - seconds``."""
+    width = seconds / BUCKETS
+    return np.floor(ts / width) > math.floor(now / width) - BUCKETS
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(value: Any) -> float | None:
+    try:
+        return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def target(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
+    """(p, y) the detector tests: calibrated P(y=1) and y, or top-label confidence and
+    correctness, after ``cal`` (identity when None)."""
+    kind = input_kind(samples)
+    probs = apply_or_identity(cal, scores_as(samples, kind), kind)
+    return confidence_and_correct(probs, samples.label.astype(np.int64))
+
+
+@dataclass
+class SeriesState:
+    detector: Detector
+    basis: tuple[int | None, int | None]  # live versions (own, model's) the null is about
+    seen: int = 0  # ring total already fed
+    reset_total: int = 0  # ring total when the detector restarted
+    drifting: tuple[str, ...] = ()
+    change_ts: float | None = None
+    last_refit: float | None = None
+    change_total: int | None = None  # ring total when the change was last estimated
+    rejections: int = 0  # rejected refits since the detector restarted
+    last_n: int = 0  # post-change samples the last rejected refit had
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"detector": self.detector.snapshot(), "basis": list(self.basis),
+                "seen": self.seen, "reset_total": self.reset_total,
+                "drifting": list(self.drifting), "change_ts": self.change_ts,
+                "last_refit": self.last_refit, "change_total": self.change_total,
+                "rejections": self.rejections, "last_n": self.last_n}
+
+    @classmethod
+    def restore(cls, s: dict[str, Any]) -> SeriesState:
+        b = s["basis"]
+        return cls(Detector.restore(s["detector"]), (b[0], b[1]), int(s["seen"]),
+                   int(s["reset_total"]), tuple(s["drifting"]), s["change_ts"],
+                   s["last_refit"], s.get("change_total"), int(s.get("rejections", 0)),
+                   int(s.get("last_n", 0)))
+
+
+@dataclass(frozen=True)
+class Event:
+    ts: float
+    model: str
+    segment: str
+    kind: str  # drift | published | rejected | failed
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ts": self.ts, "model": self.model, "segment": self.segment,
+                "kind": self.kind, **self.fields}
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """What the exporter shows, published whole after each check (readers never see a
+    dict being written)."""
+
+    evidence: dict[tuple[str, str], float] = field(default_factory=dict)
+    change_ts: dict[tuple[str, str], float] = field(default_factory=dict)
+    drift: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+
+class Policy:
+    def __init__(self, cfg: Config, registry: Registry) -> None:
+        self.cfg = cfg
+        self.rc = cfg.recalibration
+        self.registry = registry
+        self.states: dict[tuple[str, str], SeriesState] = {}
+        self.published_ece: dict[tuple[str, str], float] = {}
+        self.gauges = Gauges()
+        self._snapshot: dict[str, Any] = {"series": [], "published_ece": []}
+        self._lock = threading.Lock()  # one check at a time
+
+    # ------------------------------------------------------------ budget
+
+    def series_budget(self) -> int:
+        """How many series one model can have: the alpha split's denominator. Fixed by
+        the config (not by the series seen so far), so the split is valid up front."""
+        if not self.rc.per_segment:
+            return 1
+        total = 1
+        for keys in self.cfg.segments.slices:
+            total += (self.cfg.segments.max_values + 1) ** len(keys)
+        return total
+
+    def log_threshold(self) -> float:
+        return math.log(self.series_budget() / self.rc.alpha)
+
+    # ------------------------------------------------------------ one check
+
+    def check(self, now: float, series: Iterable[tuple[str, str]],
+              samples_of: SamplesOf) -> list[Event]:
+        with self._lock:
+            # segments before their model: a segment that drifts alone is handled first
+            keys = sorted(set(series), key=lambda k: (k[0], k[1] == ALL, k[1]))
+            events: list[Event] = []
+            for model, segment in keys:
+                try:
+                    events += self._check_series(now, model, segment, keys, samples_of)
+                except Exception as e:  # one series' trouble never stops the others
+                    log.exception("recalibration of %r/%r failed", model, segment)
+                    st = self.states.get((model, segment))
+                    if st is not None:
+                        st.last_refit = now
+                    events.append(Event(now, model, segment, "failed",
+                                        {"method": self.rc.method, "trigger": None,
+                                         "reason": f"{type(e).__name__}: {str(e)[:200]}"}))
+            self._publish_readers()
+            return events
+
+    def live(self, model: str, segment: str) -> Live | None:
+        live = self.registry.live(model, segment)
+        if live is None and segment != ALL:
+            live = self.registry.live(model, ALL)  # a segment falls back to the model's
+        return live
+
+    def _basis(self, model: str, segment: str) -> tuple[int | None, int | None]:
+        own = self.registry.live(model, segment)
+        model_live = None if segment == ALL else self.registry.live(model, ALL)
+        return (None if own is None else own.version,
+                None if model_live is None else model_live.version)
+
+    def _check_series(self, now: float, model: str, segment: str,
+                      keys: list[tuple[str, str]], samples_of: SamplesOf) -> list[Event]:
+        head = samples_of(model, segment, 0)
+        if head is None or head.total == 0:
+            return []
+        live = self.live(model, segment)
+        basis = self._basis(model, segment)
+        st = self.states.get((model, segment))
+        if st is None:  # first sight: the newest buffered samples are new (at most
+            # FIRST_FEED, chosen by position only, so the test stays valid)
+            start = max(0, head.total - FIRST_FEED)
+            st = self.states[(model, segment)] = SeriesState(Detector.new(), basis, start,
+                                                             start)
+        elif st.basis != basis:  # a new live calibrator: a new null, a new test
+            st = self.states[(model, segment)] = SeriesState(
+                Detector.new(), basis, head.total, head.total, last_refit=st.last_refit)
+        new = head.total - st.seen
+        if new > 0:
+            fresh = samples_of(model, segment, new)
+            if fresh is not None and len(fresh):
+                p, y = target(None if live is None else live.calibrator, fresh)
+                st.detector.update(p, y, self.log_threshold())
+                st.seen = fresh.total
+        if not st.detector.alarmed:
+            st.drifting, st.change_ts, st.change_total = (), None, None
+            return []
+        cal = None if live is None else live.calibrator
+        fresh_estimate = st.change_total is None
+        if fresh_estimate:
+            self._estimate_change(model, segment, st, cal, samples_of)
+        decision, post = self._effects(now, model, segment, st, live, samples_of)
+        events: list[Event] = []
+        if decision.fired and not st.drifting:
+            events.append(Event(now, model, segment, "drift",
+                                {"trigger": decision.fired[0], "change_ts": st.change_ts}))
+        st.drifting = decision.fired
+        if st.rejections:  # after a rejection: try again once the evidence has doubled
+            cooled = len(post) >= 2 * st.last_n
+        else:
+            cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
+        if (decision.fired and cooled and len(post) >= self.rc.min_samples
+                and not self._deferred(model, segment, keys)):
+            if not fresh_estimate:  # more samples since the alarm: estimate again
+                self._estimate_change(model, segment, st, cal, samples_of)
+                decision, post = self._effects(now, model, segment, st, live, samples_of)
+            if decision.fired and len(post) >= self.rc.min_samples:
+                events.append(self._refit(now, model, segment, st, post, live,
+                                          decision.fired[0], keys, samples_of))
+        return events
+
+    def _since_restart(self, model: str, segment: str, st: SeriesState,
+                       samples_of: SamplesOf) -> SampleSet | None:
+        return samples_of(model, segment, st.seen - st.reset_total)
+
+    def _estimate_change(self, model: str, segment: str, st: SeriesState,
+                         cal: Calibrator | None, samples_of: SamplesOf) -> None:
+        """Where did the change begin? The CUSUM start over the samples since the
+        detector's restart, taken in prediction-time order (labels arrive in any order;
+        the model changed at a moment of prediction time). Done at the alarm and again
+        before each refit; in between the estimate is kept (this scan is the costly part
+        of a check)."""
+        st.change_total = st.seen  # when it was estimated
+        recent = self._since_restart(model, segment, st, samples_of)
+        if recent is None or len(recent) == 0:
+            st.change_ts = None
+            return
+        order = np.argsort(recent.ts, kind="stable")
+        p, y = target(cal, recent)
+        k = change_point(p[order], y[order])
+        st.change_ts = float(recent.ts[order][k])
+
+    def _effects(self, now: float, model: str, segment: str, st: SeriesState,
+                 live: Live | None, samples_of: SamplesOf) -> tuple[Decision, SampleSet]:
+        """The effect-size triggers on the samples since the detector's restart predicted
+        at or after the estimated change, inside ``recalibration.window`` (also what a
+        refit is fitted on)."""
+        post = self._since_restart(model, segment, st, samples_of)
+        if post is not None:
+            keep = in_window(post.ts, self.cfg.window(self.rc.window).seconds, now)
+            if st.change_ts is not None:
+                keep &= post.ts >= st.change_ts
+            post = post.select(keep)
+        if post is None or len(post) == 0:
+            return Decision(0.0, (), None), SampleSet(*(np.zeros(0),) * 4)
+        p, y = target(None if live is None else live.calibrator, post)
+        reading = Reading(_bins(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
+                          self._baseline(model, segment, live))
+        return decide(self.rc, reading), post
+
+    def _deferred(self, model: str, segment: str, keys: list[tuple[str, str]]) -> bool:
+        """With per_segment, a model-level refit waits while the drift looks local: in
+        some slice, some but fewer than half of the values drift or have a calibrator of
+        their own. Those get their own fits; a model-level fit would move the segments
+        that did not drift (they keep what they had)."""
+        if segment != ALL or not self.rc.per_segment:
+            return False
+        slices: dict[tuple[str, ...], list[bool]] = {}
+        for m, seg in keys:
+            if m != model or seg == ALL:
+                continue
+            st = self.states.get((model, seg))
+            local = (st is not None and bool(st.drifting)) or (
+                self.registry.live(model, seg) is not None)
+            slices.setdefault(_slice_of(seg), []).append(local)
+        for flags in slices.values():
+            if 0 < sum(flags) < len(flags) / 2:
+                log.debug("model-level refit of %r deferred: %d of %d values of a slice "
+                          "drift alone", model, sum(flags), len(flags))
+                return True
+        return False
+
+    def _baseline(self, model: str, segment: str, live: Live | None) -> float | None:
+        """The ECE ``ece_increase`` compares with: the live document's holdout ECE (so a
+        rollback by the CLI moves it too), else the last publish this process made."""
+        try:
+            return float(live.doc["fit"]["holdout_after"]["ece"])  # type: ignore[union-attr]
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return self.published_ece.get((model, segment))
+
+    def _refit(self, now: float, model: str, segment: str, st: SeriesState, post: SampleSet,
+               live: Live | None, trigger: str, keys: list[tuple[str, str]],
+               samples_of: SamplesOf) -> Event:
+        st.last_refit = now
+        prior = None
+        if segment != ALL:
+            model_live = self.registry.live(model, ALL)
+            form = platt_form(None if model_live is None else model_live.calibrator)
+            if form is not None:
+                prior = Prior(form[0], form[1], SHRINK)
+        guards = ()
+        if segment == ALL and self.rc.per_segment:
+            guards = self._segment_guards(model, post, keys, samples_of, st.change_ts)
+        # alpha spending over the retries of one alarm: attempt i gates at alpha / 2^i
+        alpha = self.rc.alpha / 2 ** st.rejections
+        result = refit(post, self.rc.method, None if live is None else live.calibrator,
+                       self.rc.holdout_fraction, self.cfg.metrics.bins, alpha, prior, guards)
+        if result.outcome == "rejected":
+            st.rejections += 1
+            st.last_n = len(post)
+        else:  # failed, or published (the state is replaced below): the cooldown applies
+            st.rejections = 0
+        fields: dict[str, Any] = {
+            "method": result.method, "trigger": trigger,
+            "fit_samples": result.fit_samples, "holdout_samples": result.holdout_samples,
+            "holdout_before": None if result.before is None else result.before.as_dict(),
+            "holdout_after": None if result.after is None else result.after.as_dict(),
+        }
+        if result.outcome != "published" or result.calibrator is None:
+            fields["reason"] = result.reason
+            log.info("refit of %r/%r %s: %s", model, segment, result.outcome, result.reason)
+            return Event(now, model, segment, result.outcome, fields)
+        doc = self.registry.publish(self._document(model, segment, now, trigger, st, result))
+        assert result.after is not None
+        self.published_ece[(model, segment)] = result.after.ece
+        # the new calibrator is the new null: restart the detector on what comes next
+        fresh = samples_of(model, segment, 0)
+        total = post.total if fresh is None else fresh.total
+        self.states[(model, segment)] = SeriesState(
+            Detector.new(), self._basis(model, segment), total, total, last_refit=now)
+        log.info("published %s calibrator v%d for %r/%r (holdout ECE %.4f -> %.4f)",
+                 result.method, doc["version"], model, segment,
+                 result.before.ece if result.before else math.nan, result.after.ece)
+        return Event(now, model, segment, "published", {**fields, "version": doc["version"]})
+
+    def _document(self, model: str, segment: str, now: float, trigger: str, st: SeriesState,
+                  r: Refit) -> dict[str, Any]:
+        assert r.calibrator is not None
+        return r.calibrator.to_json(
+            # rounded up to the second, so no fit sample counts as predicted after it
+            model=model, segment=segment, fitted_at=iso(math.ceil(now)), trigger=trigger,
+            change_ts=st.change_ts, reference=r.reference,
+            fit={"samples": r.fit_samples, "holdout_samples": r.holdout_samples,
+                 "holdout_before": r.before.as_dict() if r.before else None,
+                 "holdout_after": r.after.as_dict() if r.after else None})
+
+    def _segment_guards(self, model: str, post: SampleSet, keys: list[tuple[str, str]],
+                        samples_of: SamplesOf, change_ts: float | None) -> tuple[Any, ...]:
+        """One guard per segment that would be served the model's new calibrator and has
+        ``min_samples`` post-change samples: the candidate must not be significantly
+        worse than what it has now on that segment's holdout-period samples."""
+        ts = np.sort(post.ts)
+        hold_start = float(ts[len(ts) - round(len(ts) * self.rc.holdout_fraction)]) if len(
+            ts) else math.inf
+        since = -math.inf if change_ts is None else change_ts
+        guards = []
+        for m, seg in keys:
+            if m != model or seg == ALL or self.registry.live(m, seg) is not None:
+                continue
+            s = samples_of(m, seg, None)
+            if s is None or int((s.ts >= since).sum()) < self.rc.min_samples:
+                continue
+            hold = s.select(s.ts >= hold_start)
+            if len(hold) < 2:
+                continue
+            guards.append(_guard(seg, hold, self.live(m, ALL), self.rc.alpha))
+        return tuple(guards)
+
+    # ------------------------------------------------------------ readers
+
+    def _publish_readers(self) -> None:
+        thr = self.log_threshold()
+        evidence, change, drift = {}, {}, {}
+        for key, st in self.states.items():
+            lm = max(st.detector.log_m, thr) if st.detector.alarmed else st.detector.log_m
+            evidence[key] = math.exp(min(lm - thr, 690.0))
+            if st.detector.alarmed and st.change_ts is not None:
+                change[key] = st.change_ts
+            for trig in (*TRIGGERS, "evidence"):
+                if trig != "evidence" or trig in st.drifting:
+                    drift[(*key, trig)] = int(trig in st.drifting)
+        self.gauges = Gauges(evidence, change, drift)
+        self._snapshot = {
+            "series": [[m, s, st.snapshot()] for (m, s), st in sorted(self.states.items())],
+            "published_ece": [[m, s, e] for (m, s), e in sorted(self.published_ece.items())],
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state after the last check, as plain data (built by the checking thread,
+        so a checkpoint never iterates what a check is writing)."""
+        return self._snapshot
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        with self._lock:
+            self.states = {}
+            for m, s, st in snap.get("series", []):
+                try:
+                    self.states[(str(m), str(s))] = SeriesState.restore(st)
+                except (KeyError, TypeError, ValueError, IndexError):
+                    continue  # a state of another version: that series starts afresh
+            self.published_ece = {(m, s): float(e) for m, s, e in snap.get("published_ece", [])}
+            self._publish_readers()
+
+    def calibrated(self, now: float, series: Iterable[tuple[str, str]],
+                   samples_of: SamplesOf) -> list[tuple[str, str, str, float | None, int]]:
+        """(model, segment, window, ECE, samples) after the live calibrator, on samples
+        predicted after its ``fitted_at`` only (never the data it was fit on). Series
+        without a calibrator are left to the caller (their raw window is exact)."""
+        out: list[tuple[str, str, str, float | None, int]] = []
+        for model, segment in sorted(set(series)):
+            live = self.live(model, segment)
+            if live is None:
+                continue
+            samples = samples_of(model, segment, None)
+            if samples is None:
+                continue
+            fitted = parse_iso(live.doc.get("fitted_at"))
+            fresh = samples.ts > (fitted if fitted is not None else math.inf)
+            for w in self.cfg.metrics.windows:
+                mask = fresh & in_window(samples.ts, w.seconds, now)
+                n = int(mask.sum())
+                if n == 0:
+                    out.append((model, segment, w.name, None, 0))
+                    continue
+                p, y = target(live.calibrator, samples.select(mask))
+                b = _bins(p, y, self.cfg.metrics.bins)
+                out.append((model, segment, w.name, ece(b.count, b.conf, b.correct), n))
+        return out
+
+
+def live_calibrators(registry: Registry) -> dict[tuple[str, str], tuple[Any, Any, int]]:
+    """(model, segment) -> (apply(scores, kind), reference bin counts or None, version) of
+    every live calibrator: what the engine's label-free estimates need."""
+    out: dict[tuple[str, str], tuple[Any, Any, int]] = {}
+    for e in registry.entries():
+        live = registry.live(e["model"], e["segment"])
+        if live is None:
+            continue
+        ref = live.doc.get("reference")
+        try:
+            ref_arr = np.asarray(ref, dtype=np.float64) if isinstance(ref, list) else None
+            if ref_arr is not None and (ref_arr.ndim != 1 or not np.isfinite(ref_arr).all()):
+                ref_arr = None
+        except (TypeError, ValueError):
+            ref_arr = None
+        cal = live.calibrator
+        out[(e["model"], e["segment"])] = (
+            lambda scores, kind, cal=cal: apply_or_identity(cal, scores, kind), ref_arr,
+            live.version)
+    return out
+
+
+def _slice_of(segment: str) -> tuple[str, ...]:
+    """The keys of a segment label ``k1=v1,k2=v2`` (its slice)."""
+    return tuple(part.split("=", 1)[0] for part in segment.split(","))
+
+
+def _bins(conf: np.ndarray, correct: np.ndarray, bins: int) -> Bins:
+    return bins_from_samples(conf, correct, bins)
+
+
+def _guard(segment: str, hold: SampleSet, current: Live | None, alpha: float) -> Any:
+    kind = input_kind(hold)
+    x = scores_as(hold, kind)
+    labels = hold.label.astype(np.int64)
+    now_nll = per_sample_nll(
+        apply_or_identity(None if current is None else current.calibrator, x, kind), labels)
+
+    def check(cand: Calibrator) -> str | None:
+        new_nll = per_sample_nll(apply_or_identity(cand, x, kind), labels)
+        if significantly_better(new_nll, now_nll, alpha):  # i.e. the candidate is worse
+            return f"makes segment {segment} significantly worse"
+        return None
+
+    return check

@@ -1,0 +1,51 @@
+"""Policy decisions that need no stream: the alpha split and the deferral rule."""
+
+from __future__ import annotations
+
+import math
+
+from calmon import config as config_mod
+from calmon.recal.detect import Detector
+from calmon.recal.policy import ALL, Policy, SeriesState
+from calmon.recal.registry import Registry
+
+
+def policy(per_segment: bool) -> Policy:
+    cfg = config_mod.from_dict({
+        "segments": {"slices": [["country"], ["device"], ["country", "device"]],
+                     "max_values": 10},
+        "recalibration": {"per_segment": per_segment, "alpha": 0.01}})
+    return Policy(cfg, Registry(None))
+
+
+def test_alpha_is_split_over_every_series_a_model_can_have() -> None:
+    assert policy(False).series_budget() == 1
+    p = policy(True)
+    assert p.series_budget() == 1 + 11 + 11 + 11 * 11
+    assert math.isclose(p.log_threshold(), math.log(p.series_budget() / 0.01))
+
+
+def test_a_model_level_refit_waits_while_a_minority_of_a_slice_drifts() -> None:
+    p = policy(True)
+    countries = [f"country={c}" for c in "ABCDE"]
+    devices = ["device=ios", "device=web"]
+    keys = [("m", ALL)] + [("m", s) for s in countries + devices]
+
+    def drifting(*segments: str) -> None:
+        p.states = {("m", s): SeriesState(Detector.new(), (None, None),
+                                          drifting=("ece_above",) if s in segments else ())
+                    for s in countries + devices}
+
+    drifting()
+    assert not p._deferred("m", ALL, keys)  # nothing local: the model may refit
+    drifting("country=C")
+    assert p._deferred("m", ALL, keys)  # one country of five: local
+    drifting("country=C", "device=ios")
+    assert p._deferred("m", ALL, keys)  # still a minority of the countries
+    drifting("country=A", "country=B", "country=C", "device=ios", "device=web")
+    assert not p._deferred("m", ALL, keys)  # most of every slice: a global drift
+    assert not p._deferred("m", "country=C", keys)  # segments never wait
+    p.registry.publish({"model": "m", "segment": "country=D", "method": "temperature",
+                        "params": {"temperature": 1.0}, "input": "logit"})
+    drifting()
+    assert p._deferred("m", ALL, keys)  # a segment with its own calibrator: local

@@ -1,0 +1,175 @@
+"""Simulated streams with a known truth, driven through the daemon's policy.
+
+Every sample has a TRUE probability (its label is drawn from it), so the true ECE of
+any calibrator is computed without label noise: bin the calibrated outputs on fresh
+samples and compare each bin's mean output with the mean true probability. Nothing
+here uses calmon's metrics; the policy under test is calmon.recal.policy.Policy, fed
+through the engine's own sample rings (calmon.engine.buffer) as the daemon feeds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.special import expit, logit, softmax
+
+from calmon import config as config_mod
+from calmon.config import Config
+from calmon.engine.buffer import Buffers, SampleSet
+from calmon.recal.policy import ALL, Event, Policy
+from calmon.recal.registry import Registry
+
+DAY = 86_400.0
+T0 = 1_764_460_800.0  # 2025-11-30T00:00:00Z
+BINS = 15
+
+
+def sim_config(tmp: Path | None = None, **recal: Any) -> Config:
+    base: dict[str, Any] = {
+        "interval": "5m", "cooldown": "1h", "min_samples": 1000, "alpha": 0.01,
+        "method": "temperature", "buffer": 50_000, "window": "24h",
+        "output_dir": str(tmp or "/nonexistent"),
+    }
+    base.update(recal)
+    return config_mod.from_dict({
+        "metrics": {"bins": BINS, "windows": ["1h", "24h"]},
+        "segments": {"slices": [["country"]], "max_values": 50},
+        "recalibration": base,
+    })
+
+
+# A scenario maps (t, segment index, n, rng) -> (reported scores, true probabilities):
+# binary scores are logits (n,), multiclass logits (n, K); true probabilities are
+# P(y=1) (n,) or the full class distribution (n, K).
+Scenario = Callable[[float, int, int, np.random.Generator], tuple[np.ndarray, np.ndarray]]
+
+
+def binary(mu: float = -3.5, sd: float = 1.0, change_at: float = np.inf,
+           scale: float = 1.0, shift: float = 0.0, shift_segment: int | None = None
+           ) -> Scenario:
+    """True logit z ~ N(mu, sd). After ``change_at`` the model reports z * scale (2.5:
+    over-confident, 0.5: under-confident); with ``shift`` the truth becomes z + shift
+    (a prior shift), only in ``shift_segment`` when given."""
+
+    def draw(t: float, seg: int, n: int, rng: np.random.Generator):
+        z = rng.normal(mu, sd, n)
+        after = t >= change_at
+        reported = z * scale if after else z
+        hit = after and (shift_segment is None or seg == shift_segment)
+        return reported, expit(z + shift if hit else z)
+
+    return draw
+
+
+def multiclass(k: int = 4, sd: float = 1.5, change_at: float = np.inf,
+               scale: float = 1.0) -> Scenario:
+    def draw(t: float, seg: int, n: int, rng: np.random.Generator):
+        z = rng.normal(0.0, sd, (n, k))
+        return (z * scale if t >= change_at else z), softmax(z, axis=1)
+
+    return draw
+
+
+def draw_labels(truth: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    if truth.ndim == 1:
+        return (rng.random(len(truth)) < truth).astype(np.int64)
+    u = rng.random(len(truth))
+    return np.minimum((np.cumsum(truth, axis=1) < u[:, None]).sum(axis=1),
+                      truth.shape[1] - 1)
+
+
+def true_ece(cal: Any, scores: np.ndarray, truth: np.ndarray, bins: int = BINS) -> float:
+    """ECE of ``cal`` (None: the raw model) against the true probabilities."""
+    if scores.ndim == 1:
+        out = expit(scores) if cal is None else cal.apply(scores)
+        conf, target = out, truth
+    else:
+        out = softmax(scores, axis=1) if cal is None else cal.apply(scores)
+        top = out.argmax(axis=1)
+        conf = out[np.arange(len(out)), top]
+        target = truth[np.arange(len(out)), top]
+    b = np.clip(np.ceil(conf * bins).astype(int) - 1, 0, bins - 1)
+    total = 0.0
+    for i in range(bins):
+        m = b == i
+        if m.any():
+            total += abs(conf[m].sum() - target[m].sum())
+    return total / len(conf)
+
+
+@dataclass
+class Run:
+    events: list[Event] = field(default_factory=list)
+    policy: Policy | None = None
+    max_evidence: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def of(self, kind: str, segment: str | None = None) -> list[Event]:
+        return [e for e in self.events if e.kind == kind
+                and (segment is None or e.segment == segment)]
+
+
+class Simulation:
+    """Samples per segment at a fixed daily rate, labelled at once, checked every
+    ``interval`` of event time; per_segment fans each sample out as the engine does."""
+
+    def __init__(self, cfg: Config, scenario: Scenario, segments: int, per_day: float,
+                 seed: int, model: str = "m", registry: Registry | None = None) -> None:
+        self.cfg = cfg
+        self.scenario = scenario
+        self.segments = segments
+        self.per_check = per_day * cfg.recalibration.interval / DAY  # per segment
+        self.rng = np.random.default_rng(seed)
+        self.model = model
+        self.buffers = Buffers(cfg.recalibration.buffer)
+        self.policy = Policy(cfg, registry or Registry(None))
+        self.names = [f"country=c{i}" for i in range(segments)]
+        self.t = T0
+        self._carry = np.zeros(segments)
+
+    def samples_of(self, model: str, segment: str, last: int | None = None
+                   ) -> SampleSet | None:
+        sid = 0 if segment == ALL else self.names.index(segment) + 1
+        return self.buffers.samples(sid, last)
+
+    def series(self) -> list[tuple[str, str]]:
+        keys = [(self.model, ALL)]
+        if self.cfg.recalibration.per_segment:
+            keys += [(self.model, s) for s in self.names]
+        return keys
+
+    def run(self, days: float) -> Run:
+        out = Run(policy=self.policy)
+        interval = self.cfg.recalibration.interval
+        end = self.t + days * DAY
+        while self.t < end:
+            for seg in range(self.segments):
+                self._carry[seg] += self.rng.poisson(self.per_check)
+                n = int(self._carry[seg])
+                self._carry[seg] -= n
+                if n == 0:
+                    continue
+                ts = np.sort(self.t + self.rng.random(n) * interval)
+                scores, truth = self.scenario(self.t, seg, n, self.rng)
+                labels = draw_labels(truth, self.rng)
+                kind = np.full(n, 1 if scores.ndim == 1 else 3, np.int8)
+                classes = 0 if scores.ndim == 1 else scores.shape[1]
+                self.buffers.add(0, classes, ts, labels, kind, scores)
+                if self.cfg.recalibration.per_segment:
+                    self.buffers.add(seg + 1, classes, ts, labels, kind, scores)
+            self.t += interval
+            out.events += self.policy.check(self.t, self.series(), self.samples_of)
+            for key, v in self.policy.gauges.evidence.items():
+                out.max_evidence[key] = max(out.max_evidence.get(key, 0.0), v)
+        return out
+
+    def fresh(self, t: float, seg: int, n: int, seed: int = 99) -> tuple[np.ndarray, np.ndarray]:
+        """Fresh samples of the scenario at time t: (reported scores, true probabilities)."""
+        return self.scenario(t, seg, n, np.random.default_rng(seed))
+
+
+def logit_of(p: np.ndarray) -> np.ndarray:
+    return logit(np.clip(p, 1e-12, 1 - 1e-12))
