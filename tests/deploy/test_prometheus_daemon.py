@@ -71,14 +71,6 @@ ROUND = 240  # predictions per traffic round
 JOIN_TTL_S = 600
 TRAFFIC_DEADLINE_S = 60.0
 VARIABLES = {**SAMPLE_VARIABLES, "segment": "__all__"}
-# Metrics of CONTRACT.md v2 that the engine on this branch does not export yet. Queries
-# that read them must run (parse, no error) but may return no data. The lead empties
-# this set once the v2 engine is merged; everything else must return data.
-PENDING_V2_METRICS = {
-    "calmon_score_psi",
-    "calmon_calibrated_samples",
-    "calmon_drift_evidence",
-}
 
 
 # ---------------------------------------------------------------- traffic
@@ -321,8 +313,6 @@ def test_alert_expression_runs_on_data(setup: Setup, name: str, expr: str) -> No
     found = selectors(expr)
     assert found, expr
     for sel in found:
-        if sel.split("{")[0] in PENDING_V2_METRICS:
-            continue
         wait_until(lambda sel=sel: setup.prom.query(sel), 15, f"{name}: data for {sel}",
                    interval=0.5)
 
@@ -394,13 +384,8 @@ ANNOTATIONS = [(w, e) for w, e in dashboard_queries(DASHBOARD) if w.startswith("
 def test_every_panel_query_returns_data(setup: Setup, where: str, expr: str,
                                         window: str) -> None:
     """For some model (observed/expected is binary only, class-wise ECE multiclass
-    only); queries over pending v2 metrics must run but may be empty."""
+    only)."""
     queries = [substitute(expr, {**VARIABLES, "model": m, "window": window}) for m in MODELS]
-    pending = any(m in expr for m in PENDING_V2_METRICS)
-    if pending:
-        for q in queries:
-            setup.prom.query(q)  # asserts status success
-        return
     wait_until(lambda: any(setup.prom.query(q) for q in queries), 15,
                f"{where}: data for {queries[0]}", interval=0.5)
 
