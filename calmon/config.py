@@ -323,6 +323,7 @@ def from_dict(data: Any, env: Mapping[str, str] | None = None) -> Config:
         _cross_checks(cfg, errors)
     if errors:
         raise ConfigError(errors)
+    assert isinstance(cfg, Config)  # _convert returns None only with errors
     return cfg
 
 

@@ -43,10 +43,14 @@ class HistogramCalibrator(TopLabelCalibrator):
         self.values = np.asarray(values, dtype=np.float64)
 
     def _map(self, x: np.ndarray) -> np.ndarray:
-        return self.values[bin_index(x, self.edges)]
+        return np.asarray(self.values[bin_index(x, self.edges)])
 
     @classmethod
-    def _fit_xy(cls, x: np.ndarray, y: np.ndarray, input: str, *, bins: int = DEFAULT_BINS) -> Self:
+    def _fit_xy(cls, x: np.ndarray, y: np.ndarray, input: str, **options: Any) -> Self:
+        unknown = set(options) - {"bins"}
+        if unknown:
+            raise CalibratorError(f"histogram takes only bins, got {sorted(unknown)}")
+        bins = options.get("bins", DEFAULT_BINS)
         if isinstance(bins, bool) or not isinstance(bins, int | np.integer) or bins < 1:
             raise CalibratorError(f"histogram bins must be an integer >= 1, got {bins!r}")
         edges = bin_edges(int(bins))

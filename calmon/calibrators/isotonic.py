@@ -35,7 +35,7 @@ class IsotonicCalibrator(TopLabelCalibrator):
 
     def _map(self, x: np.ndarray) -> np.ndarray:
         # np.interp holds the end values outside [x[0], x[-1]]: sklearn's "clip".
-        return np.interp(x, self.x, self.y)
+        return np.asarray(np.interp(x, self.x, self.y))
 
     @classmethod
     def _fit_xy(cls, x: np.ndarray, y: np.ndarray, input: str, **options: Any) -> Self:

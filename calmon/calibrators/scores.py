@@ -83,23 +83,23 @@ def as_labels(labels: ArrayLike, scores: np.ndarray, input: str) -> np.ndarray:
 def sigmoid(z: np.ndarray) -> np.ndarray:
     z = np.clip(z, -_FINITE, _FINITE)
     e = np.exp(-np.abs(z))  # in (0, 1]: never overflows
-    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return np.asarray(np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e)))
 
 
 def logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, EPS, 1.0 - EPS)
-    return np.log(p) - np.log1p(-p)
+    return np.asarray(np.log(p) - np.log1p(-p))
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
     z = np.clip(z, -_FINITE, _FINITE)
     e = np.exp(z - z.max(axis=1, keepdims=True))  # largest term is exp(0) = 1: no overflow
-    return e / e.sum(axis=1, keepdims=True)
+    return np.asarray(e / e.sum(axis=1, keepdims=True))
 
 
 def logsumexp(z: np.ndarray) -> np.ndarray:
     m = z.max(axis=1)
-    return m + np.log(np.exp(z - m[:, None]).sum(axis=1))
+    return np.asarray(m + np.log(np.exp(z - m[:, None]).sum(axis=1)))
 
 
 def normalize_rows(p: np.ndarray) -> np.ndarray:
@@ -115,13 +115,13 @@ def to_logits(scores: ArrayLike, input: str) -> np.ndarray:
     (row max subtracted, which softmax ignores, so huge logits lose no information)."""
     arr = as_scores(scores, input)
     if input == "logit":
-        return np.clip(arr, -LOGIT_CAP, LOGIT_CAP)
+        return np.asarray(np.clip(arr, -LOGIT_CAP, LOGIT_CAP))
     if input == "prob":
         return logit(np.clip(arr, 0.0, 1.0))
     if input == "logits":
         z = np.clip(arr, -_FINITE, _FINITE)
-        return np.maximum(z - z.max(axis=1, keepdims=True), -LOGIT_CAP)
-    return np.log(np.clip(normalize_rows(arr), EPS, 1.0 - EPS))
+        return np.asarray(np.maximum(z - z.max(axis=1, keepdims=True), -LOGIT_CAP))
+    return np.asarray(np.log(np.clip(normalize_rows(arr), EPS, 1.0 - EPS)))
 
 
 def to_probs(scores: ArrayLike, input: str) -> np.ndarray:
@@ -129,7 +129,7 @@ def to_probs(scores: ArrayLike, input: str) -> np.ndarray:
     for multiclass kinds. Never NaN or inf."""
     arr = as_scores(scores, input)
     if input == "prob":
-        return np.clip(arr, 0.0, 1.0)
+        return np.asarray(np.clip(arr, 0.0, 1.0))
     if input == "probs":
         return normalize_rows(arr)
     z = to_logits(arr, input)

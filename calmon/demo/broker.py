@@ -69,7 +69,7 @@ def kafka_metadata_ok(host: str, port: int, timeout: float = 1.0) -> bool:
             reply = _recv_exactly(sock, size)
     except OSError:
         return False
-    return struct.unpack(">i", reply[:4])[0] == correlation
+    return bool(struct.unpack(">i", reply[:4])[0] == correlation)
 
 
 class TansuBroker:

@@ -112,7 +112,7 @@ def noise_floor(count: np.ndarray, conf: np.ndarray) -> float:
     for nb, cb in zip(count.tolist(), conf.tolist()):
         if nb > 0:
             total += binomial_mad(round(nb), cb / nb)
-    return total / n
+    return float(total / n)
 
 
 def null_ece_quantile(count: np.ndarray, conf: np.ndarray, q: float,

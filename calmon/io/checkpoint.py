@@ -87,7 +87,8 @@ def decode(payload: bytes) -> dict[str, Any]:
             return [walk(v) for v in x]
         return x
 
-    return walk(header)
+    state: dict[str, Any] = walk(header)
+    return state
 
 
 class CheckpointStore:

@@ -91,7 +91,8 @@ class ProcessSource:
             self.close()
             raise KafkaSourceError(payload)
         self._connected = True
-        return payload
+        owned: list[Position] = payload
+        return owned
 
     def poll(self, timeout_ms: int = 1000, max_records: int = 5000) -> Batch:
         """The next poll result from the child (``max_records`` is the child's).
