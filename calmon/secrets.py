@@ -141,14 +141,14 @@ class MaskingFormatter(logging.Formatter):
     """A Formatter whose output never holds a secret, and whose message part never
     holds a line break (tracebacks keep theirs, but are masked)."""
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - stdlib name
+    def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escape_control(mask_text(record.message))
         return super().formatMessage(record)
 
-    def formatException(self, ei: Any) -> str:  # noqa: N802 - stdlib name
+    def formatException(self, ei: Any) -> str:
         return mask_text(super().formatException(ei))
 
-    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - stdlib name
+    def formatStack(self, stack_info: str) -> str:
         return mask_text(super().formatStack(stack_info))
 
 
@@ -158,6 +158,6 @@ def install(logger: logging.Logger | None = None) -> None:
     target = logger if logger is not None else logging.getLogger()
     for handler in target.handlers:
         old = handler.formatter
-        fmt = old._fmt if old is not None else None  # noqa: SLF001 - the format string
+        fmt = old._fmt if old is not None else None
         datefmt = old.datefmt if old is not None else None
         handler.setFormatter(MaskingFormatter(fmt, datefmt))

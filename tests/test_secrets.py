@@ -26,16 +26,16 @@ def test_check_config_masks_expanded_passwords_and_url_credentials(
     monkeypatch.setenv("KAFKA_PASSWORD", PASSWORD)
     monkeypatch.setenv("HOOK_TOKEN", TOKEN)
     path = tmp_path / "config.yaml"
-    path.write_text(f"""
+    path.write_text("""
 kafka:
   client:
     security_protocol: SASL_SSL
     sasl_mechanism: PLAIN
     sasl_plain_username: calmon
-    sasl_plain_password: ${{KAFKA_PASSWORD}}
-    ssl_password: ${{KAFKA_PASSWORD}}
+    sasl_plain_password: ${KAFKA_PASSWORD}
+    ssl_password: ${KAFKA_PASSWORD}
 alerts:
-  webhook: "https://alice:${{KAFKA_PASSWORD}}@alerts.example.com:9093/api/v2/alerts?token=${{HOOK_TOKEN}}"
+  webhook: "https://alice:${KAFKA_PASSWORD}@alerts.example.com:9093/api/v2/alerts?token=${HOOK_TOKEN}"
 """, encoding="utf-8")
     assert main(["check-config", "-c", str(path)]) == 0
     out, err = capsys.readouterr()
