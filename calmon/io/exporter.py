@@ -55,10 +55,12 @@ class RecalState:
 class CalmonCollector(Collector):
     def __init__(self, engine: Engine,
                  last_checkpoint: Callable[[], float | None] = lambda: None,
-                 recal: Callable[[], RecalState] | None = None) -> None:
+                 recal: Callable[[], RecalState] | None = None, *,
+                 dead_letters_failed: Callable[[], int] | None = None) -> None:
         self.engine = engine
         self.last_checkpoint = last_checkpoint
         self.recal = recal
+        self.dead_letters_failed = dead_letters_failed
 
     def describe(self) -> list[Metric]:
         return []  # dynamic families: nothing to check at registration
@@ -76,6 +78,11 @@ class CalmonCollector(Collector):
         if ts is not None:
             g.add_metric([], ts)
         yield g
+        if self.dead_letters_failed is not None:
+            yield CounterMetricFamily(
+                "calmon_dead_letters_failed_total",
+                "Invalid records that could not be forwarded to the dead-letter topic",
+                value=self.dead_letters_failed())
 
     @staticmethod
     def _windows(view: View) -> Iterator[Metric]:
