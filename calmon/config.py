@@ -95,6 +95,20 @@ class KafkaConfig:
     max_record_bytes: Annotated[int, Range(1)] = 1_048_576
     instance: Instance | None = None
     client: Mapping[str, Any] = field(default_factory=dict)
+    library: Literal["kafka-python", "confluent"] = "kafka-python"
+    # a record ts further than this past its Kafka timestamp is bad_ts: one record from the
+    # far future would otherwise move event-time "now" and expire everything after it
+    max_clock_skew: Duration = 3600.0
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Bounds on every map keyed by input, so no producer can grow memory without end."""
+
+    max_models: Annotated[int, Range(1)] = 100
+    max_classes: Annotated[int, Range(2)] = 1000
+    max_id_bytes: Annotated[int, Range(1)] = 256
+    max_name_bytes: Annotated[int, Range(1)] = 128
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,8 @@ class MetricsConfig:
         Window("7d", 604800.0),
     )
     classwise: bool = False
+    mce_min_samples: Annotated[int, Range(1)] = 30  # sparser bins are left out of MCE
+    interval_level: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.9
 
 
 @dataclass(frozen=True)
@@ -196,6 +212,7 @@ class StateConfig:
 @dataclass(frozen=True)
 class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     fields: FieldsConfig = field(default_factory=FieldsConfig)
     join: JoinConfig = field(default_factory=JoinConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -334,6 +351,9 @@ def _cross_checks(cfg: Config, errors: list[str]) -> None:
     ml = cfg.join.missing_label
     if ml is not None and ml.after > cfg.join.ttl:
         errors.append("join.missing_label.after: must not exceed join.ttl")
+    if cfg.kafka.library == "confluent":
+        errors.append("kafka.library: confluent is not available in this version; "
+                      "use kafka-python")
     if cfg.kafka.predictions_topic == cfg.kafka.labels_topic:
         errors.append("kafka.labels_topic: must differ from kafka.predictions_topic")
 

@@ -5,6 +5,24 @@ partitions at the checkpointed offsets. Loop: poll a batch -> ``Engine.feed``
 -> dead letters; every ``state.checkpoint_interval`` and at shutdown, between
 two batches, checkpoint in numbered steps. Signal handlers only flip a flag;
 the loop notices within one poll timeout, so SIGTERM ends well inside 10 s.
+
+Threads, and what each owns:
+
+- the loop thread (the one that calls ``run``) is the only writer of the engine,
+  the positions, the checkpoint store and the dead-letter producer. After each
+  batch it publishes the positions as an immutable mapping for readers.
+- HTTP threads only read: ``Engine.view()``/``status()`` (copies taken under the
+  engine's lock), the published positions, and immutable recalibration state.
+- the scheduler thread (APScheduler, in ``recal``) reads engine copies the same
+  way and owns the recalibration state; the loop takes that state's snapshot
+  through ``Recalibrator.snapshot()``, which copies under the recalibrator's lock.
+- the consumer runs in a child process (``io/consumer_process``), never in a thread
+  that touches state.
+
+A batch the engine raises on (a calmon bug: bad data is only ever counted) is
+never checkpointed: the state and offsets roll back to the last checkpoint, the
+batch is read again one record at a time, and the record that raises is
+dead-lettered as ``internal`` and skipped, so no input can cause a crash loop.
 """
 
 from __future__ import annotations
@@ -15,8 +33,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from types import FrameType
+from types import FrameType, MappingProxyType
 from typing import Any, Protocol
 
 from prometheus_client.registry import CollectorRegistry
@@ -73,6 +92,10 @@ class Daemon:
             cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS)
         self.dead_letters = DeadLetters(cfg.kafka)
         self.positions: dict[tuple[str, int], int] = {}
+        # what readers see of the positions: replaced, never mutated (see the docstring)
+        self.published_positions: Mapping[tuple[str, int], int] = MappingProxyType({})
+        self._suspect: set[str] = set()  # sources of a batch the engine raised on
+        self._poison: set[str] = set()  # sources of records the engine raises on
         self.state = RunState.STOPPED
         self.assigned = False
         self.last_checkpoint: float | None = None
@@ -82,6 +105,7 @@ class Daemon:
         self._install_signals = install_signals
         self._invalid_logged: dict[str, float] = {}  # reason -> monotonic time last logged
         self._written: tuple[Any, ...] | None = None  # what the last checkpoint held
+        self._totals_at_checkpoint = self.engine.totals.copy()
         self.recal: Recalibrator | None = None
         if cfg.recalibration.enabled:
             topic = cfg.kafka.calibrators_topic
@@ -117,7 +141,8 @@ class Daemon:
             "last_checkpoint_timestamp": last,
             "event_time": None if s["now"] == float("-inf") else s["now"],
             "counters": s["counters"],
-            "positions": {f"{t}/{p}": o for (t, p), o in sorted(self.positions.items())},
+            "positions": {f"{t}/{p}": o
+                          for (t, p), o in sorted(self.published_positions.items())},
         }
 
     def _recal_state(self) -> RecalState:
@@ -186,6 +211,7 @@ class Daemon:
             raise StateError(f"checkpoint {ckpt.seq} in {self.store.dir} cannot be used: {e}"
                              ) from None
         self.positions = dict(ckpt.positions)
+        self.published_positions = MappingProxyType(dict(self.positions))
         self.restored = True
         self.last_checkpoint = ckpt.written_at
         log.info("restored checkpoint %d (%d partitions, %d pending)", ckpt.seq,
@@ -216,18 +242,65 @@ class Daemon:
                 log.error("%s; re-assigning from the last processed offsets", e)
                 self.assigned = False
                 continue
-            if batch.records:
-                self.process(batch.records)
+            if batch.records and self.process(batch.records):
                 self.positions.update(batch.positions)
+                self.published_positions = MappingProxyType(dict(self.positions))
             if time.monotonic() >= next_ckpt:
                 self.checkpoint()
                 next_ckpt = time.monotonic() + interval
 
-    def process(self, records: list[Raw]) -> None:
-        """One poll batch through the engine; rejected records to the dead-letter topic."""
-        for r in self.engine.feed(records):
-            self._log_invalid(r.reason, r.source)
-            self.dead_letters.send(r.value, r.reason, r.source)
+    def process(self, records: list[Raw]) -> bool:
+        """One poll batch through the engine; rejected records to the dead-letter topic.
+        Returns False when the engine raised and the state was rolled back instead."""
+        careful = bool(self._suspect) and any(r.source in self._suspect for r in records)
+        if not careful:
+            try:
+                rejected = self.engine.feed(records, self._not_after())
+            except Exception:
+                log.exception("the engine raised on a batch of %d records; rolling back to "
+                              "the last checkpoint to find the record", len(records))
+                self._suspect.update(r.source for r in records)
+                self._roll_back()
+                return False
+        else:
+            rejected = []
+            for r in records:
+                if r.source in self._poison:
+                    rejected.append(self.engine.reject(r, "internal"))
+                    continue
+                try:
+                    rejected.extend(self.engine.feed([r], self._not_after()))
+                except Exception:
+                    log.exception("the engine raises on the record at %s: dead-lettered as "
+                                  "internal from now on", r.source)
+                    self._poison.add(r.source)
+                    self._roll_back()
+                    return False
+        for rej in rejected:
+            self._log_invalid(rej.reason, rej.source)
+            self.dead_letters.send(rej.value, rej.reason, rej.source)
+        return True
+
+    def _not_after(self) -> float:
+        """The latest event time a live record may carry: the wall clock plus the
+        configured skew. A producer sets the Kafka timestamp too, so that alone cannot
+        bound a record from the far future; a replay of the same offsets after a
+        restart decides the same for every record not within the skew of the clock."""
+        return time.time() + self.cfg.kafka.max_clock_skew
+
+    def _roll_back(self) -> None:
+        """Back to the newest checkpoint (or the empty state), process counters
+        included, and read again from its offsets: a half-applied batch is never kept."""
+        ckpt = self.store.load(self.cfg.state.on_corrupt)
+        empty = Engine(self.cfg)
+        self.engine.restore(ckpt.state["engine"] if ckpt is not None else empty.snapshot())
+        self.engine.totals = self._totals_at_checkpoint.copy()
+        if self.recal is not None and ckpt is not None and "recal" in ckpt.state:
+            self.recal.restore(ckpt.state["recal"])
+        self.positions = dict(ckpt.positions) if ckpt is not None else {}
+        self.restored = ckpt is not None or self.restored
+        self.assigned = False  # the loop assigns again at these positions
+        self._written = None
 
     def _log_invalid(self, reason: str, source: str) -> None:
         now = time.monotonic()
@@ -253,6 +326,7 @@ class Daemon:
             log.warning("checkpoint postponed: dead letters not yet delivered")
             return
         state: dict[str, Any] = {"engine": self.engine.snapshot()}  # 2
+        totals = self.engine.totals.copy()  # what a roll-back to this checkpoint restores
         if recal is not None:
             state["recal"] = recal
         now = time.time()
@@ -263,6 +337,7 @@ class Daemon:
             return
         self.last_checkpoint = now
         self._written = mark
+        self._totals_at_checkpoint = totals
         if self.assigned and self.positions:
             self.source.commit(self.positions)  # 4
 

@@ -12,6 +12,7 @@ restored, so exactly-once across restarts; they feed ``/status`` and
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections import Counter
@@ -25,11 +26,13 @@ from calmon.calibrators.scores import sigmoid
 from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
-from calmon.engine.join import OUT_OF_RANGE, Join, Joined
+from calmon.engine.join import OUT_OF_RANGE, WAITING, Join, Joined
 from calmon.engine.metrics import Stats
 from calmon.engine.records import Kind, Label, Parser, Prediction, Raw, Reject
 from calmon.engine.series import SeriesIndex
 from calmon.engine.windows import CONF_SCALE, Samples, Windows, bin_index
+
+log = logging.getLogger(__name__)
 
 COUNTER_KEYS = ("predictions", "labels", "joined", "invalid", "expired", "duplicates")
 TOPICS = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
@@ -58,18 +61,20 @@ class Totals:
     joined: Counter[str] = field(default_factory=Counter)
     expired: Counter[tuple[str, str]] = field(default_factory=Counter)  # model, reason
     labels_expired: int = 0
+    class_resets: Counter[str] = field(default_factory=Counter)  # model
     duplicates: Counter[str] = field(default_factory=Counter)  # topic
     invalid: Counter[tuple[str, str]] = field(default_factory=Counter)  # topic, reason
     bins: dict[int, np.ndarray] = field(default_factory=dict)  # series -> (3, B) count/conf/correct
     delay_counts: dict[str, np.ndarray] = field(default_factory=dict)  # model -> per bucket
-    delay_sum: Counter[str] = field(default_factory=Counter)
+    delay_sum: dict[str, float] = field(default_factory=dict)
 
     def copy(self) -> Totals:
         return Totals(Counter(self.predictions), Counter(self.labels), Counter(self.joined),
-                      Counter(self.expired), self.labels_expired, Counter(self.duplicates),
+                      Counter(self.expired), self.labels_expired, Counter(self.class_resets),
+                      Counter(self.duplicates),
                       Counter(self.invalid), {k: v.copy() for k, v in self.bins.items()},
                       {k: v.copy() for k, v in self.delay_counts.items()},
-                      Counter(self.delay_sum))
+                      dict(self.delay_sum))
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,9 @@ class View:
 class Engine:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.parser = Parser(cfg.fields, cfg.kafka.max_record_bytes)
+        self.parser = Parser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits,
+                             cfg.kafka.max_clock_skew)
+        self.max_models = cfg.limits.max_models
         self.index = SeriesIndex(cfg.segments.slices, cfg.segments.max_values)
         self.join = Join(cfg.join)
         self.windows = Windows(cfg.metrics.windows, cfg.metrics.bins, cfg.metrics.fine_bins)
@@ -125,17 +132,33 @@ class Engine:
         self.version = 0  # bumped by every feed; lets readers cache views
         self._evicted_at = -math.inf
         self._view_cache: View | None = None
+        self._stale_classes = False  # a class reset happened: check joins for the old K
+        # per model: the event time until which its newest joined sample is in a window
+        self._live_until: list[float] = []
+        self._max_window = max(w.seconds for w in cfg.metrics.windows)
+        self._scanned = 0  # joins of this batch already seen by _model_live
 
     # ------------------------------------------------------------ writing
 
-    def feed(self, batch: Iterable[Raw]) -> list[Rejected]:
+    def feed(self, batch: Iterable[Raw], not_after: float = math.inf) -> list[Rejected]:
         """Parse, join and count one batch. Returns the records that broke the
-        contract (already counted), for the dead-letter topic. Never raises on data."""
+        contract (already counted), for the dead-letter topic. Never raises on data.
+
+        ``not_after``: event times past it are ``bad_ts`` (the daemon passes its wall
+        clock + ``kafka.max_clock_skew``; the engine itself has no clock)."""
         raws = batch if isinstance(batch, list) else list(batch)
+        self.parser.not_after = not_after
         parse = self.parser.parse
         records = [parse(raw) for raw in raws]
         with self.lock:
             return self._consume(records, raws)
+
+    def reject(self, raw: Raw, reason: str) -> Rejected:
+        """Count a record as invalid without processing it (the daemon's poison list)."""
+        with self.lock:
+            self._invalid(raw.kind, reason)
+            self.version += 1
+            return Rejected(raw.kind, raw.value, raw.source, reason)
 
     def feed_parsed(self, records: Iterable[Prediction | Label]) -> list[Rejected]:
         """``feed`` for records parsed elsewhere (benchmarks, tests)."""
@@ -144,7 +167,11 @@ class Engine:
 
     def _consume(self, records: list[Prediction | Label | Reject],
                  raws: list[Raw] | None) -> list[Rejected]:
-        """The per-record loop, written flat with local names: it is the hot path."""
+        """The per-record loop, written flat with local names: it is the hot path.
+
+        Each record is isolated: one whose processing raises (a calmon bug, never bad
+        data) is counted and dead-lettered as ``internal`` and the batch goes on. The
+        per-record steps check before they write, so a raise leaves no half record."""
         rejected: list[Rejected] = []
         add_prediction = self.join.add_prediction
         add_label = self.join.add_label
@@ -153,52 +180,93 @@ class Engine:
         classes_of = self._classes
         batch_predictions = self._batch_predictions
         batch_labels = self._batch_labels
-        now = self.now
         for i, rec in enumerate(records):
-            t = type(rec)
             reason: str | None = None
-            if t is Prediction:
-                model = rec.model  # type: ignore[union-attr]
-                score = rec.score  # type: ignore[union-attr]
-                classes = 0 if type(score) is float else len(score)
-                midx = model_idx.get(model)
-                if midx is None:
-                    midx = self._new_model(model, classes)
-                if classes_of[midx] != classes:
-                    reason = "classes_mismatch"  # a model is binary or K-class, never both
-                else:
-                    batch_predictions[midx] += 1  # folded into the counters by _settle
-                    if rec.ts > now:  # type: ignore[union-attr]
-                        now = self.now = rec.ts  # type: ignore[union-attr]
-                    add_prediction(rec, midx, combo_of(model, rec.segment), now)  # type: ignore
-            elif t is Label:
-                midx = add_label(rec, now)  # type: ignore[arg-type]
-                if midx == OUT_OF_RANGE:
-                    reason = "label_out_of_range"
-                elif rec.model is not None:  # type: ignore[union-attr]
-                    self.counters["labels"] += 1
-                    self.totals.labels[rec.model] += 1  # type: ignore[union-attr]
-                else:  # known once the label met its prediction; [-1] is "unknown"
-                    batch_labels[midx] += 1
-            else:
-                reason = rec.reason  # type: ignore[union-attr]
+            try:
+                if type(rec) is Prediction:
+                    model = rec.model
+                    score = rec.score
+                    classes = 0 if type(score) is float else len(score)
+                    midx = model_idx.get(model)
+                    if midx is None:
+                        if len(self.models) >= self.max_models:
+                            reason = "too_many_models"
+                        else:
+                            midx = self._new_model(model, classes)
+                    if midx is not None and classes_of[midx] != classes:
+                        if self._model_live(midx):
+                            reason = "classes_mismatch"  # its live series have another K
+                        else:
+                            self._reset_classes(midx, classes)
+                    if reason is None and midx is not None:
+                        combo = combo_of(model, rec.segment)
+                        ts = rec.ts
+                        now = ts if ts > self.now else self.now
+                        add_prediction(rec, midx, combo, now)
+                        self.now = now
+                        batch_predictions[midx] += 1
+                elif type(rec) is Label:
+                    midx = add_label(rec, self.now)
+                    hint = rec.model
+                    if midx == OUT_OF_RANGE:
+                        reason = "label_out_of_range"
+                    elif midx == WAITING and hint is not None and hint in model_idx:
+                        # the model named by a waiting label counts it, once admitted: a
+                        # label never creates a model
+                        batch_labels[model_idx[hint]] += 1
+                    else:  # known once the label met its prediction; [-1] is "unknown"
+                        batch_labels[midx] += 1
+                elif type(rec) is Reject:
+                    reason = rec.reason
+            except Exception:
+                log.exception("record %d of the batch raised; counted as internal", i)
+                reason = "internal"
             if reason is not None:
                 if raws is not None:
                     raw = raws[i]
                     kind, value, source = raw.kind, raw.value, raw.source
                 else:
-                    kind = Kind.PREDICTION if t is Prediction else Kind.LABEL
-                    value, source = None, rec.source  # type: ignore[union-attr]
+                    kind = Kind.PREDICTION if type(rec) is Prediction else Kind.LABEL
+                    value, source = None, getattr(rec, "source", "")
                 self._invalid(kind, reason)
                 rejected.append(Rejected(kind, value, source, reason))
         self._settle(rejected)
         return rejected
+
+    def _model_live(self, midx: int) -> bool:
+        """Whether the model has joined samples that some window still holds. Decided
+        record by record (joins earlier in this batch count), so batch boundaries and
+        restarts never change the answer."""
+        joined = self.join.events.joined
+        if self._scanned < len(joined):
+            classes, live = self._classes, self._live_until
+            for one in joined[self._scanned:]:
+                m, t = one[0], one[2] + self._max_window
+                if t > live[m] and (0 if one[3] < 2 else len(one[4])) == classes[m]:
+                    live[m] = t
+            self._scanned = len(joined)
+        return self.now < self._live_until[midx]
+
+    def _reset_classes(self, midx: int, classes: int) -> None:
+        """A model with no live series changes its class count: counted, and its
+        sample buffers (of the old shape) are dropped. Its pending predictions of the
+        old count are dropped when they join (counted as expired, reason reset)."""
+        self._classes[midx] = classes
+        self._stale_classes = True
+        self.counters["class_resets"] += 1
+        self.totals.class_resets[self.models[midx]] += 1
+        if self.buffers is not None:
+            model = self.models[midx]
+            for sid, (m, _seg) in enumerate(self.index.series):
+                if m == model:
+                    self.buffers.rings.pop(sid, None)
 
     def _new_model(self, model: str, classes: int) -> int:
         midx = len(self.models)
         self.models.append(model)
         self._model_idx[model] = midx
         self._classes.append(classes)
+        self._live_until.append(-math.inf)
         self._batch_predictions.append(0)
         self._batch_labels.insert(midx, 0)  # keeps [-1], "model unknown", last
         return midx
@@ -220,6 +288,7 @@ class Engine:
                 self._batch_labels[midx] = 0
         self.join.sweep(self.now)
         ev = self.join.drain()
+        self._scanned = 0
         dup = ev.duplicate_predictions + ev.duplicate_labels
         if dup:
             self.counters["duplicates"] += dup
@@ -236,23 +305,47 @@ class Engine:
             # counter moves; the process counter cannot go down (Prometheus semantics)
             self.counters["labels"] -= 1
             self._invalid(Kind.LABEL, "label_out_of_range")
-            rejected.append(Rejected(Kind.LABEL, lab.raw, lab.source, "label_out_of_range"))
-        if ev.joined:
-            self._add_joined(ev.joined)
+            rejected.append(Rejected(Kind.LABEL, lab.dead_letter_value(), lab.source,
+                                     "label_out_of_range"))
+        joined = ev.joined
+        if joined and self._stale_classes:
+            joined = self._drop_stale(joined)
+        if joined:
+            try:
+                self._add_joined(joined)
+            except Exception:
+                log.exception("adding %d joined samples raised; retrying one by one",
+                              len(joined))
+                for one in joined:  # _add_joined computes first and writes last
+                    try:
+                        self._add_joined([one])
+                    except Exception:
+                        self._invalid(Kind.PREDICTION, "internal")
         self.version += 1
         smallest = min(self.windows.widths)
         if self.now - self._evicted_at >= smallest:
             self.windows.evict(self.now)
             self._evicted_at = self.now
 
+    def _drop_stale(self, joined: list[Joined]) -> list[Joined]:
+        """Joined samples whose class count is no longer their model's (it was reset
+        while they waited) are expired with reason ``reset``, never mixed in."""
+        keep = []
+        for one in joined:
+            classes = 0 if one[3] < 2 else len(one[4])
+            if classes == self._classes[one[0]]:
+                keep.append(one)
+            else:
+                self.counters["expired"] += 1
+                self.totals.expired[(self.models[one[0]], "reset")] += 1
+        return keep
+
     def _add_joined(self, joined: list[Joined]) -> None:
+        """Score the joined samples, then count them. Everything that can raise comes
+        before the first write, so a failure leaves the state as it was."""
         n = len(joined)
-        self.counters["joined"] += n
         j = _Columns(*zip(*joined))
         models = np.array(j.model, np.int64)
-        for midx, c in enumerate(np.bincount(models).tolist()):
-            if c:
-                self.totals.joined[self.models[midx]] += c
         ts = np.array(j.ts, np.float64)
         label = np.array(j.label, np.int64)
         kinds = np.array(j.kind, np.int8)
@@ -265,6 +358,7 @@ class Engine:
         binary = np.flatnonzero(kinds < 2)
         scores: dict[int, np.ndarray] = {}  # classes (0 binary) -> scores as given
         rows: dict[int, np.ndarray] = {}  # classes -> the sample rows they belong to
+        classwise: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, probs) per K
         if len(binary):
             if len(binary) == n:
                 score = np.array(j.score, np.float64)
@@ -302,11 +396,24 @@ class Engine:
                 brier[ii] = ((probs - onehot) ** 2).sum(axis=1)
                 nll[ii] = -np.log(np.clip(probs[np.arange(len(ii)), y], 1e-15, 1.0))
                 if self.classwise is not None:
-                    self._add_classwise(combos[ii], ts[ii], probs, onehot)
+                    classwise.append((ii, probs))
         # fan out: every sample counts in its model's __all__ series and each slice
         sample, sid = self.index.fan_out(combos)
         samples = Samples(sid, ts[sample], conf[sample], correct[sample], acc[sample],
                           brier[sample], nll[sample])
+        newest = np.full(len(self.models), -np.inf)
+        np.maximum.at(newest, models, ts)
+        # the writes
+        self.counters["joined"] += n
+        for midx, c in enumerate(np.bincount(models).tolist()):
+            if c:
+                self.totals.joined[self.models[midx]] += c
+                self._live_until[midx] = max(self._live_until[midx],
+                                             float(newest[midx]) + self._max_window)
+        for ii, probs in classwise:
+            onehot = np.zeros_like(probs)
+            onehot[np.arange(len(ii)), label[ii]] = 1.0
+            self._add_classwise(combos[ii], ts[ii], probs, onehot)
         self.windows.add(samples, self.now)
         self._count_bins(samples)
         self._count_delays(np.array(j.label_ts, np.float64) - ts, models)
@@ -394,7 +501,8 @@ class Engine:
             if arr is None:
                 arr = self.totals.delay_counts[name] = np.zeros(len(DELAY_BUCKETS) + 1)
             arr += np.bincount(bucket[mine], minlength=len(DELAY_BUCKETS) + 1)
-            self.totals.delay_sum[name] += float(delay[mine].sum())
+            self.totals.delay_sum[name] = (self.totals.delay_sum.get(name, 0.0)
+                                           + float(delay[mine].sum()))
 
     # ------------------------------------------------------------ reading
 
@@ -461,7 +569,8 @@ class Engine:
                 "version": SNAPSHOT_VERSION,
                 "layout": self._layout(),
                 "now": self.now,
-                "models": [[m, c] for m, c in zip(self.models, self._classes)],
+                "models": [[m, c, u] for m, c, u in zip(self.models, self._classes,
+                                                        self._live_until)],
                 "counters": dict(self.counters),
                 "series": self.index.snapshot(),
                 "join": self.join.snapshot(),
@@ -486,13 +595,17 @@ class Engine:
                              f"config now says {self._layout()}; use a new state.dir")
         with self.lock:
             self.now = float(snap["now"])
-            self.models = [m for m, _ in snap["models"]]
-            self._classes = [int(c) for _, c in snap["models"]]
+            self.models = [row[0] for row in snap["models"]]
+            self._classes = [int(row[1]) for row in snap["models"]]
+            # a snapshot from before v2 lacks it: live for one more window, conservatively
+            self._live_until = [float(row[2]) if len(row) > 2 else
+                                float(snap["now"]) + self._max_window for row in snap["models"]]
             self._batch_predictions = [0] * len(self.models)
             self._batch_labels = [0] * (len(self.models) + 1)
             self._model_idx = {m: i for i, m in enumerate(self.models)}
             self.counters = Counter({k: 0 for k in COUNTER_KEYS})
             self.counters.update(snap["counters"])
+            self._stale_classes = self.counters["class_resets"] > 0
             self.index = SeriesIndex(self.cfg.segments.slices, self.cfg.segments.max_values)
             self.index.restore(snap["series"])
             self.join = Join(self.cfg.join)
@@ -526,4 +639,5 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     # not calibrators.scores.softmax: that one clips logits to +-1e6 for safety, and the
     # contract's numbers are the plain softmax of whatever finite logits arrive
     e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    out: np.ndarray = e / e.sum(axis=1, keepdims=True)
+    return out

@@ -64,7 +64,7 @@ class Join:
         self._kind: list[int] = [0] * n
         self._label: list[int] = [NO_LABEL] * n
         self._label_ts = np.full(n, NAN)
-        self._vectors: dict[int, tuple[float, ...]] = {}
+        self._vectors: dict[int, np.ndarray] = {}  # slot -> K-class scores, a float64 row
         self._pid: list[str | None] = [None] * n  # slot -> id
         self._free: list[int] = list(range(n - 1, -1, -1))
         self._next_deadline = INF
@@ -225,7 +225,7 @@ class Join:
             self._mark_done(pid, ts + self.ttl)
         self._release(slot, pid)
 
-    def _emit(self, model: int, combo: int, ts: float, kind: int, score: float | tuple,
+    def _emit(self, model: int, combo: int, ts: float, kind: int, score: float | np.ndarray,
               label: int, label_ts: float | None) -> None:
         self.events.joined.append((model, combo, ts, kind, score, label,
                                    NAN if label_ts is None else label_ts))
@@ -239,9 +239,10 @@ class Join:
             new = np.full(m, fill, old.dtype)
             new[:n] = old
             setattr(self, name, new)
-        for name, fill in (("_combo", 0), ("_model", 0), ("_kind", 0), ("_label", NO_LABEL),
-                           ("_pid", None)):
-            getattr(self, name).extend([fill] * (m - n))
+        for name in ("_combo", "_model", "_kind"):
+            getattr(self, name).extend([0] * (m - n))
+        self._label.extend([NO_LABEL] * (m - n))
+        self._pid.extend([None] * (m - n))
         self._free.extend(range(m - 1, n - 1, -1))
 
     def _release(self, slot: int, pid: str) -> None:
@@ -298,7 +299,9 @@ class Join:
             oldest = live[np.lexsort((live, self._ts[live]))[:over]]
             for slot in oldest.tolist():
                 self.events.expired[(self._model[slot], "capacity")] += 1
-                self._release(slot, self._pid[slot])  # type: ignore[arg-type]
+                pid = self._pid[slot]
+                assert pid is not None  # a live slot always has its id
+                self._release(slot, pid)
             live = self._deadline[np.isfinite(self._deadline)]
             self._next_deadline = float(live.min()) if len(live) else INF
         over = len(self._labels) - self.max_pending
@@ -314,7 +317,7 @@ class Join:
 
     # ------------------------------------------------------------ checkpoints
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         items = list(self._slot.items())
         slots = np.fromiter((s for _, s in items), np.int64, len(items))
         return {
@@ -326,14 +329,14 @@ class Join:
             "kind": np.array([self._kind[s] for s in slots.tolist()], np.int8),
             "label": np.array([self._label[s] for s in slots.tolist()], np.int32),
             "label_ts": self._label_ts[slots],
-            "vectors": {i: list(self._vectors[s]) for i, s in enumerate(slots.tolist())
+            "vectors": {i: self._vectors[s] for i, s in enumerate(slots.tolist())
                         if s in self._vectors},
             "labels": [[lid, lab.label, lab.ts, lab.model, lab.raw, lab.source, d]
                        for lid, (lab, d) in self._labels.items()],
             "done": [[pid, self._done[pid]] for pid in self._done_order if pid in self._done],
         }
 
-    def restore(self, snap: dict) -> None:
+    def restore(self, snap: dict[str, Any]) -> None:
         ids = snap["ids"]
         while len(self._free) < len(ids):
             self._grow()
@@ -346,7 +349,7 @@ class Join:
             for name in ("combo", "model", "kind", "label"):
                 getattr(self, "_" + name)[slot] = int(snap[name][i])
         for i, vec in snap["vectors"].items():
-            self._vectors[self._slot[ids[int(i)]]] = tuple(vec)
+            self._vectors[self._slot[ids[int(i)]]] = np.asarray(vec, np.float64)
         live = self._deadline[np.isfinite(self._deadline)]
         self._next_deadline = float(live.min()) if len(live) else INF
         for lid, label, ts, model, raw, source, d in snap["labels"]:

@@ -10,17 +10,17 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from calmon.config import FieldsConfig
+import numpy as np
 
-try:  # orjson decodes ~3x faster than the stdlib, and decoding is most of parsing
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - orjson is a dependency, this is a safety net
-    def _fast_loads(value: bytes) -> Any:
-        return json.loads(value.decode("utf-8"))
+# orjson decodes ~3x faster than the stdlib, and decoding is most of parsing
+from orjson import loads as _fast_loads
+
+from calmon.config import FieldsConfig, LimitsConfig
 
 
 class Kind(enum.Enum):
@@ -49,14 +49,16 @@ REASONS = (
     "not_json",
     "not_object",  # valid JSON, but not an object
     "missing_id",
-    "bad_id",  # id neither a string nor an integer, or empty
+    "bad_id",  # id neither a string nor an integer, empty, or over limits.max_id_bytes
     "missing_model",
-    "bad_model",
+    "bad_model",  # not a string, empty, control characters, or over limits.max_name_bytes
+    "too_many_models",  # a new model name past limits.max_models
     "missing_ts",  # no ts field and no broker timestamp
-    "bad_ts",
+    "bad_ts",  # unreadable, out of years 1..9999, or past the Kafka time + max_clock_skew
     "no_score",
     "multiple_scores",
     "bad_score",  # wrong type or shape (probs with fewer than 2 classes, ...)
+    "too_many_classes",  # K over limits.max_classes
     "not_finite",  # NaN or infinity in a score
     "prob_out_of_range",
     "probs_not_normalized",
@@ -64,12 +66,14 @@ REASONS = (
     "missing_label",
     "bad_label",  # not an integer class index or boolean
     "label_out_of_range",  # checked against the prediction's classes when they meet
-    "classes_mismatch",  # a model seen as binary sends K classes, or K then K' classes
+    "classes_mismatch",  # K differs from the class count of the model's live series
+    "internal",  # processing the record raised: a calmon bug, isolated to this record
 )
 
 BINARY_KINDS = ("prob", "logit")
 SCORE_KINDS = ("prob", "logit", "probs", "logits")
 PROBS_TOLERANCE = 1e-3
+LABEL_RAW_CAP = 4096  # bytes of a label record kept while it waits for its prediction
 # event times calmon accepts: what datetime can represent (years 1..9999), so window
 # buckets never overflow and ts + ttl stays distinct from ts
 TS_MIN, TS_MAX = -62135596800.0, 253402300799.0
@@ -82,7 +86,7 @@ class Prediction:
     ts: float
     segment: dict[str, str]
     kind: str  # one of SCORE_KINDS
-    score: Any  # as given: float for prob/logit, tuple of floats for probs/logits
+    score: Any  # as given: float for prob/logit, a float64 numpy row for probs/logits
     source: str = ""
 
     @property
@@ -99,9 +103,9 @@ class Prediction:
         if self.kind == "logit":
             return sigmoid(self.score)
         if self.kind == "probs":
-            total = math.fsum(self.score)
-            return tuple(x / total for x in self.score)
-        return softmax(self.score)
+            total = math.fsum(self.score.tolist())
+            return tuple(x / total for x in self.score.tolist())
+        return softmax(tuple(self.score.tolist()))
 
 
 @dataclass(slots=True)
@@ -111,6 +115,12 @@ class Label:
     ts: float | None
     model: str | None
     raw: bytes | None = None  # kept so a label found out of range later can be dead-lettered
+
+    def dead_letter_value(self) -> bytes:
+        """The record as received, or, when it was too large to keep, its essentials."""
+        if self.raw is not None:
+            return self.raw
+        return json.dumps({"id": self.id, "label": self.label, "ts": self.ts}).encode()
     source: str = ""
 
 
@@ -126,13 +136,49 @@ class _Invalid(Exception):
 
 _MISSING = object()
 
+# characters a name may not hold: C0/C1 controls and the Unicode line and paragraph
+# separators, so no name can forge a log line or break a label or a page
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+_GOOD_NAMES_CAP = 1024
+
+
+def _name_ok(v: str, max_bytes: int) -> bool:
+    """A model name or segment value calmon can store, export and log safely. Lone
+    surrogates never get here: decoding rejects them as not_utf8."""
+    if len(v) > max_bytes or (len(v) * 4 > max_bytes and len(v.encode("utf-8")) > max_bytes):
+        return False
+    return _CONTROL.search(v) is None
+
+
+def _has_surrogate(obj: Any) -> bool:
+    """Whether any string in decoded JSON (keys included) holds a lone surrogate, which
+    the stdlib decoder lets through from a ``\\udXXX`` escape. Iterative: no recursion."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
 
 def _path(path: str) -> str | tuple[str, ...]:
     """A plain key stays a string (read with one ``dict.get``); a dotted path splits."""
     return path if "." not in path else tuple(path.split("."))
 
 
-def _dig(obj: dict, parts: tuple[str, ...]) -> Any:
+def _dig(obj: dict[str, Any], parts: str | tuple[str, ...]) -> Any:
+    if type(parts) is str:
+        return obj.get(parts, _MISSING)
     for p in parts:
         if not isinstance(obj, dict) or p not in obj:
             return _MISSING
@@ -195,9 +241,10 @@ def _number(v: Any) -> float:
     return f
 
 
-def _stringify(seg: dict) -> dict[str, str]:
+def _stringify(seg: dict[str, Any], max_bytes: int) -> dict[str, str]:
     """Segment values as strings: null dropped, booleans as true/false, numbers as
-    written by ``str``; anything else is ``bad_segment``."""
+    written by ``str``; anything else, or a value that is no safe name, is
+    ``bad_segment``."""
     out: dict[str, str] = {}
     for k, sv in seg.items():
         if sv is None:
@@ -210,20 +257,45 @@ def _stringify(seg: dict) -> dict[str, str]:
             out[k] = str(sv)
         else:
             raise _Invalid("bad_segment")
+        if not _name_ok(out[k], max_bytes):
+            raise _Invalid("bad_segment")
     return out
 
 
-def _vector(v: Any) -> tuple[float, ...]:
+def _vector(v: Any, max_classes: int) -> np.ndarray:
+    """A list of K finite numbers as a float64 row; K is checked before any element
+    is read, so a huge list costs nothing."""
     if not isinstance(v, list) or len(v) < 2:
         raise _Invalid("bad_score")
-    return tuple(_number(x) for x in v)
+    if len(v) > max_classes:
+        raise _Invalid("too_many_classes")
+    for x in v:
+        if type(x) is not float and (isinstance(x, bool) or not isinstance(x, int | float)):
+            raise _Invalid("bad_score")
+    try:
+        row = np.array(v, dtype=np.float64)
+    except OverflowError:  # an integer too large for a float
+        raise _Invalid("not_finite") from None
+    if not np.isfinite(row).all():
+        raise _Invalid("not_finite")
+    return row
 
 
 class Parser:
     """Decodes and validates records against the contract, field paths from config."""
 
-    def __init__(self, fields: FieldsConfig, max_record_bytes: int) -> None:
+    def __init__(self, fields: FieldsConfig, max_record_bytes: int,
+                 limits: LimitsConfig | None = None, max_clock_skew: float | None = None) -> None:
         self.max_bytes = max_record_bytes
+        limits = limits if limits is not None else LimitsConfig()
+        self.max_id_bytes = limits.max_id_bytes
+        self.max_name_bytes = limits.max_name_bytes
+        self.max_classes = limits.max_classes
+        self.max_clock_skew = math.inf if max_clock_skew is None else max_clock_skew
+        self._good_names: set[Any] = set()  # model names already found safe
+        # live only: wall clock + max_clock_skew, set per batch by the daemon, since a
+        # producer sets the Kafka CreateTime too; a replay of files has no such ceiling
+        self.not_after = math.inf
         self._id = _path(fields.id)
         self._model = _path(fields.model)
         self._ts = _path(fields.ts)
@@ -231,7 +303,8 @@ class Parser:
         self._label = _path(fields.label)
         self._scores = tuple((k, _path(getattr(fields, k))) for k in SCORE_KINDS)
         plain = all(type(p) is str for _, p in self._scores)
-        self._score_kind = {p: k for k, p in self._scores} if plain else {}
+        self._score_kind: dict[str, str] = (
+            {p: k for k, p in self._scores if type(p) is str} if plain else {})
         self._score_keys = frozenset(self._score_kind) if plain else None
 
     def parse(self, raw: Raw) -> Prediction | Label | Reject:
@@ -245,7 +318,7 @@ class Parser:
         except RecursionError:  # absurdly nested JSON
             return Reject("not_json")
 
-    def _decode(self, value: bytes | None) -> dict:
+    def _decode(self, value: bytes | None) -> dict[str, Any]:
         if not value:
             raise _Invalid("empty")
         if len(value) > self.max_bytes:
@@ -261,42 +334,59 @@ class Parser:
                 obj = json.loads(text)
             except ValueError:
                 raise _Invalid("not_json") from None
+            if "\\" in text and _has_surrogate(obj):  # orjson refuses those; json does not
+                raise _Invalid("not_utf8") from None
         if not isinstance(obj, dict):
             raise _Invalid("not_object")
         return obj
 
-    def _common_id(self, obj: dict) -> str:
+    def _common_id(self, obj: dict[str, Any]) -> str:
         path = self._id
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
-        if type(v) is str and v:  # the common case, checked first
+        if type(v) is str and v and len(v) <= self.max_id_bytes // 4:  # the common case
             return v
         if v is _MISSING or v is None:
             raise _Invalid("missing_id")
-        if isinstance(v, str) and v:
-            return v
         if isinstance(v, int) and not isinstance(v, bool):
-            return str(v)
+            if -(10**18) < v < 10**18:
+                return str(v)  # beyond that, str() of a huge int is slow and long
+            raise _Invalid("bad_id")
+        if (isinstance(v, str) and v and len(v) <= self.max_id_bytes
+                and len(v.encode("utf-8")) <= self.max_id_bytes):
+            return v
         raise _Invalid("bad_id")
 
-    def _time(self, obj: dict, raw: Raw, required: bool) -> float | None:
+    def _time(self, obj: dict[str, Any], raw: Raw, required: bool) -> float | None:
         path = self._ts
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if v is _MISSING or v is None:
             if raw.timestamp is not None:
+                if raw.timestamp > self.not_after:
+                    raise _Invalid("bad_ts")  # a producer-set Kafka time from the future
                 return raw.timestamp
             if required:
                 raise _Invalid("missing_ts")
             return None
-        return parse_ts(v)
+        ts = parse_ts(v)
+        # from the future: it would move event-time "now" and expire everything else
+        if raw.timestamp is not None and ts > raw.timestamp + self.max_clock_skew:
+            raise _Invalid("bad_ts")
+        if ts > self.not_after:
+            raise _Invalid("bad_ts")
+        return ts
 
-    def _prediction(self, obj: dict, raw: Raw) -> Prediction:
+    def _prediction(self, obj: dict[str, Any], raw: Raw) -> Prediction:
         pid = self._common_id(obj)
         path = self._model
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if model is _MISSING or model is None:
             raise _Invalid("missing_model")
-        if not isinstance(model, str) or not model:
-            raise _Invalid("bad_model")
+        if type(model) is not str or model not in self._good_names:  # a handful is the norm
+            if not isinstance(model, str) or not model or not _name_ok(model,
+                                                                        self.max_name_bytes):
+                raise _Invalid("bad_model")
+            if len(self._good_names) < _GOOD_NAMES_CAP:
+                self._good_names.add(model)
         if self._score_keys is not None:  # plain keys: one set intersection finds them
             found = [(self._score_kind[k], obj[k]) for k in self._score_keys & obj.keys()
                      if obj[k] is not None]
@@ -317,32 +407,34 @@ class Parser:
         elif kind == "logit":
             score = _number(v)
         elif kind == "probs":
-            score = _vector(v)
-            if min(score) < 0.0:
+            score = _vector(v, self.max_classes)
+            if score.min() < 0.0:
                 raise _Invalid("prob_out_of_range")
             try:
-                total = math.fsum(score)
+                total = math.fsum(score.tolist())
             except OverflowError:  # e.g. [1e308, 1e308]
                 raise _Invalid("probs_not_normalized") from None
             if abs(total - 1.0) > PROBS_TOLERANCE:
                 raise _Invalid("probs_not_normalized")
         else:
-            score = _vector(v)
+            score = _vector(v, self.max_classes)
         ts = self._time(obj, raw, required=True)
+        assert ts is not None  # required: _time raised otherwise
         path = self._segment
         seg = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         segment: dict[str, str] = {}
         if seg is not _MISSING and seg is not None:
             if type(seg) is not dict:
                 raise _Invalid("bad_segment")
-            segment = seg  # freshly decoded and ours: kept as is when all values are strings
+            segment = seg  # freshly decoded and ours: kept as is when all values are plain
+            limit = self.max_name_bytes // 4  # a string this short is within the byte limit
             for sv in seg.values():
-                if type(sv) is not str:
-                    segment = _stringify(seg)
+                if type(sv) is not str or len(sv) > limit or _CONTROL.search(sv) is not None:
+                    segment = _stringify(seg, self.max_name_bytes)
                     break
         return Prediction(pid, model, ts, segment, kind, score, raw.source)
 
-    def _label_record(self, obj: dict, raw: Raw) -> Label:
+    def _label_record(self, obj: dict[str, Any], raw: Raw) -> Label:
         lid = self._common_id(obj)
         path = self._label
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
@@ -360,6 +452,11 @@ class Parser:
             raise _Invalid("label_out_of_range")
         path = self._model
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
-        model = model if isinstance(model, str) and model else None
+        # a hint only (a label never creates a model), and kept only when it is a safe name
+        model = model if isinstance(model, str) and model and _name_ok(
+            model, self.max_name_bytes) else None
         ts = self._time(obj, raw, required=False)
-        return Label(lid, label, ts, model, raw.value, raw.source)
+        # a waiting label keeps its bytes for a later dead letter, unless they are large:
+        # up to join.max_pending labels wait, and their memory must stay small
+        kept = raw.value if raw.value is not None and len(raw.value) <= LABEL_RAW_CAP else None
+        return Label(lid, label, ts, model, kept, raw.source)

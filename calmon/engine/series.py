@@ -32,7 +32,8 @@ class SeriesIndex:
         self.combo_series: list[tuple[int, ...]] = []  # combo id -> series ids
         self._combo_ids: dict[tuple[str, tuple[str | None, ...]], int] = {}
         self._admitted: dict[tuple[str, str], set[str]] = {}  # (model, key) -> kept values
-        self._fast: dict[tuple[str, tuple], int] = {}  # (model, segment items) -> combo
+        # (model, segment items) -> combo
+        self._fast: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         self._memo_cap = 4 * (max_values + 1) ** max(1, len(self.keys))
         # combo -> series as flat numpy arrays, rebuilt when combos are added
         self._flat = np.zeros(0, np.int64)
@@ -47,7 +48,9 @@ class SeriesIndex:
         if cid is not None:
             return cid
         cid = self._combo_slow(model, segment)
-        if len(self._fast) < self._memo_cap:
+        # memo only spellings made of configured keys: values are length-checked by the
+        # parser, keys are not, and a memo must not hold what a producer makes up
+        if len(self._fast) < self._memo_cap and all(k in self._key_pos for k in segment):
             self._fast[fast] = cid
         return cid
 
@@ -106,7 +109,8 @@ class SeriesIndex:
     def all_series(self, combos: np.ndarray) -> np.ndarray:
         """The model's ``__all__`` series id of each combo (always its first series)."""
         self._arrays()
-        return self._flat[self._start[combos]]
+        out: np.ndarray = self._flat[self._start[combos]]
+        return out
 
     def series_id(self, model: str, segment: str) -> int:
         sid = self._series_ids.get((model, segment))

@@ -269,7 +269,8 @@ class Windows:
         if not vecs:
             return None
         # summed in bucket order as float64: deterministic, and no int64 overflow
-        return np.sum(np.asarray(vecs, dtype=np.float64), axis=0)
+        out: np.ndarray = np.sum(np.asarray(vecs, dtype=np.float64), axis=0)
+        return out
 
     def snapshot(self) -> list[Any]:
         out = []

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from calmon.config import FieldsConfig, from_dict
+from calmon.config import FieldsConfig, LimitsConfig, from_dict
 from calmon.engine.engine import Engine
 from calmon.engine.records import REASONS, Kind, Label, Parser, Prediction, Raw, Reject
-from tests.engine.reference import T0, L, P
+from tests.engine.reference import T0, L, P, label_bytes
 
 MAX_BYTES = 1000
-PARSER = Parser(FieldsConfig(), MAX_BYTES)
+LIMITS = LimitsConfig(max_models=3, max_classes=50, max_id_bytes=32, max_name_bytes=16)
+PARSER = Parser(FieldsConfig(), MAX_BYTES, LIMITS, max_clock_skew=3600.0)
 
 PROPS = settings(max_examples=200, deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow])
@@ -95,6 +96,27 @@ PARSER_CASES: list[tuple[str, Kind, bytes | None, float | None]] = [
     ("bad_label", Kind.LABEL, b'{"id": "a", "label": NaN}', None),
     ("bad_label", Kind.LABEL, b'{"id": "a", "label": [1]}', None),
     ("label_out_of_range", Kind.LABEL, b'{"id": "a", "label": -1}', None),
+    # v2: names and ids bounded in bytes, no control characters, no lone surrogates
+    ("bad_id", Kind.PREDICTION, pred(id="i" * 33), None),
+    ("bad_id", Kind.LABEL, json.dumps({"id": "é" * 17, "label": 1}).encode(), None),
+    ("bad_id", Kind.PREDICTION, pred(id=10**30), None),
+    ("bad_model", Kind.PREDICTION, pred(model="m" * 17), None),
+    ("bad_model", Kind.PREDICTION, pred(model="ü" * 9), None),  # 18 bytes in UTF-8
+    ("bad_model", Kind.PREDICTION, pred(model="m\nINFO forged"), None),
+    ("bad_model", Kind.PREDICTION, pred(model="m\u2028x"), None),
+    ("bad_model", Kind.PREDICTION, pred(model="\x7f"), None),
+    ("bad_segment", Kind.PREDICTION, pred(segment={"country": "U\rS"}), None),
+    ("bad_segment", Kind.PREDICTION, pred(segment={"country": "x" * 17}), None),
+    ("bad_segment", Kind.PREDICTION, pred(segment={"country": 10**400}), None),
+    ("not_utf8", Kind.PREDICTION, b'{"id":"a","model":"\\udc00","ts":1,"prob":0.5}', None),
+    ("not_utf8", Kind.LABEL, b'{"id":"a","label":1,"model":"\\ud800"}', None),
+    ("not_utf8", Kind.PREDICTION, b'{"id":"a","model":"m","ts":1,"prob":NaN,'
+                                  b'"segment":{"\\udfff":"x"}}', None),
+    ("too_many_classes", Kind.PREDICTION, pred_without("prob", probs=[0] * 50 + [1]), None),
+    # a ts past the record's Kafka time + max_clock_skew would move "now" for everyone
+    ("bad_ts", Kind.PREDICTION, pred(ts=253402300799), T0),
+    ("bad_ts", Kind.PREDICTION, pred(ts=T0 + 3601), T0),
+    ("bad_ts", Kind.LABEL, json.dumps({"id": "a", "label": 1, "ts": T0 + 7200}).encode(), T0),
     # numbers too large for a float are not finite, never an exception
     ("not_finite", Kind.PREDICTION, b'{"id":"a","model":"m","ts":1,"prob":1' + b"0" * 400 + b"}",
      None),
@@ -126,14 +148,20 @@ def test_deeply_nested_json_is_not_json() -> None:
 def engine_reasons() -> dict[str, list[tuple[Kind, str]]]:
     """Reasons only the engine can decide: they need an earlier record."""
     out: dict[str, list[tuple[Kind, str]]] = {}
-    e = Engine(from_dict({}))
+    e = Engine(from_dict({"limits": {"max_models": 3}}))
     rej = e.feed([P("b1", T0, "bin", prob=0.5), L("b1", 2, T0),  # binary: 0/1 only
                   P("k1", T0, "k3", probs=[0.2, 0.3, 0.5]), L("k1", 3, T0),
+                  P("b2", T0, "bin", prob=0.5), L("b2", 1, T0),  # bin now has live series
+                  P("k2", T0, "k3", probs=[0.2, 0.3, 0.5]), L("k2", 0, T0),  # and so has k3
                   P("x1", T0, "bin", probs=[0.5, 0.5]),  # bin is binary
                   P("x2", T0, "k3", probs=[0.5, 0.5]),  # k3 has 3 classes
-                  P("x3", T0, "k3", logit=1.0)])
+                  P("x3", T0, "k3", logit=1.0),
+                  P("m3", T0, "third", prob=0.5),
+                  P("m4", T0, "fourth", prob=0.5),  # past limits.max_models
+                  L("m5", 1, T0, model="fifth")])  # a label never creates a model
     for r in rej:
         out.setdefault(r.reason, []).append((r.kind, r.value))
+    assert e.models == ["bin", "k3", "third"]
     return out
 
 
@@ -142,16 +170,60 @@ def test_engine_reasons() -> None:
     assert {k: [kind for kind, _ in v] for k, v in got.items()} == {
         "label_out_of_range": [Kind.LABEL, Kind.LABEL],
         "classes_mismatch": [Kind.PREDICTION] * 3,
+        "too_many_models": [Kind.PREDICTION],
     }
+
+
+def test_a_huge_class_count_costs_nothing() -> None:
+    big = Parser(FieldsConfig(), 10**7, LimitsConfig(max_classes=1000))
+    value = pred_without("prob", logits=[0] * 200_000)
+    assert big.parse(Raw(Kind.PREDICTION, value)) == Reject("too_many_classes")
+
+
+def test_internal_error_is_isolated_to_its_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    e = Engine(from_dict({}))
+    real = e.join.add_prediction
+
+    def flaky(pred, *args):
+        if pred.id == "boom":
+            raise RuntimeError("a bug")
+        return real(pred, *args)
+
+    monkeypatch.setattr(e.join, "add_prediction", flaky)
+    rej = e.feed([P("a", T0, "m", prob=0.5), P("boom", T0, "m", prob=0.5),
+                  P("c", T0, "m", prob=0.5), L("a", 1, T0), L("c", 0, T0)])
+    assert [(r.reason, r.kind) for r in rej] == [("internal", Kind.PREDICTION)]
+    assert rej[0].value is not None and b"boom" in rej[0].value
+    st = e.status()["counters"]
+    assert (st["predictions"], st["joined"], st["invalid"]) == (2, 2, 1)
+
+
+def test_class_count_resets_only_without_live_series() -> None:
+    e = Engine(from_dict({}))
+    # one early 7-class record does not lock the model in: nothing of it is live
+    assert e.feed([P("odd", T0, "m", probs=[1 / 7] * 7)]) == []
+    assert e.feed([P("a", T0 + 1, "m", prob=0.9), L("a", 1, T0 + 1)]) == []
+    assert e.status()["counters"]["class_resets"] == 1
+    # the 7-class prediction's label joins after the reset: expired as reset, not mixed in
+    assert e.feed([L("odd", 3, T0 + 2)]) == []
+    st = e.status()["counters"]
+    assert (st["joined"], st["expired"]) == (1, 1)
+    assert e.totals.expired[("m", "reset")] == 1
+    # now m is live and binary: another class count is a mismatch
+    rej = e.feed([P("b", T0 + 3, "m", probs=[0.5, 0.5])])
+    assert [r.reason for r in rej] == ["classes_mismatch"]
 
 
 def test_every_reason_is_produced() -> None:
     produced = {c[0] for c in PARSER_CASES} | set(engine_reasons())
-    assert produced == set(REASONS)
+    # internal is produced by a bug only: test_internal_error_is_isolated_to_its_record
+    assert produced | {"internal"} == set(REASONS)
 
 
 def test_engine_counts_invalid_by_topic_and_reason() -> None:
-    e = Engine(from_dict({"kafka": {"max_record_bytes": MAX_BYTES}}))
+    e = Engine(from_dict({"kafka": {"max_record_bytes": MAX_BYTES, "max_clock_skew": "1h"},
+                          "limits": {"max_models": 3, "max_classes": 50, "max_id_bytes": 32,
+                                     "max_name_bytes": 16}}))
     raws = [Raw(kind, value, ts) for _, kind, value, ts in PARSER_CASES]
     rejected = e.feed(raws)
     assert [r.reason for r in rejected] == [c[0] for c in PARSER_CASES]
@@ -204,7 +276,7 @@ def test_kafka_timestamp_fallback() -> None:
     assert isinstance(out, Prediction) and out.ts == 1234.5
     out = PARSER.parse(Raw(Kind.PREDICTION, pred(ts=None), 99.0))
     assert isinstance(out, Prediction) and out.ts == 99.0
-    out = PARSER.parse(Raw(Kind.PREDICTION, pred(ts=T0), 1234.5))  # the record's ts wins
+    out = PARSER.parse(Raw(Kind.PREDICTION, pred(ts=T0), T0 + 1234.5))  # the record's ts wins
     assert isinstance(out, Prediction) and out.ts == T0
     lab = PARSER.parse(Raw(Kind.LABEL, b'{"id": "a", "label": 1}', 77.0))
     assert isinstance(lab, Label) and lab.ts == 77.0
@@ -364,3 +436,22 @@ def test_engine_feed_never_raises(batch_list) -> None:
     for row in v.rows:
         for name, value in row.stats.as_row().items():
             assert value is None or math.isfinite(value), name
+
+
+def test_a_large_waiting_label_is_not_kept_whole() -> None:
+    e = Engine(from_dict({}))
+    big = label_bytes("z", 5, T0, pad="x" * 100_000)
+    assert e.feed([Raw(Kind.LABEL, big)]) == []
+    assert e.join._labels["z"][0].raw is None  # 100 KB would wait max_pending times over
+    rej = e.feed([P("z", T0, "m", prob=0.5)])  # binary: label 5 is out of range
+    assert [r.reason for r in rej] == ["label_out_of_range"]
+    assert json.loads(rej[0].value) == {"id": "z", "label": 5, "ts": T0}
+
+
+def test_event_times_past_the_ceiling_are_bad_ts() -> None:
+    e = Engine(from_dict({}))
+    forged = Raw(Kind.PREDICTION, pred_without("ts"), 253402300799.0)  # Kafka time forged
+    rej = e.feed([P("a", T0, "m", prob=0.5), forged, P("b", T0 + 9e6, "m", prob=0.5)],
+                 not_after=T0 + 3600)
+    assert [r.reason for r in rej] == ["bad_ts", "bad_ts"]
+    assert e.now == T0  # "now" did not move

@@ -1,0 +1,123 @@
+"""The daemon in-process, over a ``ListSource``: roll-back on an engine bug, checkpoint and
+restore, published positions. Milliseconds, no broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from calmon.config import from_dict
+from calmon.daemon import Daemon
+from calmon.engine.engine import Engine
+from calmon.engine.records import Kind, Raw
+from tests.engine.reference import T0, label_bytes, pred_bytes
+from tests.fakes import DeadLetterLog, ListSource, partitions_of
+
+DEADLINE_S = 60.0  # generous: a busy 2-core CI machine
+
+
+def config(tmp_path: Path, **extra: Any):
+    return from_dict({
+        "server": {"host": "127.0.0.1", "port": 0},
+        "state": {"dir": str(tmp_path / "state"), "checkpoint_interval": "1h"},
+        "recalibration": {"enabled": False},
+        "segments": {"slices": [["country"]]},
+        **extra,
+    })
+
+
+def traffic(n: int) -> tuple[list[bytes], list[bytes]]:
+    preds = [pred_bytes(f"r{i}", T0 + i, "m", prob=(i % 10) / 10 + 0.05,
+                        segment={"country": "US" if i % 3 else "DE"}) for i in range(n)]
+    labels = [label_bytes(f"r{i}", i % 2, T0 + i + 1) for i in range(n)]
+    return preds, labels
+
+
+class Running:
+    """A daemon's ``run()`` in a thread, stopped (and joined) on exit."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.rc: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.rc = self.daemon.run()
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        return self
+
+    def wait(self, cond: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not cond():
+            assert self.thread.is_alive(), "the daemon stopped"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.daemon._stop.wait(0.01)  # a poll interval of the condition, not a sync
+
+    def __exit__(self, *exc: object) -> None:
+        self.daemon.request_stop()
+        self.thread.join(DEADLINE_S)
+        assert not self.thread.is_alive()
+
+
+def daemon_over(tmp_path: Path, source: ListSource) -> Daemon:
+    d = Daemon(config(tmp_path), registry=CollectorRegistry(auto_describe=False),
+               source=source, install_signals=False)
+    d.dead_letters = DeadLetterLog()  # type: ignore[assignment]
+    return d
+
+
+def reference_counters(preds: list[bytes], labels: list[bytes], tmp_path: Path
+                       ) -> dict[str, int]:
+    e = Engine(config(tmp_path))
+    e.feed([Raw(Kind.PREDICTION, v) for v in preds] + [Raw(Kind.LABEL, v) for v in labels])
+    return dict(e.status()["counters"])
+
+
+def test_an_engine_bug_rolls_back_and_dead_letters_only_its_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    preds, labels = traffic(40)
+    boom = pred_bytes("boom", T0 + 5, "m", prob=0.5)
+    source = ListSource(partitions_of([*preds[:20], boom, *preds[20:]], labels), batch=7)
+    d = daemon_over(tmp_path, source)
+    real_parse = d.engine.parser.parse
+
+    def buggy(raw: Raw):  # a parser bug that only this record reaches
+        if raw.value is not None and b'"boom"' in raw.value:
+            raise RuntimeError("a bug")
+        return real_parse(raw)
+
+    monkeypatch.setattr(d.engine.parser, "parse", buggy)
+    total = source.total()
+    with Running(d) as run:
+        run.wait(lambda: sum(d.published_positions.values()) == total, "every record")
+    want = reference_counters(preds, labels, tmp_path)
+    got = d.engine.status()["counters"]
+    assert got["invalid"] == 1
+    assert {k: got[k] for k in want if k != "invalid"} == {
+        k: v for k, v in want.items() if k != "invalid"}
+    assert d.dead_letters.sent == [(boom, "internal", "predictions/0/20")]  # type: ignore
+    assert source.assigns >= 3  # rolled back twice: the batch, then the record
+    assert d.engine.totals.joined["m"] == 40  # process counters rolled back too
+
+
+def test_stop_checkpoints_and_a_restart_resumes_exactly(tmp_path: Path) -> None:
+    preds, labels = traffic(60)
+    source = ListSource(partitions_of(preds[:30], labels[:30]), batch=5)
+    d = daemon_over(tmp_path, source)
+    with Running(d) as run:
+        run.wait(lambda: sum(d.published_positions.values()) == 60, "the first half")
+    assert d.status()["positions"] == {"labels/0": 30, "predictions/0": 30}
+    source2 = ListSource(partitions_of(preds, labels), batch=5)
+    d2 = daemon_over(tmp_path, source2)
+    with Running(d2) as run:
+        run.wait(lambda: sum(d2.published_positions.values()) == 120, "the rest")
+    assert d2.engine.status()["counters"] == reference_counters(preds, labels, tmp_path)
+    assert d2.dead_letters.sent == []  # type: ignore[attr-defined]
