@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 
 from calmon.io.dead_letter import REASON_HEADER, SOURCE_HEADER
-from tests.conftest import consume, create_topics, unique_topic
+from tests.conftest import FAST_CLIENT, create_topics, unique_topic
 from tests.daemon_helpers import (
     BASE_TS,
     CalmonDaemon,
@@ -414,6 +414,9 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
         # phase 1: admit the models
         md1 = producer.send(p1.records)
         wait_positions_probing(daemon, seen_, end_positions(md1), "phase 1")
+        # the kill -9 below replays from the last checkpoint: let it hold phase 1 whole, so
+        # "flip" has joined (live) samples in every consumption order of the replay
+        wait_checkpoint_after(daemon, time.time(), "phase 1")
         # phase 2: the attack; kill -9 while it is being consumed, then restart
         rng = np.random.default_rng(89)
         order = list(range(len(p2.records)))
@@ -471,24 +474,46 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
 def test_every_hostile_record_is_dead_lettered_once_with_an_allowed_reason(seen: Seen) -> None:
     plan = seen.plan
     want: dict[str, frozenset[str]] = {}
-    for allowed, md in zip(plan.allowed, seen.sent):
+    key_of: dict[str, bytes | None] = {}
+    for allowed, md, rec in zip(plan.allowed, seen.sent, plan.records):
         if allowed is not None:
             want[f"{md.topic}/{md.partition}/{md.offset}"] = allowed
-    got: dict[str, str] = {}
-
-    def all_there() -> bool:
-        # dead letters are at-least-once across kill -9: read them all, keep one per source
-        for r in consume(seen.bootstrap, seen.dlq, len(want) + 1, timeout=10):
-            h = dict(r.headers)
-            got[h[SOURCE_HEADER].decode()] = h[REASON_HEADER].decode()
-        return set(got) >= set(want)
-
-    wait_until(all_there, 90, "every hostile record on the dead-letter topic",
-               detail=lambda: sorted(set(want) - set(got))[:10])
+            key_of[f"{md.topic}/{md.partition}/{md.offset}"] = rec[1]
+    # dead letters are at-least-once across kill -9: read them all, keep one per source
+    got = dead_letter_reasons(seen.bootstrap, seen.dlq, set(want), timeout=90)
+    missing = set(want) - set(got)
+    assert not missing, (len(missing), Counter((key_of[s] or b"").rstrip(b"0123456789")
+                                               for s in missing))
     assert set(got) == set(want), f"valid records dead-lettered: {sorted(set(got) - set(want))}"
     wrong = {s: (got[s], sorted(want[s])) for s in want if got[s] not in want[s]}
     assert not wrong, f"{len(wrong)} with a wrong reason, e.g. {list(wrong.items())[:8]}"
     assert len(set(want.values())) >= 25  # kinds of attack
+
+
+def dead_letter_reasons(bootstrap: str, topic: str, want: set[str],
+                        timeout: float) -> dict[str, str]:
+    """``calmon-source`` -> ``calmon-reason`` of every record on the dead-letter topic,
+    read until every source in ``want`` is seen or ``timeout`` passes."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             max_partition_fetch_bytes=16 * 1024 * 1024, **FAST_CLIENT)
+    got: dict[str, str] = {}
+    try:
+        parts = wait_until(lambda: consumer.partitions_for_topic(topic), 30,
+                           f"partitions of {topic}")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + timeout
+        while not want <= set(got) and time.monotonic() < deadline:
+            for recs in consumer.poll(timeout_ms=500).values():
+                for r in recs:
+                    h = dict(r.headers)
+                    got[h[SOURCE_HEADER].decode()] = h[REASON_HEADER].decode()
+    finally:
+        consumer.close(autocommit=False)
+    return got
 
 
 def expected_counters(plan: Plan) -> dict[str, int]:
