@@ -367,11 +367,6 @@ def wait_positions_probing(daemon: CalmonDaemon, seen: Seen, expected: dict[str,
                detail=daemon.log_tail)
 
 
-def wait_checkpoint_after(daemon: CalmonDaemon, t: float, what: str) -> None:
-    wait_until(lambda: (daemon.status()["last_checkpoint_timestamp"] or 0) > t, 60,
-               f"a checkpoint after {what}", detail=daemon.log_tail)
-
-
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Seen]:
     root = tmp_path_factory.mktemp("hostile")
@@ -409,14 +404,14 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
                  daemon.log)
     seen_.files_before = files_under(root)
     seen_.outside_before = files_under(root.parent) - files_under(root)
-    with daemon.start(timeout=60), Producer(kafka_bootstrap) as producer:
+    with daemon.start(), Producer(kafka_bootstrap) as producer:
         seen_.rss_start = rss_bytes(daemon.pid)
         # phase 1: admit the models
         md1 = producer.send(p1.records)
         wait_positions_probing(daemon, seen_, end_positions(md1), "phase 1")
         # the kill -9 below replays from the last checkpoint: let it hold phase 1 whole, so
         # "flip" has joined (live) samples in every consumption order of the replay
-        wait_checkpoint_after(daemon, time.time(), "phase 1")
+        daemon.wait_checkpoint(time.time(), "a checkpoint after phase 1")
         # phase 2: the attack; kill -9 while it is being consumed, then restart
         rng = np.random.default_rng(89)
         order = list(range(len(p2.records)))
@@ -436,15 +431,15 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
             md2[i] = m
         wait_until(lambda: daemon.counters()["invalid"] > 0, 60, "the attack to be consumed")
         daemon.kill()
-        daemon.start(timeout=60)
+        daemon.start()
         probe(daemon, seen_, "after kill -9 mid-attack")
         wait_positions_probing(daemon, seen_, end_positions(md1 + md2), "phase 2")
         done = time.time()
-        wait_checkpoint_after(daemon, done, "the attack")
+        daemon.wait_checkpoint(done, "a checkpoint after the attack")
         # kill -9 once everything is checkpointed: the same counters come back
         seen_.before_kill = daemon.status()
         daemon.kill()
-        daemon.start(timeout=60)
+        daemon.start()
         seen_.after_restart = daemon.status()
         probe(daemon, seen_, "after the second kill -9")
         # phase 3: joins go on
