@@ -1,7 +1,8 @@
-"""End-to-end throughput of ``calmon run`` against a bare kafka-python consumer.
+"""End-to-end throughput of ``calmon run`` against a bare consumer of the same
+client library, for each ``kafka.library`` (kafka-python, confluent), in one run.
 
     python bench/daemon.py [--n N] [--quick] [--bootstrap host:port] [--repeat R]
-                           [--py-spy PATH]
+                           [--libraries kafka-python,confluent] [--py-spy PATH]
 
 On one broker in one run (an embedded Tansu from ``calmon.demo.broker`` unless
 ``--bootstrap`` is given), N binary predictions and their N labels are produced
@@ -9,15 +10,17 @@ to two fresh 4-partition topics, keyed by id (so a prediction and its label
 share a partition number), each label shortly after its prediction. Production
 is not timed. Then, over exactly those 2N records:
 
-1. **bare consumer**: one kafka-python ``KafkaConsumer`` with static ``assign()``
-   of every partition of both topics, ``seek_to_beginning``, raw bytes, no
-   auto-commit, the consumer settings ``calmon run`` uses (taken from
-   ``KafkaSource`` itself: fetch sizes from ``calmon.io.topics.fetch_bytes``,
-   ``kafka.client`` passthrough) and the daemon's poll size and timeout
+1. **bare consumer** of the library: a kafka-python ``KafkaConsumer`` (or a
+   confluent-kafka ``Consumer``) with static ``assign()`` of every partition of
+   both topics from the beginning, raw bytes, no auto-commit, the consumer
+   settings ``calmon run`` uses (taken from ``KafkaSource`` / ``ConfluentSource``
+   itself: fetch sizes from ``calmon.io.topics.fetch_bytes``, ``kafka.client``
+   passthrough) and the daemon's poll size and timeout
    (``calmon.daemon.MAX_RECORDS``, ``POLL_TIMEOUT_MS``), reading until it has
    counted 2N records. The clock starts after assign + seek (connection and
    metadata already done) and stops at the 2N-th record: input records/s.
-2. **calmon run**: ``python -m calmon run -c cfg`` as a subprocess with a fresh
+2. **calmon run** (``kafka.library`` set to the library): ``python -m calmon run
+   -c cfg`` as a subprocess with a fresh
    state dir, a fresh group id, recalibration off, ``checkpoint_interval`` 10s,
    a free port. The clock starts when ``/readyz`` first answers 200 (partitions
    assigned and the broker connected, so both clocks start at the same point)
@@ -28,7 +31,13 @@ is not timed. Then, over exactly those 2N records:
    often as the predicted end nears, down to ``--status-interval`` (20 ms), so
    the end time is known to within that and polling costs the daemon ~1-2%.
 3. the ratio calmon input records/s / bare consumer records/s, next to the
-   target (>= 0.8). Speed is measured and printed, never asserted.
+   target (>= 0.8), and **CPU-seconds per million input records** of calmon's
+   processes (the daemon + its consumer child, user + system from
+   ``/proc/<pid>/stat``, over the measured interval) and of the bare consumer
+   (its own process time). With both libraries: the speed-up of calmon on
+   confluent over calmon on kafka-python (target >= 2.5), and whether the two
+   ended in the same state (counters and positions). Speed is measured and
+   printed, never asserted.
 
 Each measurement is repeated ``--repeat`` times (fresh consumer, fresh state dir
 and group, same topics), bare and calmon runs alternating so that a noisy
@@ -76,6 +85,9 @@ from calmon.config import KafkaConfig
 from calmon.daemon import MAX_RECORDS, POLL_TIMEOUT_MS
 from calmon.demo.broker import BrokerUnavailable, TansuBroker, free_port, resolve_binary
 from calmon.io.kafka_source import KafkaSource
+
+LIBRARIES = ("kafka-python", "confluent")
+TARGET_SPEEDUP = 2.5  # calmon on confluent over calmon on kafka-python
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 0.8  # calmon input records/s over bare consumer records/s
@@ -220,6 +232,18 @@ def create_topics(bootstrap: str, names: list[str], partitions: int,
 # ---------------------------------------------------------------- bare consumer
 
 
+def confluent_settings(kafka: KafkaConfig) -> dict[str, Any]:
+    """As ``consumer_settings`` for librdkafka (from ``ConfluentSource``), with a group
+    of its own (librdkafka wants one; nothing is committed) and no callbacks."""
+    from calmon.io.confluent_source import ConfluentSource
+
+    settings = ConfluentSource(kafka)._settings()
+    for key in ("error_cb", "stats_cb", "on_commit", "logger", "statistics.interval.ms"):
+        settings.pop(key, None)
+    settings["group.id"] = f"bench-bare-{uuid.uuid4().hex[:8]}"
+    return settings
+
+
 def consumer_settings(kafka: KafkaConfig) -> dict[str, Any]:
     """The settings ``calmon run`` gives its consumer for this ``kafka`` config (taken
     from ``KafkaSource`` itself, so the two stay the same), without a group."""
@@ -233,14 +257,22 @@ class BareResult:
     seconds: float
     records: int
     bytes: int
+    cpu: float = 0.0  # CPU seconds of this process (all its threads) while measured
 
     @property
     def rate(self) -> float:
         return self.records / self.seconds
 
+    @property
+    def cpu_per_million(self) -> float:
+        return self.cpu / self.records * 1e6
+
 
 def bare_consumer(kafka: KafkaConfig, topics: list[str], total: int,
                   timeout: float) -> BareResult:
+    """The bare consumer of ``kafka.library``."""
+    if kafka.library == "confluent":
+        return bare_confluent(kafka, topics, total, timeout)
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(**consumer_settings(kafka))
@@ -253,7 +285,7 @@ def bare_consumer(kafka: KafkaConfig, topics: list[str], total: int,
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         count = nbytes = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         deadline = time.monotonic() + timeout
         while count < total:
             polled = consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
@@ -264,12 +296,43 @@ def bare_consumer(kafka: KafkaConfig, topics: list[str], total: int,
             if time.monotonic() > deadline:
                 raise TimeoutError(f"bare consumer read {count} of {total} records "
                                    f"in {timeout:.0f}s")
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         if count != total:
             raise RuntimeError(f"bare consumer read {count} records, expected {total}")
-        return BareResult(dt, count, nbytes)
+        return BareResult(dt, count, nbytes, cpu)
     finally:
         consumer.close(autocommit=False)
+
+
+def bare_confluent(kafka: KafkaConfig, topics: list[str], total: int,
+                   timeout: float) -> BareResult:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(confluent_settings(kafka))
+    try:
+        tps = []
+        for topic in topics:
+            meta = wait_until(lambda t=topic: consumer.list_topics(t, timeout=5).topics[t],
+                              30.0, f"metadata of {topic}")
+            tps += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
+        consumer.assign(tps)
+        count = nbytes = 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        deadline = time.monotonic() + timeout
+        while count < total:
+            for m in consumer.consume(MAX_RECORDS, POLL_TIMEOUT_MS / 1000.0):
+                if m.error() is None:
+                    count += 1
+                    nbytes += len(m.value())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bare consumer read {count} of {total} records "
+                                   f"in {timeout:.0f}s")
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if count != total:
+            raise RuntimeError(f"bare consumer read {count} records, expected {total}")
+        return BareResult(dt, count, nbytes, cpu)
+    finally:
+        consumer.close()
 
 
 # ---------------------------------------------------------------- calmon run
@@ -282,6 +345,12 @@ class CalmonResult:
     n: int
     counters: dict[str, int]
     cpu: dict[str, float]  # CPU seconds while measured, per process ("daemon", "consumer")
+    positions: dict[str, int]  # /status positions at the end
+
+    @property
+    def cpu_per_million(self) -> float:
+        """CPU seconds of calmon's processes per million input records."""
+        return sum(self.cpu.values()) / (2 * self.n) * 1e6
 
     @property
     def input_rate(self) -> float:
@@ -307,7 +376,8 @@ def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def write_config(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str) -> Path:
+def write_config(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str,
+                 library: str = "kafka-python") -> Path:
     cfg = {
         "kafka": {
             "bootstrap_servers": bootstrap,
@@ -316,6 +386,7 @@ def write_config(workdir: Path, bootstrap: str, pred_topic: str, label_topic: st
             "predictions_topic": pred_topic,
             "labels_topic": label_topic,
             "auto_offset_reset": "earliest",
+            "library": library,
         },
         "recalibration": {"enabled": False},
         "server": {"host": "127.0.0.1", "port": free_port()},
@@ -343,10 +414,11 @@ def _log_tail(path: Path, lines: int = 20) -> str:
 
 def run_calmon(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str, n: int,
                timeout: float, status_interval: float,
-               py_spy: tuple[str, Path] | None = None) -> CalmonResult:
+               py_spy: tuple[str, Path] | None = None,
+               library: str = "kafka-python") -> CalmonResult:
     """One ``calmon run`` from an empty state until it has joined ``n`` samples."""
     workdir.mkdir(parents=True)
-    cfg_path = write_config(workdir, bootstrap, pred_topic, label_topic)
+    cfg_path = write_config(workdir, bootstrap, pred_topic, label_topic, library)
     port = int(yaml.safe_load(cfg_path.read_text())["server"]["port"])
     log_path = workdir / "calmon.log"
     spy: subprocess.Popen[bytes] | None = None
@@ -404,6 +476,7 @@ def run_calmon(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str,
         t_done = time.perf_counter()
         cpu_done = process_cpu(proc.pid)
         counters = {k: int(v) for k, v in last["counters"].items()}
+        positions = {k: int(v) for k, v in last.get("positions", {}).items()}
     finally:
         if spy is not None:
             stop_py_spy(spy)
@@ -419,7 +492,7 @@ def run_calmon(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str,
     if bad or counters.get("predictions") != n or counters.get("labels") != n:
         raise RuntimeError(f"unexpected counters {counters}")
     cpu = {k: cpu_done[k] - cpu_ready.get(k, 0.0) for k in cpu_done}
-    return CalmonResult(t_ready - t_spawn, t_done - t_ready, n, counters, cpu)
+    return CalmonResult(t_ready - t_spawn, t_done - t_ready, n, counters, cpu, positions)
 
 
 def process_cpu(pid: int) -> dict[str, float]:
@@ -534,6 +607,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--status-interval", type=float, default=0.02,
                     help="shortest time between /status polls, near the end of a run "
                          "(the end-time resolution)")
+    ap.add_argument("--libraries", default=None,
+                    help="comma-separated kafka.library values to measure (default: "
+                         "kafka-python,confluent, or kafka-python alone without "
+                         "confluent-kafka installed)")
     ap.add_argument("--py-spy", type=Path, default=None, metavar="PATH",
                     help="add one untimed calmon run sampled by py-spy; .txt raw stacks "
                          "(+ printed hotspots), .svg flame graph, .json speedscope")
@@ -546,8 +623,24 @@ def main(argv: list[str] | None = None) -> int:
 
     import kafka
 
-    log(f"calmon daemon benchmark: python {platform.python_version()}, kafka-python "
-        f"{kafka.__version__}, {platform.machine()}, {os.cpu_count()} cpus")
+    versions = f"kafka-python {kafka.__version__}"
+    try:
+        import confluent_kafka
+
+        cv = confluent_kafka.version()  # a (str, int) tuple in most releases
+        versions += (f", confluent-kafka {cv[0] if isinstance(cv, tuple) else cv} "
+                     f"(librdkafka {confluent_kafka.libversion()[0]})")
+        available = LIBRARIES
+    except ImportError:
+        available = ("kafka-python",)
+    libraries = tuple(args.libraries.split(",")) if args.libraries else available
+    for lib in libraries:
+        if lib not in available:
+            print(f"bench/daemon.py: --libraries: {lib!r} is not one of {available} "
+                  "(confluent needs pip install 'calmon[fast]')", file=sys.stderr)
+            return 2
+    log(f"calmon daemon benchmark: python {platform.python_version()}, {versions}, "
+        f"{platform.machine()}, {os.cpu_count()} cpus")
     tmp = Path(tempfile.mkdtemp(prefix="calmon-bench-"))
     broker: TansuBroker | None = None
     try:
@@ -574,43 +667,61 @@ def main(argv: list[str] | None = None) -> int:
             f"{PARTITIONS}+{PARTITIONS} partitions with {workers} producer processes in "
             f"{time.perf_counter() - t:.1f}s (not measured)")
 
-        kcfg = KafkaConfig(bootstrap_servers=(bootstrap,), predictions_topic=pred_topic,
-                           labels_topic=label_topic)
+        kcfgs = {lib: KafkaConfig(bootstrap_servers=(bootstrap,), predictions_topic=pred_topic,
+                                  labels_topic=label_topic, library=lib)  # type: ignore[arg-type]
+                 for lib in libraries}
         rounds = "1 round" if repeat == 1 else f"{repeat} rounds"
-        log(f"\n== {rounds} of: bare kafka-python consumer over {total:,} records "
-            f"(poll max_records={MAX_RECORDS}), then calmon run until {n:,} joined "
-            f"(clock from /readyz 200) ==")
-        bares: list[BareResult] = []
-        runs: list[CalmonResult] = []
+        log(f"\n== {rounds} of, for each of {', '.join(libraries)}: the bare consumer over "
+            f"{total:,} records (poll max_records={MAX_RECORDS}), then calmon run until "
+            f"{n:,} joined (clock from /readyz 200) ==")
+        bares: dict[str, list[BareResult]] = {lib: [] for lib in libraries}
+        runs: dict[str, list[CalmonResult]] = {lib: [] for lib in libraries}
         for k in range(repeat):
-            # alternated, so a noisy neighbour slows both sides alike
-            b = bare_consumer(kcfg, [pred_topic, label_topic], total, timeout)
-            bares.append(b)
-            log(f"  {k + 1}. bare   {b.seconds:6.2f}s  {b.rate:>9,.0f} records/s "
-                f"({b.bytes / b.seconds / 1e6:.1f} MB/s of values)")
-            r = run_calmon(tmp / f"calmon-{k}", bootstrap, pred_topic, label_topic, n,
-                           timeout, args.status_interval)
-            runs.append(r)
-            log(f"  {k + 1}. calmon {r.seconds:6.2f}s  {r.input_rate:>9,.0f} input records/s "
-                f"{r.joined_rate:>9,.0f} joined/s  (startup {r.startup:.2f}s; from process "
-                f"start {r.input_rate_from_start:,.0f} input records/s; busy: "
-                + ", ".join(f"{k} {v / r.seconds:.0%}" for k, v in r.cpu.items()) + ")")
-        bare = min(bares, key=lambda r: r.seconds)
-        best = min(runs, key=lambda r: r.seconds)
+            # alternated, so a noisy neighbour slows every side alike
+            for lib in libraries:
+                b = bare_consumer(kcfgs[lib], [pred_topic, label_topic], total, timeout)
+                bares[lib].append(b)
+                log(f"  {k + 1}. {lib:<12} bare   {b.seconds:6.2f}s  {b.rate:>9,.0f} records/s "
+                    f"({b.bytes / b.seconds / 1e6:.1f} MB/s of values; "
+                    f"{b.cpu_per_million:.2f} CPU-s per M records)")
+                r = run_calmon(tmp / f"calmon-{lib}-{k}", bootstrap, pred_topic, label_topic,
+                               n, timeout, args.status_interval, library=lib)
+                runs[lib].append(r)
+                log(f"  {k + 1}. {lib:<12} calmon {r.seconds:6.2f}s  {r.input_rate:>9,.0f} input "
+                    f"records/s {r.joined_rate:>9,.0f} joined/s  {r.cpu_per_million:.2f} CPU-s "
+                    f"per M records (startup {r.startup:.2f}s; from process start "
+                    f"{r.input_rate_from_start:,.0f} input records/s; busy: "
+                    + ", ".join(f"{k} {v / r.seconds:.0%}" for k, v in r.cpu.items()) + ")")
 
-        ratio = best.input_rate / bare.rate
-        log("\n== result (best runs) ==")
-        log(f"  bare consumer     {bare.rate:>10,.0f} records/s")
-        log(f"  calmon run        {best.input_rate:>10,.0f} input records/s   "
-            f"{best.joined_rate:,.0f} joined samples/s")
-        log(f"  ratio calmon/bare {ratio:10.2f}   target >= {TARGET_RATIO}: "
-            f"{'MET' if ratio >= TARGET_RATIO else 'NOT MET'}")
+        log("\n== result (best runs; CPU-s per M = CPU seconds per million input records, "
+            "calmon = daemon + consumer process) ==")
+        log(f"  {'library':<13} {'bare rec/s':>11} {'bare CPU-s/M':>13} {'calmon rec/s':>13} "
+            f"{'joined/s':>10} {'calmon CPU-s/M':>15} {'ratio':>6}")
+        best: dict[str, CalmonResult] = {}
+        for lib in libraries:
+            bare = min(bares[lib], key=lambda r: r.seconds)
+            top = best[lib] = min(runs[lib], key=lambda r: r.seconds)
+            ratio = top.input_rate / bare.rate
+            log(f"  {lib:<13} {bare.rate:>11,.0f} {bare.cpu_per_million:>13.2f} "
+                f"{top.input_rate:>13,.0f} {top.joined_rate:>10,.0f} "
+                f"{top.cpu_per_million:>15.2f} {ratio:>6.2f}   ratio target >= {TARGET_RATIO}: "
+                f"{'MET' if ratio >= TARGET_RATIO else 'NOT MET'}")
+        if len(best) > 1 and "kafka-python" in best and "confluent" in best:
+            slow, fast = best["kafka-python"], best["confluent"]
+            speedup = fast.input_rate / slow.input_rate
+            same = all(r.counters == slow.counters and r.positions == slow.positions
+                       for lib in libraries for r in runs[lib])
+            log(f"  calmon confluent / kafka-python: {speedup:.2f}x records/s (target >= "
+                f"{TARGET_SPEEDUP}: {'MET' if speedup >= TARGET_SPEEDUP else 'NOT MET'}), "
+                f"{slow.cpu_per_million / fast.cpu_per_million:.2f}x less CPU per record; "
+                f"same counters and positions in every run: {'yes' if same else 'NO'}")
 
         if args.py_spy is not None:
             suffix = args.py_spy.suffix.lower()
             fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(suffix, "raw")
             r = run_calmon(tmp / "calmon-py-spy", bootstrap, pred_topic, label_topic, n,
-                           timeout, args.status_interval, py_spy=(fmt, args.py_spy))
+                           timeout, args.status_interval, py_spy=(fmt, args.py_spy),
+                           library=libraries[-1])
             log(f"\npy-spy run (not counted): {r.seconds:.2f}s, {r.input_rate:,.0f} input "
                 f"records/s under sampling; {fmt} profile in {args.py_spy}")
             if fmt == "raw":

@@ -351,11 +351,19 @@ def _cross_checks(cfg: Config, errors: list[str]) -> None:
     ml = cfg.join.missing_label
     if ml is not None and ml.after > cfg.join.ttl:
         errors.append("join.missing_label.after: must not exceed join.ttl")
-    if cfg.kafka.library == "confluent":
-        errors.append("kafka.library: confluent is not available in this version; "
-                      "use kafka-python")
+    if cfg.kafka.library == "confluent" and not _confluent_importable():
+        errors.append("kafka.library: confluent needs the confluent-kafka package "
+                      "(pip install 'calmon[fast]'), which cannot be imported here")
     if cfg.kafka.predictions_topic == cfg.kafka.labels_topic:
         errors.append("kafka.labels_topic: must differ from kafka.predictions_topic")
+
+
+def _confluent_importable() -> bool:
+    try:
+        import confluent_kafka  # noqa: F401 - only whether it loads (with its librdkafka)
+    except ImportError:
+        return False
+    return True
 
 
 def _describe(v: Any) -> str:

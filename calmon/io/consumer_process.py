@@ -2,10 +2,12 @@
 use two cores instead of sharing one interpreter lock.
 
 kafka-python spends longer decoding a record batch than calmon spends parsing
-and counting it; in one process the two add up. Here a child owns the
-``KafkaSource`` and streams poll results (plain per-partition columns) through
-a pipe; the parent (the daemon) builds ``Raw`` records and feeds the engine.
-A sender thread in the child keeps kafka-python polling while the previous
+and counting it; in one process the two add up. Here a child owns the source of
+``kafka.library`` (``calmon.io.source.make_source``) and streams poll results
+(plain per-partition columns) through a pipe; the parent (the daemon) builds
+``Raw`` records and feeds the engine. With librdkafka the decoding runs in its
+own threads, but the pipe still keeps the per-record Python work of the two
+sides on two cores. A sender thread in the child keeps the client polling while the previous
 batch crosses the pipe; at most ``AHEAD`` poll results wait, so a slow engine
 simply makes the child wait and memory stays bounded. Positions travel with
 their records, so checkpoints stay exact.
@@ -33,7 +35,7 @@ from calmon import secrets
 from calmon.children import die_with_parent
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
-from calmon.io.kafka_source import Batch, KafkaSource, KafkaSourceError, Position, to_batch
+from calmon.io.source import Batch, KafkaSourceError, Position, make_source, to_batch
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ AHEAD = 2  # poll results the child may hold beyond the one crossing the pipe
 
 
 class ProcessSource:
-    """The daemon's ``Source``: a ``KafkaSource`` running in a child process."""
+    """The daemon's ``Source``: the ``kafka.library`` source running in a child process."""
 
     def __init__(self, config: KafkaConfig, *, metadata_timeout_s: float = 30.0,
                  max_records: int = 5000) -> None:
@@ -150,10 +152,10 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
     die_with_parent()  # and pipe EOF ends it where that is not available
     parent = os.getppid()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the source logs what matters
     secrets.install()
     secrets.register_config(dict(config.client))
-    source = KafkaSource(config, metadata_timeout_s=metadata_timeout_s)
+    source = make_source(config, metadata_timeout_s=metadata_timeout_s)
     try:
         try:
             owned = source.assign(positions, from_checkpoint=from_checkpoint)

@@ -150,6 +150,14 @@ class DeadLetters:
         )
         return settings
 
+    def _new_producer(self) -> Any:
+        """The producer of ``kafka.library`` (confluent: kafka-python's calls, librdkafka)."""
+        if self._config.library == "confluent":
+            from calmon.io.confluent_producer import ConfluentProducer  # extra calmon[fast]
+
+            return ConfluentProducer(self._config)
+        return KafkaProducer(**self._settings())
+
     def _get_producer(self) -> KafkaProducer | None:
         """The producer, built on first use; None while it cannot be built."""
         if self._producer is not None:
@@ -157,7 +165,7 @@ class DeadLetters:
         with self._lock:
             if self._producer is None and not self._closed:
                 try:
-                    self._producer = KafkaProducer(**self._settings())
+                    self._producer = self._new_producer()
                 except Exception as exc:  # bootstrap timeout, or a bad kafka.client value
                     # Building blocks for bootstrap_timeout_ms; do not retry per record.
                     self._paused_until = time.monotonic() + self._retry_interval_s

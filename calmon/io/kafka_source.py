@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -23,53 +22,20 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from calmon.config import KafkaConfig
-from calmon.engine.records import Kind, Raw
-from calmon.errors import CalmonError
+from calmon.engine.records import Kind
+from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, to_batch
+from calmon.io.source import Batch as Batch  # re-exported: older imports
+from calmon.io.source import KafkaSourceError as KafkaSourceError
 from calmon.io.topics import client_settings, fetch_bytes, owned_partitions
 
 log = logging.getLogger(__name__)
 
-Position = tuple[str, int]  # (topic, partition)
-
-_MISSING_TOPIC_GRACE_S = 5.0
-
-
-class KafkaSourceError(CalmonError):
-    """Raised by ``KafkaSource.assign`` when the broker cannot be reached in time or a
-    configured topic does not exist."""
-
-
-@dataclass(slots=True)
-class Batch:
-    """What one poll returned, in poll order, and the next offset of every
-    partition that appears in it."""
-
-    records: list[Raw] = field(default_factory=list)
-    positions: dict[Position, int] = field(default_factory=dict)
-
-
-# One partition's records of a poll: (topic, partition, values, timestamps in ms, offsets)
-Chunk = tuple[str, int, list[bytes | None], list[int | None], list[int]]
-
-
-def to_batch(chunks: list[Chunk], kinds: dict[str, Kind]) -> Batch:
-    """Chunks -> Raw records in poll order, and the next offset of each partition."""
-    batch = Batch()
-    records = batch.records
-    new = tuple.__new__  # Raw's own __new__, minus a Python-level call per record
-    for topic, partition, values, stamps, offsets in chunks:
-        kind = kinds[topic]
-        prefix = f"{topic}/{partition}/"
-        records.extend([
-            new(Raw, (kind, value, ts / 1000.0 if ts is not None and ts >= 0 else None,
-                      f"{prefix}{offset}"))
-            for value, ts, offset in zip(values, stamps, offsets)])
-        batch.positions[(topic, partition)] = offsets[-1] + 1
-    return batch
+_MISSING_TOPIC_GRACE_S = MISSING_TOPIC_GRACE_S
 
 
 class KafkaSource:
-    """Static-assignment consumer over ``predictions_topic`` and ``labels_topic``."""
+    """Static-assignment consumer over ``predictions_topic`` and ``labels_topic``
+    (``kafka.library: kafka-python``; see ``calmon.io.source.ChunkSource``)."""
 
     def __init__(
         self,

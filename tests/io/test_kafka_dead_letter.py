@@ -1,4 +1,5 @@
-"""DeadLetters against a real Kafka-compatible broker, and its failure modes."""
+"""DeadLetters against a real Kafka-compatible broker, and its failure modes, on
+both ``kafka.library`` values (kafka-python spellings in ``kafka.client`` throughout)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ from tests.conftest import FAST_CLIENT, _free_port, consume
 pytestmark = pytest.mark.integration
 
 
-def make_config(bootstrap: str, **kwargs: object) -> KafkaConfig:
+def make_config(bootstrap: str, library: str, **kwargs: object) -> KafkaConfig:
     client = {**FAST_CLIENT, **kwargs.pop("client", {})}  # type: ignore[dict-item]
-    return KafkaConfig(bootstrap_servers=(bootstrap,), client=client, **kwargs)  # type: ignore[arg-type]
+    return KafkaConfig(bootstrap_servers=(bootstrap,), client=client,  # type: ignore[arg-type]
+                       library=library, **kwargs)  # type: ignore[arg-type]
 
 
 def test_dead_letters_arrive_unchanged_with_headers(
-    kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
+    library: str, kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
 ) -> None:
     (dlq,) = kafka_topics(count=1, partitions=2)
-    letters = DeadLetters(make_config(kafka_bootstrap, dead_letter_topic=dlq))
+    letters = DeadLetters(make_config(kafka_bootstrap, library, dead_letter_topic=dlq))
     sent = [
         (b"not json", "not_json", "predictions/3/17"),
         (b"{" + b"x" * 2_500_000 + b"}", "oversize", "predictions/0/4"),
@@ -46,10 +48,10 @@ def test_dead_letters_arrive_unchanged_with_headers(
 
 
 def test_publish_uses_the_same_producer(
-    kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
+    library: str, kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
 ) -> None:
     (topic,) = kafka_topics(count=1, partitions=1)
-    letters = DeadLetters(make_config(kafka_bootstrap, calibrators_topic=topic))
+    letters = DeadLetters(make_config(kafka_bootstrap, library, calibrators_topic=topic))
     try:
         letters.send(b"ignored", "not_json", "p/0/0")  # no dead-letter topic: no-op
         assert letters._producer is None
@@ -63,11 +65,12 @@ def test_publish_uses_the_same_producer(
 
 
 def test_record_over_max_request_size_is_counted_not_raised(
-    kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
+    library: str, kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
 ) -> None:
     (dlq,) = kafka_topics(count=1, partitions=1)
     letters = DeadLetters(
-        make_config(kafka_bootstrap, dead_letter_topic=dlq, client={"max_request_size": 10_000})
+        make_config(kafka_bootstrap, library, dead_letter_topic=dlq,
+                    client={"max_request_size": 10_000})
     )
     try:
         letters.send(b"z" * 20_000, "oversize", "p/0/0")
@@ -79,10 +82,10 @@ def test_record_over_max_request_size_is_counted_not_raised(
 
 
 @pytest.mark.timeout(30)
-def test_unreachable_broker_never_raises_nor_stalls() -> None:
+def test_unreachable_broker_never_raises_nor_stalls(library: str) -> None:
     nobody = f"127.0.0.1:{_free_port()}"
     letters = DeadLetters(
-        make_config(nobody, dead_letter_topic="dlq", client={"bootstrap_timeout_ms": 500}),
+        make_config(nobody, library, dead_letter_topic="dlq", client={"bootstrap_timeout_ms": 500}),
         retry_interval_s=60,
     )
     try:

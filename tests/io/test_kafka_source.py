@@ -1,5 +1,6 @@
-"""KafkaSource against a real Kafka-compatible broker (Tansu unless
-$CALMON_TEST_BOOTSTRAP is set)."""
+"""The Kafka sources of both ``kafka.library`` values (``KafkaSource``,
+``ConfluentSource``) against a real Kafka-compatible broker (Tansu unless
+$CALMON_TEST_BOOTSTRAP is set): the same tests, the same expectations."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from calmon.config import Instance, KafkaConfig
 from calmon.engine.records import Kind, Raw
 from calmon.io import kafka_source
-from calmon.io.kafka_source import KafkaSource, KafkaSourceError
+from calmon.io import source as shared
+from calmon.io.source import ChunkSource, KafkaSourceError, make_source
 from tests.conftest import FAST_CLIENT, TansuBroker, create_topics, produce, unique_topic
 
 pytestmark = pytest.mark.integration
@@ -21,25 +23,27 @@ pytestmark = pytest.mark.integration
 Positions = dict[tuple[str, int], int]
 
 
-def make_config(bootstrap: str, preds: str, labels: str, **kwargs: Any) -> KafkaConfig:
+def make_config(bootstrap: str, preds: str, labels: str, library: str,
+                **kwargs: Any) -> KafkaConfig:
     kwargs.setdefault("group_id", unique_topic("calmon-group"))
     return KafkaConfig(
         bootstrap_servers=(bootstrap,),
         predictions_topic=preds,
         labels_topic=labels,
-        client=FAST_CLIENT,
+        client=FAST_CLIENT,  # kafka-python spellings: translated for librdkafka
+        library=library,
         **kwargs,
     )
 
 
-def open_source(config: KafkaConfig, positions: Positions | None = None) -> KafkaSource:
-    source = KafkaSource(config, metadata_timeout_s=10)
+def open_source(config: KafkaConfig, positions: Positions | None = None) -> ChunkSource:
+    source = make_source(config, metadata_timeout_s=10)
     source.assign(positions)
     return source
 
 
 def read(
-    source: KafkaSource,
+    source: ChunkSource,
     count: int,
     *,
     timeout: float = 15.0,
@@ -59,7 +63,7 @@ def read(
     return records, positions
 
 
-def assert_nothing_more(source: KafkaSource, wait_s: float = 0.5) -> None:
+def assert_nothing_more(source: ChunkSource, wait_s: float = 0.5) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         assert source.poll(timeout_ms=100).records == []
@@ -77,13 +81,13 @@ def topic_pair(kafka_topics: Callable[..., list[str]]) -> tuple[str, str]:
 
 
 def test_reads_everything_with_next_offsets(
-    kafka_bootstrap: str, topic_pair: tuple[str, str]
+    library: str, kafka_bootstrap: str, topic_pair: tuple[str, str]
 ) -> None:
     preds, labels = topic_pair
     keys = [f"req-{i}".encode() for i in range(200)]
     sent = produce(kafka_bootstrap, preds, [b"p" + k for k in keys], keys=keys)
     sent += produce(kafka_bootstrap, labels, [b"l" + k for k in keys[:80]], keys=keys[:80])
-    source = open_source(make_config(kafka_bootstrap, preds, labels))
+    source = open_source(make_config(kafka_bootstrap, preds, labels, library))
     try:
         assert source.owned == sorted((t, p) for t in (preds, labels) for p in range(4))
         records, positions = read(source, 280)
@@ -114,10 +118,10 @@ def test_reads_everything_with_next_offsets(
 
 
 def test_restart_from_stored_positions_reads_nothing_twice(
-    kafka_bootstrap: str, topic_pair: tuple[str, str]
+    library: str, kafka_bootstrap: str, topic_pair: tuple[str, str]
 ) -> None:
     preds, labels = topic_pair
-    config = make_config(kafka_bootstrap, preds, labels)
+    config = make_config(kafka_bootstrap, preds, labels, library)
     produce(
         kafka_bootstrap,
         preds,
@@ -150,10 +154,10 @@ def test_restart_from_stored_positions_reads_nothing_twice(
 
 
 def test_committed_offsets_are_the_fallback(
-    kafka_bootstrap: str, topic_pair: tuple[str, str]
+    library: str, kafka_bootstrap: str, topic_pair: tuple[str, str]
 ) -> None:
     preds, labels = topic_pair
-    config = make_config(kafka_bootstrap, preds, labels)
+    config = make_config(kafka_bootstrap, preds, labels, library)
     produce(kafka_bootstrap, preds, [b"old%d" % i for i in range(40)])
     first = open_source(config)
     try:
@@ -172,8 +176,37 @@ def test_committed_offsets_are_the_fallback(
     assert sorted(r.value for r in got) == sorted(b"new%d" % i for i in range(10))
 
 
+def test_restored_state_ignores_committed_offsets(
+    library: str, kafka_bootstrap: str, topic_pair: tuple[str, str]
+) -> None:
+    # With positions from a restored checkpoint, a partition missing from them was
+    # never counted in that state: it starts at auto_offset_reset (earliest), not at
+    # the group's committed offset, which may belong to a newer state.
+    preds, labels = topic_pair
+    config = make_config(kafka_bootstrap, preds, labels, library)
+    produce(kafka_bootstrap, preds, [b"zero%d" % i for i in range(20)], partition=0)
+    produce(kafka_bootstrap, preds, [b"one%d" % i for i in range(10)], partition=1)
+    first = open_source(config)
+    try:
+        _, positions = read(first, 30)
+        assert positions == {(preds, 0): 20, (preds, 1): 10}
+        assert first.commit(positions)
+    finally:
+        first.close()
+
+    second = make_source(config, metadata_timeout_s=10)
+    try:
+        second.assign({(preds, 0): 15}, from_checkpoint=True)
+        got, _ = read(second, 15)
+        assert_nothing_more(second)
+    finally:
+        second.close()
+    assert sorted(parse(r.source)[1:] for r in got) == (
+        [(0, o) for o in range(15, 20)] + [(1, o) for o in range(10)])
+
+
 def test_two_instances_share_partitions_exactly_once(
-    kafka_bootstrap: str, topic_pair: tuple[str, str]
+    library: str, kafka_bootstrap: str, topic_pair: tuple[str, str]
 ) -> None:
     preds, labels = topic_pair
     keys = [b"id-%d" % i for i in range(120)]
@@ -182,9 +215,8 @@ def test_two_instances_share_partitions_exactly_once(
     group = unique_topic("calmon-group")  # one group shared by both instances
     sources = [
         open_source(
-            make_config(
-                kafka_bootstrap, preds, labels, group_id=group, instance=Instance(index=i, count=2)
-            )
+            make_config(kafka_bootstrap, preds, labels, library, group_id=group,
+                        instance=Instance(index=i, count=2))
         )
         for i in range(2)
     ]
@@ -207,7 +239,7 @@ def test_two_instances_share_partitions_exactly_once(
 
 
 def test_large_and_oversize_records_are_consumed(
-    kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
+    library: str, kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
 ) -> None:
     # The topic config lets a real Kafka ($CALMON_TEST_BOOTSTRAP) accept 5 MB records.
     preds, labels = kafka_topics(
@@ -216,7 +248,7 @@ def test_large_and_oversize_records_are_consumed(
     values = [b"small", b"x" * 2_000_000, b"y" * 5_000_000, b"tail"]
     produce(kafka_bootstrap, preds, values, partition=0)
     # max_record_bytes is 1 MiB: the big ones are oversize but must still arrive.
-    source = open_source(make_config(kafka_bootstrap, preds, labels))
+    source = open_source(make_config(kafka_bootstrap, preds, labels, library))
     try:
         got, positions = read(source, 4)
     finally:
@@ -226,14 +258,17 @@ def test_large_and_oversize_records_are_consumed(
 
 
 def test_missing_topic_is_a_clear_error(
+    library: str,
     kafka_bootstrap: str,
     kafka_topics: Callable[..., list[str]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(kafka_source, "_MISSING_TOPIC_GRACE_S", 0.5)
+    monkeypatch.setattr(shared, "MISSING_TOPIC_GRACE_S", 0.5)
     (preds,) = kafka_topics(count=1)
     missing = unique_topic("no-such-topic")
-    source = KafkaSource(make_config(kafka_bootstrap, preds, missing), metadata_timeout_s=10)
+    source = make_source(make_config(kafka_bootstrap, preds, missing, library),
+                         metadata_timeout_s=10)
     try:
         with pytest.raises(KafkaSourceError, match=f"{missing}.*does not exist"):
             source.assign()
@@ -241,12 +276,12 @@ def test_missing_topic_is_a_clear_error(
         source.close()
 
 
-def test_outage_poll_returns_empty_and_resumes(tansu_broker: TansuBroker) -> None:
+def test_outage_poll_returns_empty_and_resumes(library: str, tansu_broker: TansuBroker) -> None:
     bootstrap = tansu_broker.bootstrap
     preds, labels = unique_topic(), unique_topic()
     create_topics(bootstrap, [preds, labels], partitions=1)
     produce(bootstrap, preds, [b"before%d" % i for i in range(5)], partition=0)
-    source = open_source(make_config(bootstrap, preds, labels))
+    source = open_source(make_config(bootstrap, preds, labels, library))
     try:
         got, _ = read(source, 5)
         assert len(got) == 5

@@ -1,0 +1,279 @@
+"""The source of ``kafka.library: confluent``: a confluent-kafka (librdkafka)
+``Consumer`` with the semantics of ``KafkaSource`` (see ``calmon.io.source``).
+
+Static ``assign()`` with explicit start offsets, no group membership; the group
+id only stores commits for lag monitoring. librdkafka fetches and decodes in its
+own threads, so a poll here is mostly a walk over ready messages.
+
+Connection state: librdkafka has no per-connection query, so ``connected()`` is
+kept from its callbacks (served inside ``consume()``): the one-second statistics
+say whether any broker connection is UP, and an all-brokers-down error clears it
+at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import orjson
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+
+from calmon.config import KafkaConfig
+from calmon.engine.records import Kind
+from calmon.io import source as shared
+from calmon.io.confluent_settings import LibrdkafkaLog, librdkafka_settings
+from calmon.io.source import Batch, Chunk, KafkaSourceError, Position, to_batch
+from calmon.io.topics import fetch_bytes, owned_partitions
+
+log = logging.getLogger(__name__)
+
+_NO_TIMESTAMP = 0  # confluent_kafka.TIMESTAMP_NOT_AVAILABLE
+
+
+class ConfluentSource:
+    """Static-assignment librdkafka consumer over ``predictions_topic`` and ``labels_topic``."""
+
+    def __init__(self, config: KafkaConfig, *, metadata_timeout_s: float = 30.0,
+                 log_interval_s: float = 60.0) -> None:
+        if config.predictions_topic == config.labels_topic:
+            raise ValueError("predictions_topic and labels_topic must differ")
+        self._config = config
+        self._kinds = {config.predictions_topic: Kind.PREDICTION, config.labels_topic: Kind.LABEL}
+        self._metadata_timeout_s = metadata_timeout_s
+        self._log_interval_s = log_interval_s
+        self._consumer: Consumer | None = None
+        self._owned: list[Position] = []
+        self._connected = False
+        self._down_since: float | None = None
+        self._last_warning = -float("inf")
+
+    # ------------------------------------------------------------------ setup
+
+    def _settings(self) -> dict[str, Any]:
+        cfg = self._config
+        size = fetch_bytes(cfg.max_record_bytes)
+        fetch_max = max(50 * 1024 * 1024, size)
+        settings: dict[str, Any] = {
+            "client.id": "calmon" if cfg.instance is None else f"calmon-{cfg.instance.index}",
+            "max.partition.fetch.bytes": size,
+            "fetch.max.bytes": fetch_max,
+            "receive.message.max.bytes": max(100_000_000, fetch_max + 512),
+            # a misspelt input topic must fail loudly, not be created empty
+            "allow.auto.create.topics": False,
+            "statistics.interval.ms": 1000,  # feeds connected()
+            "logger": LibrdkafkaLog(),
+        }
+        settings.update(librdkafka_settings(cfg.client, role="consumer"))
+        # These carry calmon's semantics; a client override would break them.
+        forced = {
+            "bootstrap.servers": ",".join(cfg.bootstrap_servers),
+            # librdkafka wants a group even to assign(); one of its own commits nothing
+            # (commit() returns False without group_id) and has no committed offsets
+            "group.id": cfg.group_id or f"calmon-nogroup-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": cfg.auto_offset_reset,
+            "enable.partition.eof": False,
+            "error_cb": self._on_error,
+            "stats_cb": self._on_stats,
+            "on_commit": self._on_commit,
+        }
+        for key in forced.keys() & cfg.client.keys():
+            log.warning("kafka.client.%s: ignored, calmon sets it itself", key)
+        for key in ("group_id", "enable_auto_commit", "auto_offset_reset", "bootstrap_servers"):
+            if key in cfg.client:
+                log.warning("kafka.client.%s: ignored, calmon sets it itself", key)
+        settings.update(forced)
+        return settings
+
+    def _partitions(self, consumer: Consumer, topic: str, deadline: float) -> set[int]:
+        """Partition ids of ``topic``; waits for metadata up to ``deadline``."""
+        last_error: Exception | None = None
+        missing_since: float | None = None
+        while True:
+            now = time.monotonic()
+            timeout = max(0.5, min(5.0, deadline - now))
+            try:
+                meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+                last_error = None
+            except KafkaException as exc:  # broker unreachable: keep trying until the deadline
+                meta, last_error = None, exc
+            if meta is not None and meta.error is None and meta.partitions:
+                return set(meta.partitions)
+            if meta is not None and last_error is None:
+                # The broker answered without the topic. Give a just-created topic a
+                # few seconds to show up, but report a typo long before the deadline.
+                missing_since = now if missing_since is None else missing_since
+                if now - missing_since >= shared.MISSING_TOPIC_GRACE_S:
+                    break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        servers = ",".join(self._config.bootstrap_servers)
+        if last_error is not None:
+            raise KafkaSourceError(
+                f"cannot read metadata of topic {topic!r} from {servers}: {last_error}")
+        raise KafkaSourceError(
+            f"topic {topic!r} does not exist (or is not visible to this client) on {servers}")
+
+    def assign(self, positions: dict[Position, int] | None = None, *,
+               from_checkpoint: bool = False) -> list[Position]:
+        """As ``KafkaSource.assign`` (see ``calmon.io.source.ChunkSource``)."""
+        deadline = time.monotonic() + self._metadata_timeout_s
+        if self._consumer is None:
+            try:
+                self._consumer = Consumer(self._settings())
+            except (KafkaException, ValueError, TypeError) as exc:  # e.g. an unknown property
+                raise KafkaSourceError(f"kafka.client: librdkafka consumer: {exc}") from exc
+        consumer = self._consumer
+        owned: list[Position] = []
+        for topic in self._kinds:
+            parts = self._partitions(consumer, topic, deadline)
+            owned += [(topic, p) for p in owned_partitions(parts, self._config.instance)]
+        if not owned:
+            log.warning(
+                "instance %s owns no partition of %s", self._config.instance, sorted(self._kinds))
+        stored = positions or {}
+        if from_checkpoint:  # never counted in the restored state: straight to the reset point
+            missing = OFFSET_BEGINNING if self._config.auto_offset_reset == "earliest" else (
+                OFFSET_END)
+        else:  # librdkafka resolves it: committed offset, else auto.offset.reset
+            missing = OFFSET_INVALID
+        consumer.assign([TopicPartition(t, p, stored.get((t, p), missing)) for t, p in owned])
+        self._connected = True  # metadata just came back
+        self._owned = sorted(owned)
+        log.info("assigned %d partitions: %s", len(owned), self._owned)
+        return list(self._owned)
+
+    @property
+    def owned(self) -> list[Position]:
+        return list(self._owned)
+
+    # ------------------------------------------------------------------ reading
+
+    def poll(self, timeout_ms: int = 1000, max_records: int = 500) -> Batch:
+        return to_batch(self.poll_chunks(timeout_ms, max_records), self._kinds)
+
+    def poll_chunks(self, timeout_ms: int = 1000, max_records: int = 500) -> list[Chunk]:
+        if self._consumer is None:
+            raise RuntimeError("ConfluentSource.poll() before assign()")
+        try:
+            messages = self._consumer.consume(max_records, timeout_ms / 1000.0)
+        except KafkaException as exc:
+            self._trouble(f"poll failed: {exc!r}")
+            return []
+        if not messages:
+            if self._connected:
+                self._recovered()
+            else:
+                self._trouble("broker unreachable")
+            return []
+        self._recovered()
+        # consume() interleaves partitions; group them, keeping offset order in each
+        groups: dict[tuple[str, int], tuple[list[bytes | None], list[int | None], list[int]]] = {}
+        for m in messages:
+            err = m.error()
+            if err is not None:
+                self._message_error(err)
+                continue
+            key: Any = (m.topic(), m.partition())  # both set on a fetched message
+            cols = groups.get(key)
+            if cols is None:
+                cols = groups[key] = ([], [], [])
+            cols[0].append(m.value())
+            kind, ts = m.timestamp()
+            cols[1].append(None if kind == _NO_TIMESTAMP else ts)
+            offset: Any = m.offset()
+            cols[2].append(offset)
+        return [(t, p, values, stamps, offsets)
+                for (t, p), (values, stamps, offsets) in groups.items()]
+
+    def commit(self, positions: dict[Position, int]) -> bool:
+        """Commit next offsets (lag monitoring only), asynchronously so that a slow
+        coordinator never stalls polling; failures are logged from the callback."""
+        if self._consumer is None or not self._config.group_id:
+            return False
+        owned = set(self._owned)
+        offsets = [TopicPartition(t, p, off) for (t, p), off in positions.items()
+                   if (t, p) in owned]
+        if not offsets:
+            return True
+        if not self._connected:
+            self._trouble("offset commit skipped: broker unreachable")
+            return False
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:
+            self._trouble(f"offset commit failed: {exc!r}")
+            return False
+        return True
+
+    def connected(self) -> bool:
+        """True while librdkafka last reported a broker connection UP (no I/O)."""
+        return self._consumer is not None and self._connected
+
+    def close(self) -> None:
+        """Close without committing (commits are explicit); waits for pending commits."""
+        consumer, self._consumer = self._consumer, None
+        self._connected = False
+        if consumer is None:
+            return
+        try:
+            consumer.close()
+        except Exception:  # best effort; the process may be exiting
+            log.debug("error closing the librdkafka consumer", exc_info=True)
+
+    # ------------------------------------------------------------------ callbacks
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._connected = False
+        elif err.fatal():
+            self._trouble(f"fatal error: {err}")
+        else:
+            log.debug("librdkafka: %s", err)
+
+    def _on_stats(self, stats: str) -> None:
+        try:
+            brokers = orjson.loads(stats).get("brokers", {})
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        self._connected = any(b.get("state") == "UP" for b in brokers.values())
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        failed = [tp for tp in partitions if tp.error is not None]
+        if err is not None or failed:
+            self._trouble(f"offset commit failed: {err or failed[0].error}")
+
+    def _message_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        self._trouble(f"fetch error: {err}")
+
+    # ------------------------------------------------------------------ logging
+
+    def _trouble(self, what: str) -> None:
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        if now - self._last_warning >= self._log_interval_s:
+            self._last_warning = now
+            log.warning("Kafka %s (%s); down for %.0fs, retrying", what,
+                        ",".join(self._config.bootstrap_servers), now - self._down_since)
+
+    def _recovered(self) -> None:
+        if self._down_since is not None:
+            log.warning("Kafka reachable again after %.0fs", time.monotonic() - self._down_since)
+            self._down_since = None
+            self._last_warning = -float("inf")

@@ -1,0 +1,102 @@
+"""What every Kafka source of calmon shares, whichever client library reads:
+the poll result types, the error, the small interface, and the one place that
+picks the library (``kafka.library``).
+
+A source reads ``predictions_topic`` and ``labels_topic`` by static assignment
+and returns each poll as per-partition columns (``Chunk``), which ``to_batch``
+turns into ``Raw`` records whose ``source`` is ``topic/partition/offset``: the
+same strings and next offsets whichever library read them, so checkpoints and
+dead letters do not depend on the choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from calmon.config import KafkaConfig
+from calmon.engine.records import Kind, Raw
+from calmon.errors import CalmonError
+
+Position = tuple[str, int]  # (topic, partition)
+
+# One partition's records of a poll: (topic, partition, values, timestamps in ms, offsets)
+Chunk = tuple[str, int, list[bytes | None], list[int | None], list[int]]
+
+MISSING_TOPIC_GRACE_S = 5.0  # how long a topic the broker does not list may take to appear
+
+
+class KafkaSourceError(CalmonError):
+    """Raised by ``assign`` when the broker cannot be reached in time or a
+    configured topic does not exist."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one poll returned, in poll order, and the next offset of every
+    partition that appears in it."""
+
+    records: list[Raw] = field(default_factory=list)
+    positions: dict[Position, int] = field(default_factory=dict)
+
+
+def to_batch(chunks: list[Chunk], kinds: dict[str, Kind]) -> Batch:
+    """Chunks -> Raw records in poll order, and the next offset of each partition."""
+    batch = Batch()
+    records = batch.records
+    new = tuple.__new__  # Raw's own __new__, minus a Python-level call per record
+    for topic, partition, values, stamps, offsets in chunks:
+        kind = kinds[topic]
+        prefix = f"{topic}/{partition}/"
+        records.extend([
+            new(Raw, (kind, value, ts / 1000.0 if ts is not None and ts >= 0 else None,
+                      f"{prefix}{offset}"))
+            for value, ts, offset in zip(values, stamps, offsets)])
+        batch.positions[(topic, partition)] = offsets[-1] + 1
+    return batch
+
+
+class ChunkSource(Protocol):
+    """A static-assignment consumer of both input topics (one per client library).
+
+    Not thread-safe: assign, poll_chunks, commit and close belong to one thread;
+    ``connected()`` only reads a flag and may be called from another.
+    """
+
+    def assign(self, positions: dict[Position, int] | None = None, *,
+               from_checkpoint: bool = False) -> list[Position]:
+        """Take this instance's partitions and seek: a stored position first; else the
+        group's committed offset, else ``auto_offset_reset`` (with ``from_checkpoint``:
+        straight to ``auto_offset_reset``). Returns the owned partitions, sorted.
+        Raises KafkaSourceError when the broker stays unreachable or a topic is missing."""
+        ...
+
+    @property
+    def owned(self) -> list[Position]: ...
+
+    def poll(self, timeout_ms: int = 1000, max_records: int = 500) -> Batch: ...
+
+    def poll_chunks(self, timeout_ms: int = 1000, max_records: int = 500) -> list[Chunk]:
+        """One poll as per-partition columns, offsets ascending within a partition.
+        Never raises on broker trouble (logs, returns [])."""
+        ...
+
+    def commit(self, positions: dict[Position, int]) -> bool:
+        """Commit next offsets of owned partitions to the group (lag monitoring only);
+        False when it failed or cannot be done now. Never raises on broker trouble."""
+        ...
+
+    def connected(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def make_source(config: KafkaConfig, *, metadata_timeout_s: float = 30.0) -> ChunkSource:
+    """The source of the configured ``kafka.library``."""
+    if config.library == "confluent":
+        from calmon.io.confluent_source import ConfluentSource  # optional extra calmon[fast]
+
+        return ConfluentSource(config, metadata_timeout_s=metadata_timeout_s)
+    from calmon.io.kafka_source import KafkaSource
+
+    return KafkaSource(config, metadata_timeout_s=metadata_timeout_s)
