@@ -58,7 +58,7 @@ from tests.daemon_helpers import (
 
 pytestmark = pytest.mark.integration
 
-MAX_MODELS = 12
+MAX_MODELS = 14
 MAX_CLASSES = 1000
 MAX_ID_BYTES = 256
 MAX_NAME_BYTES = 128
@@ -121,6 +121,20 @@ def phase1(pt: str, lt: str) -> Plan:
             plan.valid((lt, p["id"].encode(), dumps(lab)))
             plan.valid_preds.append(p)
             plan.valid_labels.append(lab)
+    # names that are valid but must be escaped wherever they are shown: in the
+    # Prometheus text format (a label-injection attempt), in HTML, non-ASCII
+    for j, model in enumerate(ODD_MODELS):
+        for i in range(60):
+            p = {"id": f"odd-{j}-{i}", "model": model, "ts": BASE_TS + 20 * i,
+                 "prob": float(rng.uniform()),
+                 "segment": {"country": ("🇩🇪", 'c"},y="2', "<b>x</b>")[i % 3]}}
+            lab = {"id": p["id"], "label": int(rng.random() < p["prob"]), "ts": p["ts"] + 3}
+            # valid records under absurd Kafka keys (the key is not the join key)
+            key = rng.bytes(100_000) if i % 20 == 0 else p["id"].encode()
+            plan.valid((pt, key, dumps(p)))
+            plan.valid((lt, key, dumps(lab)))
+            plan.valid_preds.append(p)
+            plan.valid_labels.append(lab)
     # a binary model with live series: K-class records for it are classes_mismatch later
     for i in range(100):
         p = {"id": f"flip-{i}", "model": "flip", "ts": BASE_TS + 30 * i,
@@ -156,7 +170,9 @@ def phase1(pt: str, lt: str) -> Plan:
     return plan
 
 
-ADMITTED_IN_PHASE1 = 6  # ctr-prob, ctr-logit, intent4, "..", "../escape", flip
+ODD_MODELS = ("modèle-✓", 'inj"},x="1', "<script>alert(1)</script>")
+# ctr-prob, ctr-logit, intent4, "..", "../escape", the odd ones, flip
+ADMITTED_IN_PHASE1 = 6 + len(ODD_MODELS)
 
 
 def phase2(pt: str, lt: str) -> Plan:
@@ -340,6 +356,8 @@ class Seen:
     after_restart: dict[str, Any] = field(default_factory=dict)
     final_status: dict[str, Any] = field(default_factory=dict)
     final_scrape: dict[str, Any] = field(default_factory=dict)
+    final_metrics_text: bytes = b""
+    final_reliability: bytes = b""
     published: dict[str, float] = field(default_factory=dict)
     files_before: set[Path] = field(default_factory=set)
     outside_before: set[Path] = field(default_factory=set)
@@ -459,6 +477,8 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
         probe(daemon, seen_, "end")
         seen_.final_status = daemon.status()
         seen_.final_scrape = daemon.scrape()
+        seen_.final_metrics_text = http_get(daemon.port, "/metrics")[1]
+        seen_.final_reliability = http_get(daemon.port, "/reliability?window=7d")[1]
     seen_.outside_after = files_under(root.parent) - files_under(root)
     yield seen_
 
@@ -598,3 +618,20 @@ def test_no_forged_log_line_and_no_made_up_model(seen: Seen) -> None:
     assert sum(m.startswith("flood-model-") for m in models) <= MAX_MODELS - ADMITTED_IN_PHASE1
     counts = Counter(len(m.encode()) <= MAX_NAME_BYTES and m.isprintable() for m in models)
     assert counts[False] == 0
+
+
+def test_odd_names_are_escaped_not_injected(seen: Seen) -> None:
+    """A model name with quotes and braces stays one label value on /metrics (no label
+    ``x``, no extra series); HTML in a name or segment value is escaped on /reliability."""
+    sc = seen.final_scrape
+    labels = {k for samples in sc.values() for key in samples for k, _ in key}
+    assert "x" not in labels and "y" not in labels
+    models = {dict(key).get("model") for samples in sc.values() for key in samples}
+    assert set(ODD_MODELS) <= models
+    segments = {dict(key).get("segment") for samples in sc.values() for key in samples}
+    assert {"country=🇩🇪", 'country=c"},y="2', "country=<b>x</b>"} <= segments
+    text = seen.final_metrics_text.decode("utf-8")
+    assert 'model="inj\\"},x=\\"1"' in text
+    page = seen.final_reliability.decode("utf-8")
+    assert "<script>alert(1)</script>" not in page and "<b>x</b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
