@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -67,6 +68,7 @@ ENDPOINTS = ("/metrics", "/status", "/reliability", "/healthz", "/readyz")
 FORGED = "2026-01-01 00:00:00,000 ERROR calmon.daemon: FORGED"
 RSS_GROWTH_LIMIT = 300 * 1024 * 1024  # the issue saw 1.3 GB for 2,000 model names
 BIG = 2 * 1024 * 1024  # over kafka.max_record_bytes
+MAX_HTTP_CONNECTIONS = 32  # calmon.io.http.MAX_CONNECTIONS: what the server promises
 
 
 # ---------------------------------------------------------------- the records
@@ -334,6 +336,13 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
+def threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no thread count for {pid}")
+
+
 def files_under(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
@@ -352,6 +361,8 @@ class Seen:
     rss_start: int = 0
     rss_most: int = 0
     metrics_bytes_most: int = 0
+    threads_base: int = 0
+    threads_most: int = 0
     before_kill: dict[str, Any] = field(default_factory=dict)
     after_restart: dict[str, Any] = field(default_factory=dict)
     final_status: dict[str, Any] = field(default_factory=dict)
@@ -460,6 +471,25 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
         daemon.start()
         seen_.after_restart = daemon.status()
         probe(daemon, seen_, "after the second kill -9")
+        # 300 half-sent HTTP requests: a bounded number of threads, and probes answer again
+        # once the held ones reach their deadline
+        seen_.threads_base = seen_.threads_most = threads(daemon.pid)
+        socks = []
+        try:
+            for _ in range(300):
+                sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: calmon\r\n")
+                socks.append(sock)
+                seen_.threads_most = max(seen_.threads_most, threads(daemon.pid))
+
+            def answers() -> bool:
+                seen_.threads_most = max(seen_.threads_most, threads(daemon.pid))
+                return http_get(daemon.port, "/healthz", timeout=2)[0] == 200
+
+            wait_until(answers, 60, "/healthz 200 beside 300 half-sent requests")
+        finally:
+            for sock in socks:
+                sock.close()
         # phase 3: joins go on
         md3 = producer.send(p3.records)
         wait_positions_probing(daemon, seen_, end_positions(md1 + md2 + md3), "phase 3")
@@ -582,6 +612,12 @@ def test_every_endpoint_answered_200_throughout(seen: Seen) -> None:
     assert len(seen.endpoint_codes) >= 5 * 4
     bad = [(w, p, c) for w, p, c in seen.endpoint_codes if c != 200]
     assert not bad, bad[:10]
+
+
+def test_half_sent_requests_hold_a_bounded_number_of_threads(seen: Seen) -> None:
+    assert seen.threads_base > 0
+    assert seen.threads_most - seen.threads_base <= MAX_HTTP_CONNECTIONS + 2, (
+        seen.threads_base, seen.threads_most)
 
 
 def test_memory_checkpoint_and_metrics_stay_bounded(seen: Seen) -> None:
