@@ -11,8 +11,9 @@ servers; anything in the pod can connect):
   thread and closed, so 300 half-sent requests cost 300 sockets for a moment,
   never 300 threads;
 - a request must arrive whole within ``request_timeout_s`` (one deadline over
-  every read, so a byte every few seconds does not keep a slot), and each write
-  of the answer must progress within it too;
+  every read, so a byte every few seconds does not keep a slot) and within
+  ``MAX_REQUEST_BYTES``, and each write of the answer must progress within the
+  timeout too;
 - pages (``/reliability``) are cached for ``page_cache_s`` per query, and built
   one at a time, so a scrape storm costs one build per few seconds.
 """
@@ -41,6 +42,7 @@ Page = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
 
 MAX_CONNECTIONS = 32
 REQUEST_TIMEOUT_S = 10.0
+MAX_REQUEST_BYTES = 64 * 1024  # request line and headers of a GET
 PAGE_CACHE_S = 5.0
 PAGE_CACHE_ENTRIES = 64
 BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -87,12 +89,14 @@ class _BoundedServer(ThreadingHTTPServer):
 
 
 class _DeadlineReader(io.RawIOBase):
-    """Socket reads that share one deadline: a client trickling a byte at a time
-    cannot hold a connection past it."""
+    """Socket reads that share one deadline and one byte budget: a client trickling a
+    byte at a time cannot hold a connection past the deadline, and one sending
+    megabytes of headers cannot make the server hold them (every page is a GET)."""
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, deadline: float, budget: int) -> None:
         self._sock = sock
         self._deadline = deadline
+        self._budget = budget
 
     def readable(self) -> bool:
         return True
@@ -101,8 +105,13 @@ class _DeadlineReader(io.RawIOBase):
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("request not received in time")
+        if self._budget <= 0:
+            raise ConnectionAbortedError("request larger than MAX_REQUEST_BYTES")
         self._sock.settimeout(remaining)
-        return self._sock.recv_into(buffer)
+        view = memoryview(buffer)[:self._budget]
+        n = self._sock.recv_into(view)
+        self._budget -= n
+        return n
 
 
 class _PageCache:
@@ -178,7 +187,8 @@ def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
             # every read of the request shares one deadline; writes time out per send
             self.connection.settimeout(app.request_timeout_s)
             deadline = time.monotonic() + app.request_timeout_s
-            self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
+            self.rfile = io.BufferedReader(
+                _DeadlineReader(self.connection, deadline, MAX_REQUEST_BYTES))
 
         def do_GET(self) -> None:
             url = urlsplit(self.path)

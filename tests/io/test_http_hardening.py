@@ -144,3 +144,28 @@ def test_reliability_cache_expires() -> None:
         assert len(builds) == 2
     finally:
         srv.stop()
+
+
+def test_megabytes_of_headers_are_cut_off(server: HttpServer) -> None:
+    """Request line and headers past 64 KiB: the connection is dropped, never buffered."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sent = 0
+    try:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: calmon\r\n")
+        header = b"X-Pad: " + b"a" * 60_000 + b"\r\n"  # under the stdlib 64 KiB a line
+        try:
+            while sent < 8 * 1024 * 1024:
+                s.sendall(header)
+                sent += len(header)
+        except OSError:  # reset by the server: what we want
+            pass
+        s.settimeout(10)
+        try:
+            answer = s.recv(64)
+        except OSError:
+            answer = b""
+    finally:
+        s.close()
+    assert sent < 8 * 1024 * 1024, "the server kept reading 8 MB of headers"
+    assert not answer.startswith(b"HTTP/1.0 200")
+    assert http_get(server.port, "/healthz")[0] == 200
