@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 from calmon.io.dead_letter import REASON_HEADER, SOURCE_HEADER
-from tests.conftest import FAST_CLIENT, create_topics, unique_topic
+from tests.conftest import FAST_CLIENT, create_topics, free_port, unique_topic
 from tests.daemon_helpers import (
     BASE_TS,
     CalmonDaemon,
@@ -68,6 +68,7 @@ ENDPOINTS = ("/metrics", "/status", "/reliability", "/healthz", "/readyz")
 FORGED = "2026-01-01 00:00:00,000 ERROR calmon.daemon: FORGED"
 RSS_GROWTH_LIMIT = 300 * 1024 * 1024  # the issue saw 1.3 GB for 2,000 model names
 BIG = 2 * 1024 * 1024  # over kafka.max_record_bytes
+SECRETS = ("ssl-Pa55word-1x", "webhook-Pa55word-2y", "webhook-Token-3z")
 MAX_HTTP_CONNECTIONS = 32  # calmon.io.http.MAX_CONNECTIONS: what the server promises
 
 
@@ -408,7 +409,11 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
                   configs={"max.message.bytes": str(16 * 1024 * 1024)})
     cfg = write_config(
         work / "calmon.yaml", kafka_bootstrap, pt, lt,
-        kafka={"dead_letter_topic": dlq, "max_clock_skew": "1h"},
+        kafka={"dead_letter_topic": dlq, "max_clock_skew": "1h",
+               "client": {**FAST_CLIENT, "ssl_password": SECRETS[0]}},
+        # a webhook nobody answers, with credentials: failed alerts are logged, masked
+        alerts={"webhook": f"http://calmon:{SECRETS[1]}@127.0.0.1:{free_port()}"
+                           f"/api/v2/alerts?token={SECRETS[2]}"},
         limits={"max_models": MAX_MODELS, "max_classes": MAX_CLASSES,
                 "max_id_bytes": MAX_ID_BYTES, "max_name_bytes": MAX_NAME_BYTES},
         metrics={"bins": 15, "windows": ["7d"]},
@@ -637,6 +642,14 @@ def test_nothing_written_outside_output_dir(seen: Seen) -> None:
     # recalibration did run on the ".." models, and their calibrators are inside
     assert seen.published, "no calibrator published for the '..' models within 90 s"
     assert any(p.is_relative_to(seen.out_dir) for p in new)
+
+
+def test_no_secret_in_the_log(seen: Seen) -> None:
+    text = seen.log.read_text(encoding="utf-8", errors="replace")
+    leaked = [s for s in SECRETS if s in text]
+    assert not leaked, leaked
+    # the webhook is dead, so alerts fail, and the failure names the masked URL
+    assert "http://***@127.0.0.1:" in text, "no failed alert was logged"
 
 
 def test_no_forged_log_line_and_no_made_up_model(seen: Seen) -> None:
