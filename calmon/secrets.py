@@ -103,8 +103,8 @@ def mask_config(data: Any, key: str = "") -> Any:
         return [mask_config(v, key) for v in data]
     if key and is_secret_key(key) and data is not None and not isinstance(data, bool):
         return MASK
-    if isinstance(data, str):
-        return mask_text(data)
+    if isinstance(data, str) and "://" in data:  # URLs only: a group id "token-svc:x" stays
+        return _URL.sub(lambda m: mask_url(m.group(0)), data)
     return data
 
 

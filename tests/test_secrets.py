@@ -67,12 +67,14 @@ def test_mask_config_keys() -> None:
     cfg = {"client": {"sasl_oauth_token_provider": "obj", "ssl_password": "k",
                       "sasl_plain_password": None, "api_key": 12345, "acks": 1,
                       "sasl_kerberos_service_name": "kafka"},
-           "list": [{"password": "x"}], "flag": True}
+           "list": [{"password": "x"}], "flag": True, "group_id": "token-svc:calmon",
+           "servers": ["kafka://u:p@b1:9092", "b2:9092"]}
     got = secrets.mask_config(cfg)
     assert got == {"client": {"sasl_oauth_token_provider": "***", "ssl_password": "***",
                               "sasl_plain_password": None, "api_key": "***", "acks": 1,
                               "sasl_kerberos_service_name": "kafka"},
-                   "list": [{"password": "***"}], "flag": True}
+                   "list": [{"password": "***"}], "flag": True, "group_id": "token-svc:calmon",
+                   "servers": ["kafka://***@b1:9092", "b2:9092"]}
 
 
 def _formatted(*args: object, exc: BaseException | None = None) -> str:
