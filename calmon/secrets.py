@@ -119,16 +119,16 @@ def _mask_key_value(m: re.Match[str]) -> str:
 def mask_text(text: str) -> str:
     """Free text (a log message, an exception) with URLs, secret key/values and
     registered secrets masked."""
-    if "://" in text:
-        text = _URL.sub(lambda m: mask_url(m.group(0)), text)
-    if "=" in text or ":" in text:
-        text = _KEY_VALUE.sub(_mask_key_value, text)
-    if _registered:
+    if _registered:  # first: the rules below could cut a registered value in two
         with _registered_lock:
             values = sorted(_registered, key=len, reverse=True)  # longest first
         for v in values:
             if v in text:
                 text = text.replace(v, MASK)
+    if "://" in text:
+        text = _URL.sub(lambda m: mask_url(m.group(0)), text)
+    if "=" in text or ":" in text:
+        text = _KEY_VALUE.sub(_mask_key_value, text)
     return text
 
 

@@ -7,9 +7,12 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calmon import secrets
 from calmon.cli import main
@@ -137,3 +140,16 @@ logging.getLogger("calmon.y").warning("posting to %s", {WEBHOOK!r})
     assert proc.returncode == 0, proc.stderr
     assert PASSWORD not in proc.stderr and TOKEN not in proc.stderr
     assert proc.stderr.count("***") >= 3, proc.stderr
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.text(min_size=4, max_size=30).filter(lambda v: v.strip() == v and "*" not in v),
+       st.text(max_size=40), st.text(max_size=40),
+       st.sampled_from(["{0}", "ssl_password: {0}", "https://u:{0}@h/x", "{0}\n{0}", "'{0}'"]))
+def test_a_registered_secret_never_survives_masking(secret: str, before: str, after: str,
+                                                    shape: str) -> None:
+    with patch.object(secrets, "_registered", set()):
+        secrets.register(secret)
+        out = secrets.escape_control(secrets.mask_text(before + shape.format(secret) + after))
+        if secret not in before + after:  # the surroundings could hold it by chance
+            assert secret not in out
