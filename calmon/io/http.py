@@ -12,8 +12,8 @@ servers; anything in the pod can connect):
   never 300 threads;
 - a request must arrive whole within ``request_timeout_s`` (one deadline over
   every read, so a byte every few seconds does not keep a slot) and within
-  ``MAX_REQUEST_BYTES``, and each write of the answer must progress within the
-  timeout too;
+  ``MAX_REQUEST_BYTES``, and the answer must be taken within the timeout too
+  (``sendall`` applies a socket timeout to the whole answer);
 - pages (``/reliability``) are cached for ``page_cache_s`` per query, and built
   one at a time, so a scrape storm costs one build per few seconds.
 """
@@ -184,7 +184,7 @@ def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
 
         def setup(self) -> None:
             super().setup()
-            # every read of the request shares one deadline; writes time out per send
+            # every read of the request shares one deadline; sendall of the answer another
             self.connection.settimeout(app.request_timeout_s)
             deadline = time.monotonic() + app.request_timeout_s
             self.rfile = io.BufferedReader(
