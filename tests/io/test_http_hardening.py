@@ -28,8 +28,11 @@ def make_server(**kw: Any) -> HttpServer:
         builds.append(query)
         return 200, "text/html; charset=utf-8", f"<p>{len(builds)}</p>".encode()
 
+    def big(_query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        return 200, "text/plain", b"x" * (64 * 1024 * 1024)  # far past socket buffers
+
     server = HttpServer("127.0.0.1", 0, CollectorRegistry(), lambda: True,
-                        lambda: {"ready": True}, {"/reliability": page}, **kw)
+                        lambda: {"ready": True}, {"/reliability": page, "/big": big}, **kw)
     server.builds = builds  # type: ignore[attr-defined]
     return server
 
@@ -174,3 +177,15 @@ def test_megabytes_of_headers_are_cut_off(server: HttpServer) -> None:
     assert sent < 8 * 1024 * 1024, "the server kept reading 8 MB of headers"
     assert not answer.startswith(b"HTTP/1.0 200")
     assert http_get(server.port, "/healthz")[0] == 200
+
+
+def test_a_client_that_never_reads_the_answer_releases_its_slot(server: HttpServer) -> None:
+    base = threading.active_count()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        s.sendall(b"GET /big HTTP/1.0\r\n\r\n")  # and never read
+        wait_until(lambda: threading.active_count() > base, 10, "a thread serving /big")
+        wait_until(lambda: threading.active_count() <= base, TIMEOUT_S + 20,
+                   "the thread to give up on the reader")
+    finally:
+        s.close()
