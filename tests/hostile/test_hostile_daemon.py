@@ -621,7 +621,8 @@ def test_every_endpoint_answered_200_throughout(seen: Seen) -> None:
 
 def test_half_sent_requests_hold_a_bounded_number_of_threads(seen: Seen) -> None:
     assert seen.threads_base > 0
-    assert seen.threads_most - seen.threads_base <= MAX_HTTP_CONNECTIONS + 2, (
+    # (+8: threads the scheduler, alerts or the producer may start meanwhile)
+    assert seen.threads_most - seen.threads_base <= MAX_HTTP_CONNECTIONS + 8, (
         seen.threads_base, seen.threads_most)
 
 
