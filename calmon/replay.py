@@ -18,6 +18,8 @@ from calmon.engine.engine import Engine, View
 from calmon.engine.records import Kind, Raw, parse_ts
 
 BATCH = 5000
+# a plain replay runs no calibrator: its calibrated ECE is null (replay --recalibrate has one)
+NO_CALIBRATOR = {"calibrated_ece": None, "calibrated_samples": None}
 
 
 def read_records(path: Path, kind: Kind, ts_path: str) -> Iterator[tuple[tuple, Raw]]:
@@ -55,6 +57,7 @@ def replay(cfg: Config, predictions: Path, labels: Path) -> View:
 
 def to_json(view: View, classwise: bool = False) -> dict[str, Any]:
     rows = [{"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row(),
+             **r.estimates.as_row(), **NO_CALIBRATOR,
              **({"classwise_ece": r.classwise_ece} if classwise else {})}
             for r in view.rows]
     counters = {k: view.counters.get(k, 0) for k in
@@ -67,10 +70,15 @@ def print_table(view: View, out: TextIO) -> None:
             ("samples", "samples"), ("ece", "ece"), ("mce", "mce"), ("ace", "ace"),
             ("brier", "brier"), ("nll", "nll"), ("acc", "accuracy"),
             ("conf", "mean_confidence"), ("obs", "observed_rate"),
-            ("obs/exp", "observed_over_expected"), ("floor", "noise_floor")]
+            ("obs/exp", "observed_over_expected"), ("floor", "noise_floor"),
+            ("ece_lo", "ece_lower"), ("ece_hi", "ece_upper"), ("l2_deb", "ece_l2_debiased"),
+            ("smece", "smece"), ("pending", "pending_samples"),
+            ("est_acc", "estimated_accuracy"), ("est_pos", "estimated_positive_rate"),
+            ("psi", "score_psi")]
     table = [[h for h, _ in cols]]
     for r in view.rows:
-        row = {"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row()}
+        row = {"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row(),
+               **r.estimates.as_row()}
         table.append([_fmt(row[k]) for _, k in cols])
     widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
     for line in table:

@@ -8,6 +8,7 @@ The expected bins come from the produced records (right-closed equal-width bins,
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import struct
@@ -43,6 +44,9 @@ BINS = 15
 SLICES = (("country",), ("device",))
 N_PREDICTIONS = 1500
 WINDOW = "7d"  # make_dataset spreads prediction ts over 2 h: every sample is in the window
+MIN_SAMPLES = 400  # recalibration.min_samples: smaller series are drawn as "too few samples"
+LEVEL = 0.9  # metrics.interval_level (the default)
+DOCS_PNG = Path(__file__).resolve().parents[1] / "docs" / "reliability.png"
 
 
 # ---------------------------------------------------------------- parsing the page
@@ -54,6 +58,8 @@ class Svg:
     plot: dict[str, float] = field(default_factory=dict)  # x, y, width, height of the plot area
     bars: list[dict[str, str]] = field(default_factory=list)
     dots: list[dict[str, str]] = field(default_factory=list)
+    bands: list[dict[str, str]] = field(default_factory=list)
+    few: bool = False  # the "too few samples" note is drawn
 
 
 @dataclass
@@ -62,6 +68,8 @@ class Section:
     segment: str
     svgs: list[Svg] = field(default_factory=list)
     captions: list[str] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)
+    accuracy: str = ""
 
 
 class PageParser(HTMLParser):
@@ -72,12 +80,19 @@ class PageParser(HTMLParser):
         self.sections: list[Section] = []
         self._svg: Svg | None = None
         self._caption: list[str] | None = None
+        self._accuracy: list[str] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
         classes = a.get("class", "").split()
         if tag == "section" and "series" in classes:
-            self.sections.append(Section(a["data-model"], a["data-segment"]))
+            self.sections.append(Section(a["data-model"], a["data-segment"], classes=classes))
+        elif tag == "p" and "accuracy" in classes and self.sections:
+            self._accuracy = []
+        elif tag == "line" and self._svg is not None and "band" in classes:
+            self._svg.bands.append(a)
+        elif tag == "text" and self._svg is not None and "few" in classes:
+            self._svg.few = True
         elif tag == "svg":
             assert self.sections, "an svg outside any section"
             self._svg = Svg(classes[-1])
@@ -98,10 +113,15 @@ class PageParser(HTMLParser):
         elif tag == "figcaption" and self._caption is not None:
             self.sections[-1].captions.append("".join(self._caption))
             self._caption = None
+        elif tag == "p" and self._accuracy is not None:
+            self.sections[-1].accuracy = "".join(self._accuracy)
+            self._accuracy = None
 
     def handle_data(self, data: str) -> None:
         if self._caption is not None:
             self._caption.append(data)
+        if self._accuracy is not None:
+            self._accuracy.append(data)
 
 
 def parse_page(body: bytes) -> dict[tuple[str, str], Section]:
@@ -130,6 +150,18 @@ def confidence_sums(preds: list[dict[str, Any]], labels: list[dict[str, Any]]
         for seg in segment_labels(p, SLICES):
             out[(p["model"], seg, b)] += conf
     return out
+
+
+def wilson_numpy(k: float, n: float, level: float) -> tuple[float, float]:
+    """The Wilson score interval, from its textbook formula (z from scipy)."""
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + level / 2))
+    p = k / n
+    denom = 1 + z**2 / n
+    centre = (p + z**2 / (2 * n)) / denom
+    half = z / denom * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 # ---------------------------------------------------------------- a tiny PNG reader
@@ -209,7 +241,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str
     create_topics(kafka_bootstrap, [pred_topic, label_topic], partitions=2)
     cfg = write_config(tmp / "calmon.yaml", kafka_bootstrap, pred_topic, label_topic,
                        metrics={"bins": BINS, "windows": ["1h", "24h", WINDOW]},
-                       segments={"slices": [list(s) for s in SLICES], "max_values": 50})
+                       segments={"slices": [list(s) for s in SLICES], "max_values": 50},
+                       recalibration={"enabled": False, "min_samples": MIN_SAMPLES})
     preds, labels = make_dataset(N_PREDICTIONS, seed=11)
     with CalmonDaemon(cfg) as daemon, Producer(kafka_bootstrap) as producer:
         md = producer.send(interleave(preds, labels, pred_topic, label_topic, seed=12))
@@ -257,14 +290,32 @@ def test_diagrams_have_one_bar_per_non_empty_bin_at_its_accuracy(served: Any) ->
         total = sum(want.values())
         ece = sum(abs(conf_sums[(model, segment, str(b))] - correct[(model, segment, str(b))])
                   for b in want) / total
-        m = re.fullmatch(r"ECE (\d\.\d{4}), n=(\d+)", section.captions[0])
+        m = re.fullmatch(r"ECE (\d\.\d{4}) \[(\d\.\d{4}), (\d\.\d{4})\] at 90%, n=(\d+)",
+                         section.captions[0])
         assert m, section.captions
-        assert int(m.group(2)) == total
+        assert int(m.group(4)) == total
         assert abs(float(m.group(1)) - ece) <= 5e-5 + 1e-12, (model, segment, m.group(1), ece)
+        assert float(m.group(2)) <= float(m.group(3))
+        # Wilson bands per bin, computed here from the independent counts
+        assert [int(b["data-bin"]) for b in raw.bands] == got_bins
+        for band in raw.bands:
+            b = int(band["data-bin"])
+            lo, hi = wilson_numpy(correct[(model, segment, str(b))], want[b], LEVEL)
+            assert abs(float(band["data-lo"]) - lo) < 1e-6, (model, segment, b)
+            assert abs(float(band["data-hi"]) - hi) < 1e-6, (model, segment, b)
+            assert lo - 1e-12 <= correct[(model, segment, str(b))] / want[b] <= hi + 1e-12
+        # too few samples: grey with a note, not drawn as miscalibrated
+        few = total < MIN_SAMPLES
+        assert ("few" in section.classes) == few == raw.few, (model, segment, total)
+        # every label arrived: realized accuracy, and nothing awaiting labels
+        assert "realized accuracy" in section.accuracy
+        assert "no predictions awaiting labels" in section.accuracy
     # multiclass top-label confidence is >= 1/4 with 4 classes: its low bins stay empty
     assert not any(int(bar["data-bin"]) < 3
                    for bar in sections[("intent4", "__all__")].svgs[0].bars)
     assert bars_checked > 100
+    assert any("few" in s.classes for s in sections.values())
+    assert any("few" not in s.classes for s in sections.values())
 
 
 def test_filters_and_unknown_window(served: Any) -> None:
@@ -314,3 +365,5 @@ def test_headless_chromium_renders_the_page(served: Any, tmp_path: Path) -> None
     want = alpha * _hex(bar.group(1)) + (1 - alpha) * _hex(plot.group(1))
     near = np.all(np.abs(rgb.astype(float) - want) <= 3, axis=1).sum()
     assert near >= 2000, f"only {near} pixels in the bar colour {want.round()}"
+    if os.environ.get("CALMON_UPDATE_SCREENSHOT"):  # refresh the README's screenshot
+        shutil.copyfile(png, DOCS_PNG)

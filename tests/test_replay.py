@@ -25,7 +25,11 @@ from tests.engine.reference import (
 
 ROW_KEYS = {"model", "segment", "window", "samples", "ece", "mce", "ace", "brier", "nll",
             "accuracy", "mean_confidence", "observed_rate", "observed_over_expected",
-            "noise_floor"}
+            "noise_floor",
+            # v2
+            "ece_l2_debiased", "smece", "ece_lower", "ece_upper", "pending_samples",
+            "estimated_accuracy", "estimated_positive_rate", "score_psi", "calibrated_ece",
+            "calibrated_samples"}
 COUNTER_KEYS = {"predictions", "labels", "joined", "invalid", "expired", "duplicates"}
 CONFIG = """
 join:
@@ -124,9 +128,21 @@ def test_json_output_has_the_contract_keys_and_values(capsys, files) -> None:
         exp = expected_row(ref, 15, 1000)
         assert row["samples"] == exp["samples"] == 200
         for name in ("ece", "mce", "ace", "brier", "nll", "accuracy", "mean_confidence",
-                     "observed_rate", "observed_over_expected"):
+                     "observed_rate", "observed_over_expected", "ece_l2_debiased"):
             assert_close(row[name], exp[name], 1e-9, f"{model} {name}")
         assert 0 < row["noise_floor"] < 1
+        assert 0 <= row["ece_lower"] <= row["ece_upper"] <= 1
+        assert 0 < row["smece"] < 1
+        assert row["calibrated_ece"] is None and row["calibrated_samples"] is None  # no calibrator
+    # "late" (prob 0.5, at the last event time) still waits for its label: no calibrator,
+    # so its estimated accuracy and positive rate are its own 0.5; "never" expired
+    for window in ("1h", "24h"):
+        row = rows[("ctr", "__all__", window)]
+        assert row["pending_samples"] == 1
+        assert row["estimated_accuracy"] == 0.5 and row["estimated_positive_rate"] == 0.5
+        cls_row = rows[("cls", "__all__", window)]
+        assert cls_row["pending_samples"] == 0 and cls_row["estimated_accuracy"] is None
+        assert cls_row["estimated_positive_rate"] is None
 
 
 def test_metric_that_does_not_apply_is_null(capsys, files) -> None:
@@ -139,9 +155,10 @@ def test_metric_that_does_not_apply_is_null(capsys, files) -> None:
         elif row["samples"]:
             assert row["observed_rate"] is not None
             assert row["observed_over_expected"] is not None
-        else:  # an empty window: nothing applies
-            assert all(row[k] is None for k in ROW_KEYS - {"model", "segment", "window",
-                                                            "samples"})
+        else:  # an empty window: nothing that needs labels applies
+            assert all(row[k] is None for k in ROW_KEYS - {
+                "model", "segment", "window", "samples", "pending_samples",
+                "estimated_accuracy", "estimated_positive_rate", "score_psi"})
 
 
 def test_interleavings_print_identical_json(capsys, files, tmp_path: Path,

@@ -26,11 +26,12 @@ from calmon.calibrators.scores import sigmoid
 from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
+from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
 from calmon.engine.join import OUT_OF_RANGE, WAITING, Join, Joined
 from calmon.engine.metrics import Stats
-from calmon.engine.records import Kind, Label, Parser, Prediction, Raw, Reject
+from calmon.engine.records import SCORE_KINDS, Kind, Label, Parser, Prediction, Raw, Reject
 from calmon.engine.series import SeriesIndex
-from calmon.engine.windows import CONF_SCALE, Samples, Windows, bin_index
+from calmon.engine.windows import BUCKETS, CONF_SCALE, Samples, Windows, bin_index
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Row:
     binary: bool
     stats: Stats
     classwise_ece: float | None = None  # multiclass models, with metrics.classwise
+    estimates: Estimates = field(default_factory=Estimates)  # before the labels
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,10 @@ class View:
 
 
 class Engine:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, calibrators: LiveCalibrators | None = None) -> None:
         self.cfg = cfg
+        # live calibrators for the label-free estimates; set_calibrators() replaces them
+        self.calibrators: LiveCalibrators = calibrators or {}
         self.parser = Parser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits,
                              cfg.kafka.max_clock_skew)
         self.max_models = cfg.limits.max_models
@@ -114,6 +118,8 @@ class Engine:
         # kept like any series, with a single fine bin since ACE is not asked of them
         self.classwise: Windows | None = (
             Windows(cfg.metrics.windows, cfg.metrics.bins, 1) if cfg.metrics.classwise else None)
+        # raw-confidence histograms of every admitted prediction, for score_psi
+        self.scores = ScoreHist(cfg.metrics.windows, cfg.metrics.bins)
         self._class_series: dict[tuple[int, int], int] = {}  # (series, class) -> id
         self._classes_of: dict[int, list[int]] = {}  # series -> its class pseudo-series
         rc = cfg.recalibration
@@ -307,6 +313,11 @@ class Engine:
             self._invalid(Kind.LABEL, "label_out_of_range")
             rejected.append(Rejected(Kind.LABEL, lab.dead_letter_value(), lab.source,
                                      "label_out_of_range"))
+        if ev.arrivals:
+            try:
+                self._add_arrivals(ev.arrivals)
+            except Exception:  # the score histograms must never stop the joins
+                log.exception("counting %d arrivals for score_psi raised", len(ev.arrivals))
         joined = ev.joined
         if joined and self._stale_classes:
             joined = self._drop_stale(joined)
@@ -325,7 +336,15 @@ class Engine:
         smallest = min(self.windows.widths)
         if self.now - self._evicted_at >= smallest:
             self.windows.evict(self.now)
+            self.scores.evict(self.now)
             self._evicted_at = self.now
+
+    def _add_arrivals(self, arrivals: list[tuple[int, int, float, int, Any]]) -> None:
+        """Raw confidences of admitted predictions into the score histograms."""
+        _, combo, ts, kind, score = zip(*arrivals)
+        conf = raw_confidence(np.array(kind, np.int64), list(score))
+        sample, sid = self.index.fan_out(np.array(combo, np.int64))
+        self.scores.add(sid, np.array(ts, np.float64)[sample], conf[sample], self.now)
 
     def _drop_stale(self, joined: list[Joined]) -> list[Joined]:
         """Joined samples whose class count is no longer their model's (it was reset
@@ -507,8 +526,12 @@ class Engine:
     # ------------------------------------------------------------ reading
 
     def view(self) -> View:
-        """Every (model, segment, window) row plus counters, computed under the lock.
+        """Every (model, segment, window) row plus counters. The window sums are read
+        under the lock; the metrics (the ECE interval and smooth ECE cost milliseconds
+        a row) are computed outside it, so scrapes never hold up the consumer loop.
         Cached until the next feed, so several readers share one computation."""
+        m = self.cfg.metrics
+        lay = self.windows.layout
         with self.lock:
             cached = self._view_cache
             if cached is not None and cached.version == self.version:
@@ -516,24 +539,130 @@ class Engine:
             self.windows.evict(self.now)
             if self.classwise is not None:
                 self.classwise.evict(self.now)
-            rows: list[Row] = []
-            for sid in sorted(self.windows.series(), key=lambda s: self.index.series[s]):
+            self.scores.evict(self.now)
+            pending = self._pending_estimates()
+            work: list[tuple[str, str, str, bool, np.ndarray, float | None, Estimates]] = []
+            shown = self.windows.series() | self.scores.series() | {s for s, _ in pending}
+            for sid in sorted(shown, key=lambda s: self.index.series[s]):
                 model, segment = self.index.series[sid]
                 binary = self._classes[self._model_idx[model]] == 0
-                for w, win in enumerate(self.cfg.metrics.windows):
-                    vec = self.windows.totals(sid, w, self.now)
+                live = self._calibrator(model, segment)
+                for w, win in enumerate(m.windows):
+                    vec = self.windows.totals(sid, w, self.now)  # a fresh array
                     if vec is None:
-                        vec = np.zeros(self.windows.layout.size)
-                    stats = metrics.from_vector(vec, self.windows.layout, binary)
+                        vec = np.zeros(lay.size)
+                    joined = vec[lay.count:lay.count + lay.bins].sum() > 0
                     cw = (self._classwise_ece(sid, w)
-                          if self.classwise is not None and not binary and stats.samples
-                          else None)
-                    rows.append(Row(model, segment, win.name, binary, stats, cw))
-            view = View(self.now, rows, dict(self.counters), self.join.pending,
-                        self.join.pending_labels, list(self.index.series), self.totals.copy(),
-                        self.version)
-            self._view_cache = view
-            return view
+                          if self.classwise is not None and not binary and joined else None)
+                    est = self._estimates(sid, w, binary, pending.get((sid, w)),
+                                          None if live is None else live[1])
+                    work.append((model, segment, win.name, binary, vec, cw, est))
+            version = self.version
+            parts = (self.now, dict(self.counters), self.join.pending,
+                     self.join.pending_labels, list(self.index.series), self.totals.copy())
+        rows = [Row(model, segment, name, binary,
+                    metrics.from_vector(vec, lay, binary, m.mce_min_samples, m.interval_level),
+                    cw, est)
+                for model, segment, name, binary, vec, cw, est in work]
+        now, counters, pend, pend_labels, series, totals = parts
+        view = View(now, rows, counters, pend, pend_labels, series, totals, version)
+        with self.lock:
+            if self.version == version:
+                self._view_cache = view
+        return view
+
+    def set_calibrators(self, calibrators: LiveCalibrators) -> None:
+        """Replace the live calibrators the label-free estimates use."""
+        with self.lock:
+            self.calibrators = calibrators
+            self.version += 1  # so a view being computed with the old ones is not kept
+
+    def _calibrator(self, model: str, segment: str) -> tuple[Any, np.ndarray | None] | None:
+        """The segment's own calibrator, else the model's."""
+        live = self.calibrators.get((model, segment))
+        return live if live is not None else self.calibrators.get((model, "__all__"))
+
+    def _pending_estimates(self) -> dict[tuple[int, int], tuple[int, float, float]]:
+        """(series, window) -> (pending predictions, summed calibrated confidence of the
+        predicted class, summed calibrated P(y=1)) over the predictions with no label yet."""
+        model, combo, ts, kind, score, vectors = self.join.waiting()
+        out: dict[tuple[int, int], tuple[int, float, float]] = {}
+        if len(model) == 0:
+            return out
+        buckets = [np.floor(ts / width).astype(np.int64) for width in self.windows.widths]
+        floors = [self.windows.current(w, self.now) - BUCKETS
+                  for w in range(len(self.windows.widths))]
+        sample, sid = self.index.fan_out(combo)
+        # calibrated once per (model's rows, calibrator), then summed per series and window
+        cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        order = np.argsort(sid, kind="stable")
+        uniq, starts = np.unique(sid[order], return_index=True)
+        for s, part in zip(uniq.tolist(), np.split(order, starts[1:])):
+            name, segment = self.index.series[s]
+            live = self._calibrator(name, segment)
+            rows = sample[part]
+            midx = self._model_idx[name]
+            key = (midx, id(live[0]) if live is not None else 0)
+            hit = cache.get(key)
+            if hit is None:
+                mine = np.flatnonzero(model == midx)
+                hit = cache[key] = (mine, *self._calibrated(mine, kind, score, vectors, live))
+            mine, top, pos = hit
+            at = np.searchsorted(mine, rows)
+            for w, bkt in enumerate(buckets):
+                keep = bkt[rows] > floors[w]
+                n = int(keep.sum())
+                if n:  # fixed-point sums: the same whatever order the join keeps them in
+                    out[(s, w)] = (n, _fixed_sum(top[at][keep]), _fixed_sum(pos[at][keep]))
+        return out
+
+    @staticmethod
+    def _calibrated(rows: np.ndarray, kind: np.ndarray, score: np.ndarray,
+                    vectors: dict[int, Any],
+                    live: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray]:
+        """Calibrated confidence of the predicted class and P(y=1) (0 for multiclass)
+        of the pending rows ``rows``: identity without a calibrator."""
+        top = np.empty(len(rows))
+        pos = np.zeros(len(rows))  # binary only: stays 0 for multiclass
+        # one group per score kind and class count (a model's K can change on a reset)
+        k = kind[rows] * 1_000_000
+        multi = np.flatnonzero(k >= 2_000_000)
+        k[multi] += np.array([len(vectors[i]) for i in rows[multi].tolist()], np.int64)
+        for group in np.unique(k).tolist():
+            code = group // 1_000_000
+            part = np.flatnonzero(k == group)
+            if code < 2:
+                raw = score[rows[part]]
+            else:
+                raw = np.array([vectors[i] for i in rows[part].tolist()], dtype=np.float64)
+            probs = None
+            if live is not None:
+                try:
+                    probs = np.asarray(live[0](raw, SCORE_KINDS[code]), np.float64)
+                    if probs.shape != raw.shape[:1] + (() if code < 2 else raw.shape[1:]):
+                        raise ValueError(f"calibrated shape {probs.shape} for {raw.shape}")
+                except Exception:  # a broken calibrator must not break /metrics
+                    log.exception("the live calibrator failed on pending scores; raw used")
+                    probs = None
+            if probs is None:
+                probs = _raw_probs(raw, code)
+            conf, p1 = top_and_positive(probs)
+            top[part] = conf
+            if p1 is not None:
+                pos[part] = p1
+        return top, pos
+
+    def _estimates(self, sid: int, w: int, binary: bool,
+                   pending: tuple[int, float, float] | None,
+                   reference: np.ndarray | None) -> Estimates:
+        current = self.scores.counts(sid, w, self.now)
+        if reference is None or len(reference) != len(current):
+            reference = self.scores.counts(sid, w, self.now, previous=True)
+        score_psi = psi(current, np.asarray(reference, np.float64))
+        if pending is None:
+            return Estimates(0, None, None, score_psi)
+        n, top, pos = pending
+        return Estimates(n, top / n, pos / n if binary else None, score_psi)
 
     def samples(self, model: str, segment: str) -> SampleSet | None:
         """A copy of the recent joined samples of one series (None without a buffer)."""
@@ -575,6 +704,7 @@ class Engine:
                 "series": self.index.snapshot(),
                 "join": self.join.snapshot(),
                 "windows": self.windows.snapshot(),
+                "scores": self.scores.snapshot(),
                 "buffers": None if self.buffers is None else self.buffers.snapshot(),
                 "classwise": None if self.classwise is None else {
                     "windows": self.classwise.snapshot(),
@@ -611,6 +741,7 @@ class Engine:
             self.join = Join(self.cfg.join)
             self.join.restore(snap["join"])
             self.windows.restore(snap["windows"])
+            self.scores.restore(snap.get("scores") or [])
             if self.buffers is not None and snap.get("buffers"):
                 self.buffers.restore(snap["buffers"])
             if self.classwise is not None and snap.get("classwise"):
@@ -633,6 +764,48 @@ class _Columns(NamedTuple):
     score: tuple[Any, ...]
     label: tuple[int, ...]
     label_ts: tuple[float, ...]
+
+
+def _raw_probs(raw: np.ndarray, code: int) -> np.ndarray:
+    """Scores of kind ``SCORE_KINDS[code]`` as probabilities, as ``_add_joined`` reads them."""
+    if code < 2:
+        return sigmoid(raw) if code == 1 else raw
+    return _softmax(raw) if code == 3 else raw / raw.sum(axis=1, keepdims=True)
+
+
+def _fixed_sum(x: np.ndarray) -> float:
+    return float(np.rint(x * CONF_SCALE).astype(np.int64).sum()) / CONF_SCALE
+
+
+def raw_confidence(kind: np.ndarray, scores: list[Any]) -> np.ndarray:
+    """The calibration target's confidence of raw scores (binary: P(y=1); multiclass:
+    top-label probability), as ``_add_joined`` computes it."""
+    conf = np.empty(len(scores))
+    binary = np.flatnonzero(kind < 2)
+    if len(binary):
+        x = np.fromiter((scores[i] for i in binary.tolist()), np.float64, len(binary))
+        conf[binary] = np.where(kind[binary] == 1, sigmoid(x), x)
+    if len(binary) < len(scores):
+        for idx, probs in _multiclass_probs(kind, scores):
+            conf[idx] = probs.max(axis=1)
+    return conf
+
+
+def _multiclass_probs(kind: np.ndarray,
+                      scores: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(rows, (n, K) probabilities) per class count K of the multiclass rows."""
+    by_k: dict[int, list[int]] = {}
+    for i in np.flatnonzero(kind >= 2).tolist():
+        by_k.setdefault(len(scores[i]), []).append(i)
+    out = []
+    for k, rows in by_k.items():
+        idx = np.asarray(rows)
+        probs = np.array([scores[i] for i in rows], dtype=np.float64).reshape(-1, k)
+        logits = kind[idx] == 3
+        probs[logits] = _softmax(probs[logits])
+        probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
+        out.append((idx, probs))
+    return out
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

@@ -45,6 +45,9 @@ class JoinEvents:
     duplicate_labels: int = 0
     expired: Counter[tuple[int, str]] = field(default_factory=Counter)  # (model, reason)
     labels_expired: int = 0
+    # every admitted prediction (not duplicates), for the score histograms:
+    # (model, combo, ts, kind, score)
+    arrivals: list[tuple[int, int, float, int, Any]] = field(default_factory=list)
 
 
 class Join:
@@ -104,6 +107,7 @@ class Join:
             return
         kind = KIND_CODE[pred.kind]
         ts = pred.ts
+        self.events.arrivals.append((model, combo, ts, kind, pred.score))
         if self.implicit is not None and kind < 2:
             held = True
             deadline = ts + self.implicit.after
@@ -309,6 +313,20 @@ class Join:
             for lid in list(self._labels)[:over]:
                 del self._labels[lid]
                 self.events.labels_expired += 1
+
+    def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                               dict[int, Any]]:
+        """Pending predictions with no label yet, as columns: model, combo, ts, kind,
+        binary score (as given), and {row: K-class scores} for the multiclass rows."""
+        slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
+        slots = slots[np.asarray(self._label, np.int64)[slots] == NO_LABEL]
+        kind = np.asarray(self._kind, np.int64)[slots]
+        vectors = {i: self._vectors[s]
+                   for i, s in zip(np.flatnonzero(kind >= 2).tolist(),
+                                   slots[kind >= 2].tolist())}
+        return (np.asarray(self._model, np.int64)[slots],
+                np.asarray(self._combo, np.int64)[slots], self._ts[slots], kind,
+                self._score[slots], vectors)
 
     def drain(self) -> JoinEvents:
         ev, self.events = self.events, JoinEvents()

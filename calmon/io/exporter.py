@@ -37,6 +37,24 @@ ROW_GAUGES = (
      "Observed over expected positives, sum(y)/sum(p) (binary models)"),
     ("calmon_ece_noise_floor", "noise_floor",
      "Expected ECE of a perfectly calibrated model with the same bins"),
+    ("calmon_ece_l2_debiased", "ece_l2_debiased",
+     "Debiased l2 calibration error over the equal-width bins (Kumar et al. 2019)"),
+    ("calmon_smece", "smece", "Smooth ECE (Blasiok and Nakkiran 2023) from the fine bins"),
+    ("calmon_ece_lower", "ece_lower",
+     "Lower end of the metrics.interval_level interval for the population ECE"),
+    ("calmon_ece_upper", "ece_upper",
+     "Upper end of the metrics.interval_level interval for the population ECE"),
+)
+# before the labels: read from Row.estimates
+ESTIMATE_GAUGES = (
+    ("calmon_pending_samples", "pending_samples",
+     "Predictions in the window still waiting for their label"),
+    ("calmon_estimated_accuracy", "estimated_accuracy",
+     "Accuracy the pending predictions will show if the live calibrator holds (CBPE)"),
+    ("calmon_estimated_positive_rate", "estimated_positive_rate",
+     "Mean calibrated P(y=1) of the pending predictions (binary models)"),
+    ("calmon_score_psi", "score_psi",
+     "Population stability index of the raw confidences against the reference histogram"),
 )
 ROW_LABELS = ("model", "segment", "window")
 
@@ -90,6 +108,8 @@ class CalmonCollector(Collector):
                                     labels=ROW_LABELS)
         fams = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr)
                 for name, attr, doc in ROW_GAUGES]
+        ests = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr)
+                for name, attr, doc in ESTIMATE_GAUGES]
         for row in view.rows:
             key = [row.model, row.segment, row.window]
             samples.add_metric(key, row.stats.samples)
@@ -97,8 +117,12 @@ class CalmonCollector(Collector):
                 v = getattr(row.stats, attr)
                 if v is not None:
                     fam.add_metric(key, v)
+            for fam, attr in ests:
+                v = getattr(row.estimates, attr)
+                if v is not None:
+                    fam.add_metric(key, v)
         yield samples
-        for fam, _ in fams:
+        for fam, _ in fams + ests:
             yield fam
         classwise = GaugeMetricFamily(
             "calmon_classwise_ece", "Mean over classes of the ECE of p_k against [y = k] "

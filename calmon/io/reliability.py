@@ -1,26 +1,42 @@
 """``/reliability``: reliability diagrams as plain HTML + inline SVG, no JavaScript.
 
 One diagram per model and segment for the chosen window: a bar per non-empty
-bin at its accuracy (observed frequency), a dot at its mean confidence, the
-diagonal of perfect calibration, and the sample count above each bar. The
-calibrated diagram (after the live calibrator) sits beside the raw one.
+bin at its accuracy (observed frequency) with its Wilson interval at
+``metrics.interval_level``, a dot at its mean confidence, the diagonal of
+perfect calibration, and the sample count above each bar. The ECE comes with
+its interval, the realized accuracy with the estimate for the predictions still
+waiting for labels. A series with fewer than ``recalibration.min_samples``
+samples is drawn in grey as "too few samples": its gaps are mostly noise.
+The calibrated diagram (after the live calibrator) sits beside the raw one.
 Query: ``?window=24h&model=ctr&segment=__all__`` (all optional).
 """
 
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable
+from statistics import NormalDist
 
-from calmon.engine.engine import Engine
+from calmon.engine.engine import Engine, Row
 from calmon.engine.metrics import Bins, ece
 
 W, H, PAD = 360, 260, 34  # svg size and plot padding
 CalibratedBins = Callable[[str, str, str], Bins | None]
 
 
-def diagram(bins: Bins, title: str, kind: str) -> str:
-    """One SVG: a ``<rect class="bar">`` per non-empty bin."""
+def wilson(successes: float, n: float, level: float) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion at ``level``."""
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def diagram(bins: Bins, title: str, kind: str, level: float = 0.9, few: str = "") -> str:
+    """One SVG: a ``<rect class="bar">`` per non-empty bin, a ``<line class="band">``
+    for its Wilson interval; greyed with a note when ``few`` says why."""
     n_bins = len(bins.count)
     pw, ph = W - 2 * PAD, H - 2 * PAD
     bw = pw / n_bins
@@ -42,7 +58,7 @@ def diagram(bins: Bins, title: str, kind: str) -> str:
                      f'text-anchor="middle">{t:g}</text>')
         parts.append(f'<text x="{PAD - 6}" y="{y(t) + 3}" font-size="10" '
                      f'text-anchor="end">{t:g}</text>')
-    fill = "#4878d0" if kind == "raw" else "#6acc64"
+    fill = "#b0b0b0" if few else "#4878d0" if kind == "raw" else "#6acc64"
     for b in range(n_bins):
         n = float(bins.count[b])
         if n <= 0:
@@ -55,10 +71,22 @@ def diagram(bins: Bins, title: str, kind: str) -> str:
             f'y="{top:.2f}" width="{bw - 2:.2f}" height="{PAD + ph - top:.2f}" fill="{fill}" '
             f'fill-opacity="0.75"><title>bin {b}: n={n:.0f}, accuracy {acc:.3f}, '
             f'confidence {conf:.3f}</title></rect>')
+        lo, hi = wilson(float(bins.correct[b]), n, level)
+        mid = x((b + 0.5) / n_bins)
+        parts.append(f'<line class="band" data-bin="{b}" data-lo="{lo:.6f}" data-hi="{hi:.6f}" '
+                     f'x1="{mid:.2f}" x2="{mid:.2f}" y1="{y(lo):.2f}" y2="{y(hi):.2f}" '
+                     'stroke="#333" stroke-width="1.2"/>')
         parts.append(f'<circle class="conf" cx="{x(conf):.2f}" cy="{y(conf):.2f}" r="2.5" '
                      'fill="#c44e52"/>')
         parts.append(f'<text class="count" x="{x((b + 0.5) / n_bins):.2f}" y="{PAD - 4}" '
                      f'font-size="8" text-anchor="middle">{_short(n)}</text>')
+    if few:
+        parts.append(f'<rect x="{x(0.12):.2f}" y="{y(0.55) - 17:.2f}" width="{0.76 * pw:.2f}" '
+                     'height="38" fill="#fff" fill-opacity="0.85" rx="4"/>')
+        parts.append(f'<text class="few" x="{x(0.5)}" y="{y(0.55)}" font-size="15" '
+                     f'text-anchor="middle" fill="#555">too few samples</text>'
+                     f'<text x="{x(0.5)}" y="{y(0.55) + 16}" font-size="10" '
+                     f'text-anchor="middle" fill="#555">{html.escape(few)}</text>')
     parts.append(f'<text x="{W / 2}" y="{H - 4}" font-size="11" text-anchor="middle">'
                  'confidence</text>')
     parts.append(f'<text x="{W / 2}" y="14" font-size="12" text-anchor="middle" '
@@ -78,10 +106,27 @@ def _short(n: float) -> str:
     return f"{n / 1e6:.1f}M"
 
 
-def _ece_text(bins: Bins) -> str:
+def _ece_text(bins: Bins, interval: tuple[float | None, float | None] | None = None,
+              level: float = 0.9) -> str:
     if bins.count.sum() == 0:
         return "no samples"
-    return f"ECE {ece(bins.count, bins.conf, bins.correct):.4f}, n={bins.count.sum():.0f}"
+    text = f"ECE {ece(bins.count, bins.conf, bins.correct):.4f}"
+    if interval is not None and interval[0] is not None and interval[1] is not None:
+        text += f" [{interval[0]:.4f}, {interval[1]:.4f}] at {level:.0%}"
+    return text + f", n={bins.count.sum():.0f}"
+
+
+def _accuracy_text(row: Row) -> str:
+    """Realized accuracy of the joined samples beside the estimate for the pending ones."""
+    est = row.estimates
+    realized = (f"realized accuracy {row.stats.accuracy:.3f}" if row.stats.accuracy is not None
+                else "no realized accuracy yet")
+    if est.pending_samples and est.estimated_accuracy is not None:
+        estimated = (f"estimated {est.estimated_accuracy:.3f} for {est.pending_samples} "
+                     "predictions awaiting labels")
+    else:
+        estimated = "no predictions awaiting labels"
+    return f"{realized} &middot; {estimated}"
 
 
 def page(engine: Engine, calibrated: CalibratedBins | None,
@@ -98,10 +143,14 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
         f"{html.escape(w)}</a>" for w in windows)
     body = [f"<h1>calmon reliability</h1><p>window: {links} &middot; bars: observed "
             "frequency per bin (binary: P(y=1) vs y; multiclass: top-label confidence vs "
-            "correct), <span class=dot>&#9679;</span> mean confidence, dashed: perfect "
-            "calibration, numbers: samples per bin</p><div class=grid>"]
+            f"correct) with its {engine.cfg.metrics.interval_level:.0%} Wilson interval, "
+            "<span class=dot>&#9679;</span> mean confidence, dashed: perfect "
+            "calibration, numbers: samples per bin; ECE with its interval for the population "
+            "ECE; grey: too few samples to judge</p><div class=grid>"]
     shown = 0
     # every model's __all__ first (the overview), then the segments, model by model
+    level = engine.cfg.metrics.interval_level
+    min_samples = engine.cfg.recalibration.min_samples
     rows = sorted(view.rows, key=lambda r: r.segment != "__all__")
     for row in rows:
         if row.window != window or row.stats.samples == 0:
@@ -111,16 +160,21 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
         shown += 1
         name = f"{row.model} / {row.segment}"
         raw = row.stats.bins
-        cells = [f'<figure>{diagram(raw, "raw", "raw")}<figcaption>{_ece_text(raw)}'
-                 "</figcaption></figure>"]
+        few = (f"n={row.stats.samples} < recalibration.min_samples {min_samples}"
+               if row.stats.samples < min_samples else "")
+        interval = (row.stats.ece_lower, row.stats.ece_upper)
+        cells = [f'<figure>{diagram(raw, "raw", "raw", level, few)}<figcaption>'
+                 f"{_ece_text(raw, interval, level)}</figcaption></figure>"]
         cal = calibrated(row.model, row.segment, window) if calibrated else None
         if cal is not None and cal.count.sum() > 0:
-            cells.append(f'<figure>{diagram(cal, "calibrated", "calibrated")}<figcaption>'
-                         f"{_ece_text(cal)} (buffered samples)</figcaption></figure>")
+            cells.append(f'<figure>{diagram(cal, "calibrated", "calibrated", level)}'
+                         f"<figcaption>{_ece_text(cal)} (buffered samples)</figcaption></figure>")
         target = "P(y=1) vs y" if row.binary else "top-label confidence vs correct"
-        body.append(f'<section class="series" data-model="{html.escape(row.model)}" '
+        body.append(f'<section class="series{" few" if few else ""}" '
+                    f'data-model="{html.escape(row.model)}" '
                     f'data-segment="{html.escape(row.segment)}"><h2>{html.escape(name)} '
                     f"<small>{target}</small></h2>"
+                    f"<p class=accuracy>{_accuracy_text(row)}</p>"
                     f"<div class=row>{''.join(cells)}</div></section>")
     body.append("</div>")
     if not shown:
@@ -133,6 +187,7 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
            ".dot{color:#c44e52}"
            ".grid{display:flex;flex-wrap:wrap;gap:.8em 1.5em;align-items:flex-start}"
            "section{border-top:1px solid #ddd;padding-top:.3em}"
+           "p.accuracy{font-size:12px;margin:0 0 .3em;color:#444}"
            "h2{font-size:16px;margin:.2em 0}h2 small{font-weight:normal;color:#666;"
            "font-size:12px;margin-left:.5em}</style></head><body>"
            + "".join(body) + "</body></html>")

@@ -128,18 +128,32 @@ def per_bin(conf: np.ndarray, correct: np.ndarray, bins: int):
     return count, csum, ksum
 
 
-def ece_from_bins(count, csum, ksum) -> tuple[float, float]:
-    """(ECE, MCE) from per-bin count / confidence sum / correct sum."""
+def ece_from_bins(count, csum, ksum, mce_min_samples: int = 30) -> tuple[float, float | None]:
+    """(ECE, MCE) from per-bin count / confidence sum / correct sum; MCE over bins with
+    at least ``mce_min_samples`` samples, None when there is none."""
     n = count.sum()
     ece = 0.0
-    mce = 0.0
+    mce = None
     for nb, cb, kb in zip(count, csum, ksum):
         if nb == 0:
             continue
         gap = abs(cb / nb - kb / nb)
         ece += nb / n * gap
-        mce = max(mce, gap)
+        if nb >= mce_min_samples:
+            mce = gap if mce is None else max(mce, gap)
     return ece, mce
+
+
+def l2_debiased(count, csum, ksum) -> float:
+    """Kumar et al. 2019, as the contract spells it, one bin at a time."""
+    n = count.sum()
+    total = 0.0
+    for nb, cb, kb in zip(count, csum, ksum):
+        if nb < 2:
+            continue
+        acc = kb / nb
+        total += nb / n * ((acc - cb / nb) ** 2 - acc * (1 - acc) / (nb - 1))
+    return math.sqrt(max(total, 0.0))
 
 
 def ace(conf: np.ndarray, correct: np.ndarray, bins: int, fine_bins: int) -> float:
@@ -177,14 +191,16 @@ def ace(conf: np.ndarray, correct: np.ndarray, bins: int, fine_bins: int) -> flo
 # ---------------------------------------------------------------- window metrics
 
 
-def expected_row(s: PerSample, bins: int, fine_bins: int) -> dict[str, float | int | None]:
+def expected_row(s: PerSample, bins: int, fine_bins: int,
+                 mce_min_samples: int = 30) -> dict[str, float | int | None]:
     n = len(s.conf)
     count, csum, ksum = per_bin(s.conf, s.correct, bins)
-    ece, mce = ece_from_bins(count, csum, ksum)
+    ece, mce = ece_from_bins(count, csum, ksum, mce_min_samples)
     return {
         "samples": n,
         "ece": ece,
         "mce": mce,
+        "ece_l2_debiased": l2_debiased(count, csum, ksum),
         "ace": ace(s.conf, s.correct, bins, fine_bins),
         "brier": float(s.brier.mean()),
         "nll": float(s.nll.mean()),

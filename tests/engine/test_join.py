@@ -32,6 +32,7 @@ def samples(view: View, model: str = "m", segment: str = "__all__") -> dict[str,
 def rows_key(view: View) -> list[tuple]:
     """Every row with every number, bins included, for exact comparison."""
     return [(r.model, r.segment, r.window, tuple(r.stats.as_row().values()),
+             tuple(r.estimates.as_row().values()),
              r.stats.bins.count.tobytes(), r.stats.bins.conf.tobytes(),
              r.stats.bins.correct.tobytes()) for r in view.rows]
 

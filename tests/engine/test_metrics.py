@@ -29,7 +29,7 @@ from tests.engine.reference import (
 
 TOL = 1e-9
 METRICS = ("ece", "mce", "ace", "brier", "nll", "accuracy", "mean_confidence",
-           "observed_rate", "observed_over_expected")
+           "observed_rate", "observed_over_expected", "ece_l2_debiased")
 WINDOWS = ("1h", "24h", "7d")
 
 
@@ -218,8 +218,9 @@ def test_noise_floor_matches_monte_carlo(n: int) -> None:
 
 
 def test_constant_prediction_single_bin() -> None:
-    """All in one bin: ECE = MCE = ACE = |p - rate|; o/e = rate / p."""
-    engine = Engine(from_dict({}))
+    """All in one bin: ECE = MCE = ACE = |p - rate|; o/e = rate / p (MCE counts the bin
+    because it holds metrics.mce_min_samples samples)."""
+    engine = Engine(from_dict({"metrics": {"mce_min_samples": 10}}))
     y = [1] * 3 + [0] * 7
     engine.feed([x for i, v in enumerate(y) for x in (P(f"c{i}", T0, prob=0.2), L(f"c{i}", v))])
     st = rows_of(engine, "m")["24h"].stats

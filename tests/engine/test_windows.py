@@ -21,6 +21,7 @@ DAY = 86400.0
 
 def rows_key(view: View) -> list[tuple]:
     return [(r.model, r.segment, r.window, tuple(r.stats.as_row().values()),
+             tuple(r.estimates.as_row().values()),
              r.stats.bins.count.tobytes(), r.stats.bins.conf.tobytes(),
              r.stats.bins.correct.tobytes()) for r in view.rows]
 

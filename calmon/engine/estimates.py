@@ -1,0 +1,162 @@
+"""Before the labels: what the pending predictions and the score histogram say.
+
+Two label-free readings per model, segment and window (contract section 2):
+
+- over the predictions still waiting for their label (they live in the join, so
+  they are checkpointed with it): how many, the accuracy they will show if the
+  live calibrator holds (mean calibrated confidence of the predicted class, as
+  NannyML's CBPE) and, for binary models, the positive rate it predicts;
+- over every admitted prediction, joined or not: the population stability index
+  of the raw confidences against a reference histogram (the live calibrator's
+  fit data, else the window of the same length just before). ``ScoreHist``
+  keeps those counts in buckets like ``windows.Windows``, for two window lengths.
+
+The engine knows nothing of calibrator documents: readers pass a mapping
+(model, segment) -> (apply, reference), where ``apply(scores, kind)`` maps raw
+scores of a kind in ``records.SCORE_KINDS`` to calibrated probabilities ((n,)
+P(y=1) or (n, K)) and ``reference`` holds the B bin counts the calibrator was
+fitted on, or None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calmon.config import Window
+from calmon.engine.windows import BUCKETS, bin_index
+
+Apply = Callable[[np.ndarray, str], np.ndarray]
+LiveCalibrators = Mapping[tuple[str, str], tuple[Apply, "np.ndarray | None"]]
+PSI_FLOOR = 1e-4  # a share of 0 would make the index infinite
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """The label-free numbers of one (model, segment, window)."""
+
+    pending_samples: int = 0
+    estimated_accuracy: float | None = None
+    estimated_positive_rate: float | None = None
+    score_psi: float | None = None
+
+    def as_row(self) -> dict[str, float | int | None]:
+        return {"pending_samples": self.pending_samples,
+                "estimated_accuracy": self.estimated_accuracy,
+                "estimated_positive_rate": self.estimated_positive_rate,
+                "score_psi": self.score_psi}
+
+
+ESTIMATE_NAMES = ("pending_samples", "estimated_accuracy", "estimated_positive_rate",
+                  "score_psi")
+
+
+def psi(current: np.ndarray, reference: np.ndarray) -> float | None:
+    """sum_b (c_b - r_b) ln(c_b / r_b) over shares floored at ``PSI_FLOOR``; None when
+    either histogram is empty."""
+    nc, nr = float(current.sum()), float(reference.sum())
+    if nc <= 0 or nr <= 0:
+        return None
+    c = np.maximum(current / nc, PSI_FLOOR)
+    r = np.maximum(reference / nr, PSI_FLOOR)
+    return float(np.sum((c - r) * np.log(c / r)))
+
+
+class ScoreHist:
+    """Per series and window length W: counts of raw confidences in the B equal-width
+    bins, in buckets of W / BUCKETS, kept for 2 W (the window and the one before it)."""
+
+    def __init__(self, windows: tuple[Window, ...], bins: int) -> None:
+        self.windows = windows
+        self.bins = bins
+        self.widths = [w.seconds / BUCKETS for w in windows]
+        self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
+
+    def current(self, w: int, now: float) -> int:
+        return math.floor(now / self.widths[w]) if math.isfinite(now) else -(2**62)
+
+    def add(self, sid: np.ndarray, ts: np.ndarray, conf: np.ndarray, now: float) -> None:
+        if len(sid) == 0:
+            return
+        b = bin_index(conf, self.bins)
+        for w, width in enumerate(self.widths):
+            bucket = np.floor(ts / width).astype(np.int64)
+            keep = bucket > self.current(w, now) - 2 * BUCKETS
+            if not keep.any():
+                continue
+            bk = bucket[keep]
+            lo = int(bk.min())
+            span = int(bk.max()) - lo + 1
+            key = sid[keep] * span + (bk - lo)
+            size = int(key.max()) + 1
+            if size <= 1 << 16:  # small key space: a bincount instead of a sort
+                keys = np.flatnonzero(np.bincount(key, minlength=size))
+                remap = np.zeros(size, np.int64)
+                remap[keys] = np.arange(len(keys))
+                inv = remap[key]
+            else:
+                keys, inv = np.unique(key, return_inverse=True)
+            counts = np.bincount(inv * self.bins + b[keep], minlength=len(keys) * self.bins)
+            tab = self._data[w]
+            pairs = zip((keys // span).tolist(), (keys % span + lo).tolist())
+            for (s, idx), row in zip(pairs, counts.reshape(len(keys), self.bins)):
+                buckets = tab.setdefault(s, {})
+                vec = buckets.get(idx)
+                if vec is None:
+                    buckets[idx] = row.astype(np.int64)
+                else:
+                    vec += row
+
+    def evict(self, now: float) -> None:
+        for w in range(len(self.windows)):
+            floor_ = self.current(w, now) - 2 * BUCKETS
+            tab = self._data[w]
+            for s in list(tab):
+                buckets = tab[s]
+                for idx in [i for i in buckets if i <= floor_]:
+                    del buckets[idx]
+                if not buckets:
+                    del tab[s]
+
+    def series(self) -> set[int]:
+        out: set[int] = set()
+        for tab in self._data:
+            out.update(tab)
+        return out
+
+    def counts(self, sid: int, w: int, now: float, previous: bool = False) -> np.ndarray:
+        """The window's counts, or with ``previous`` those of the window just before."""
+        cur = self.current(w, now) - (BUCKETS if previous else 0)
+        out = np.zeros(self.bins, np.int64)
+        for idx, vec in self._data[w].get(sid, {}).items():
+            if cur - BUCKETS < idx <= cur:
+                out += vec
+        return out
+
+    def snapshot(self) -> list[Any]:
+        out = []
+        for tab in self._data:
+            items = [(s, idx, vec) for s, buckets in tab.items() for idx, vec in buckets.items()]
+            keys = (np.array([(a, b) for a, b, _ in items], np.int64) if items
+                    else np.zeros((0, 2), np.int64))
+            vecs = (np.stack([v for _, _, v in items]) if items
+                    else np.zeros((0, self.bins), np.int64))
+            out.append({"keys": keys, "vecs": vecs})
+        return out
+
+    def restore(self, snap: list[Any]) -> None:
+        self._data = [{} for _ in self.windows]
+        for tab, part in zip(self._data, snap):
+            for (s, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
+                tab.setdefault(s, {})[idx] = vec.astype(np.int64).copy()
+
+
+def top_and_positive(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Confidence of the predicted class, and P(y=1) for binary (n,) input."""
+    if probs.ndim == 1:
+        return np.maximum(probs, 1.0 - probs), probs
+    return probs.max(axis=1), None
