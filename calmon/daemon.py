@@ -27,6 +27,7 @@ dead-lettered as ``internal`` and skipped, so no input can cause a crash loop.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -38,6 +39,7 @@ from datetime import UTC, datetime
 from types import FrameType, MappingProxyType
 from typing import Any, Protocol
 
+from prometheus_client import PlatformCollector, ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from calmon.config import Config
@@ -48,9 +50,9 @@ from calmon.io import reliability
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.consumer_process import ProcessSource
 from calmon.io.dead_letter import DeadLetters
-from calmon.io.exporter import CalmonCollector, RecalState
+from calmon.io.exporter import FIT_METHODS, CalmonCollector, RecalState
 from calmon.io.http import HttpServer, Page
-from calmon.io.kafka_source import Batch, KafkaSourceError
+from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.recal.loop import Recalibrator
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,10 @@ MAX_RECORDS = 5000
 ASSIGN_TIMEOUT_S = 5.0
 STALL_LOG_INTERVAL_S = 60.0
 INVALID_LOG_INTERVAL_S = 60.0  # an invalid record is logged at most once per reason per minute
+# /healthz fails when the running loop has not come round for this long. An iteration
+# is at most a poll, one batch and a checkpoint; a (re)assign may block for about
+# ASSIGN_TIMEOUT_S + 30 s (consumer process start), so stay well above that.
+LOOP_STALL_S = 120.0
 
 
 class RunState(enum.Enum):
@@ -106,6 +112,9 @@ class Daemon:
         self._invalid_logged: dict[str, float] = {}  # reason -> monotonic time last logged
         self._written: tuple[Any, ...] | None = None  # what the last checkpoint held
         self._totals_at_checkpoint = self.engine.totals.copy()
+        self.stall_after_s = LOOP_STALL_S
+        self._beat = time.monotonic()  # the loop's last progress (monotonic, for /healthz)
+        self._beat_wall: float | None = None  # the same in Unix time, for the metric
         self.recal: Recalibrator | None = None
         if cfg.recalibration.enabled:
             topic = cfg.kafka.calibrators_topic
@@ -114,10 +123,14 @@ class Daemon:
             self.recal = Recalibrator(cfg, self.engine, publish)
         collector = CalmonCollector(
             self.engine, lambda: self.last_checkpoint, self._recal_state,
+            lag=self.consumer_lag, heartbeat=lambda: self._beat_wall,
             dead_letters_failed=lambda: self.dead_letters.dead_letters_failed)
         self.registry = registry if registry is not None else CollectorRegistry(
             auto_describe=False)
         self.registry.register(collector)
+        for standard in (ProcessCollector, PlatformCollector):  # process_*, python_info
+            with contextlib.suppress(ValueError):  # already there (the default registry)
+                standard(registry=self.registry)
         cal_bins = self.recal.calibrated_bins if self.recal is not None else None
         self.pages: dict[str, Page] = {
             "/reliability": lambda query: reliability.page(self.engine, cal_bins, query)}
@@ -127,6 +140,15 @@ class Daemon:
 
     def ready(self) -> bool:
         return (self.state is RunState.RUNNING and self.assigned and self.source.connected())
+
+    def alive(self) -> bool:
+        """False once the running loop has made no progress for ``stall_after_s``."""
+        return (self.state is not RunState.RUNNING
+                or time.monotonic() - self._beat < self.stall_after_s)
+
+    def consumer_lag(self) -> dict[tuple[str, int], int]:
+        ends = getattr(self.source, "end_offsets", None)  # a Source may not know them
+        return consumer_lag(ends(), dict(self.published_positions)) if ends is not None else {}
 
     def status(self) -> dict[str, Any]:
         s = self.engine.status()  # counters only: no window view, so polling it is cheap
@@ -146,7 +168,13 @@ class Daemon:
         }
 
     def _recal_state(self) -> RecalState:
-        return self.recal.metrics_state() if self.recal is not None else RecalState()
+        if self.recal is None:
+            return RecalState()
+        st = self.recal.metrics_state()
+        st.series = [(m, s) for m, s, _ in self.engine.buffered_series()]
+        method = self.cfg.recalibration.method
+        st.methods = FIT_METHODS if method == "auto" else (method,)
+        return st
 
     # ------------------------------------------------------------ lifecycle
 
@@ -173,7 +201,7 @@ class Daemon:
         host, port = self.cfg.server.host, self.cfg.server.port
         try:  # serving first: /healthz answers while a large state loads, /readyz says 503
             self.http = HttpServer(host, port, self.registry, self.ready, self.status,
-                                   self.pages)
+                                   self.pages, alive=self.alive)
         except OSError as e:
             raise ConfigError([f"server.port: cannot listen on {host}:{port} ({e.strerror})"]
                               ) from None
@@ -186,6 +214,7 @@ class Daemon:
             raise
         if self.recal is not None:
             self.recal.start()
+        self._heartbeat()
         self.state = RunState.RUNNING
         try:
             self._loop()
@@ -222,6 +251,7 @@ class Daemon:
         next_ckpt = time.monotonic() + interval
         last_warn = -float("inf")
         while not self._stop.is_set():
+            self._heartbeat()
             if not self.assigned:
                 try:
                     # Partitions missing from a restored checkpoint start at
@@ -248,6 +278,9 @@ class Daemon:
             if time.monotonic() >= next_ckpt:
                 self.checkpoint()
                 next_ckpt = time.monotonic() + interval
+
+    def _heartbeat(self) -> None:
+        self._beat, self._beat_wall = time.monotonic(), time.time()
 
     def process(self, records: list[Raw]) -> bool:
         """One poll batch through the engine; rejected records to the dead-letter topic.

@@ -39,6 +39,7 @@ from calmon.io.topics import fetch_bytes, owned_partitions
 log = logging.getLogger(__name__)
 
 _NO_TIMESTAMP = 0  # confluent_kafka.TIMESTAMP_NOT_AVAILABLE
+END_OFFSETS_TIMEOUT_S = 2.0  # a slow broker delays lag figures, never the poll loop for long
 
 
 class ConfluentSource:
@@ -218,6 +219,24 @@ class ConfluentSource:
             self._trouble(f"offset commit failed: {exc!r}")
             return False
         return True
+
+    def end_offsets(self) -> dict[Position, int]:
+        """High watermarks of the owned partitions; empty when the broker is slow."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        out: dict[Position, int] = {}
+        for topic, partition in self._owned:
+            try:
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=END_OFFSETS_TIMEOUT_S,
+                    cached=False)
+            except KafkaException as exc:
+                log.debug("cannot fetch end offsets: %r", exc)
+                return {}
+            if high is not None and high >= 0:
+                out[(topic, partition)] = int(high)
+        return out
 
     def connected(self) -> bool:
         """True while librdkafka last reported a broker connection UP (no I/O)."""

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 200
 AHEAD = 2  # poll results the child may hold beyond the one crossing the pipe
+END_OFFSETS_INTERVAL_S = 10.0  # how often the child fetches end offsets (consumer lag)
 
 
 class ProcessSource:
@@ -56,6 +57,7 @@ class ProcessSource:
         self._data: Connection | None = None  # child -> parent: poll results
         self._cmd: Connection | None = None  # parent -> child: commit, close
         self._connected = False
+        self._end_offsets: dict[Position, int] = {}  # last fetched by the child
 
     def assign(self, positions: dict[Position, int] | None = None, *,
                from_checkpoint: bool = False) -> list[Position]:
@@ -100,11 +102,17 @@ class ProcessSource:
         try:
             if not self._data.poll(timeout_ms / 1000.0):
                 return Batch()
-            chunks, self._connected = self._data.recv()
+            chunks, self._connected, ends = self._data.recv()
         except (EOFError, OSError):
             self.close()
             raise KafkaSourceError("the consumer process exited") from None
+        if ends:
+            self._end_offsets = ends
         return to_batch(chunks, self._kinds)
+
+    def end_offsets(self) -> dict[Position, int]:
+        """The owned partitions' end offsets as the child last fetched them (for lag)."""
+        return self._end_offsets
 
     def commit(self, positions: dict[Position, int]) -> bool:
         """Ask the child to commit (for lag monitoring only); does not wait."""
@@ -142,6 +150,7 @@ class ProcessSource:
                 conn.close()
         self._data = self._cmd = None
         self._connected = False
+        self._end_offsets = {}
 
 
 def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_checkpoint: bool,
@@ -168,6 +177,7 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
         outbox: queue.Queue[Any] = queue.Queue(maxsize=AHEAD)
         sender = threading.Thread(target=_send_all, args=(outbox, data), daemon=True)
         sender.start()
+        next_ends = time.monotonic()
         while os.getppid() == parent and sender.is_alive():
             while cmd.poll():
                 what, arg = cmd.recv()
@@ -175,9 +185,13 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
                     return
                 source.commit(arg)
             chunks = source.poll_chunks(POLL_TIMEOUT_MS, max_records)
+            ends: dict[Position, int] = {}
+            if time.monotonic() >= next_ends:
+                ends = source.end_offsets() if source.connected() else {}
+                next_ends = time.monotonic() + END_OFFSETS_INTERVAL_S
             while sender.is_alive():  # blocks while the parent is AHEAD batches behind
                 try:
-                    outbox.put((chunks, source.connected()), timeout=0.5)
+                    outbox.put((chunks, source.connected(), ends), timeout=0.5)
                     break
                 except queue.Full:
                     continue

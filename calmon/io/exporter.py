@@ -9,6 +9,7 @@ series disappears as soon as its segment has left every window.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from calmon import __version__
 from calmon.engine.engine import DELAY_BUCKETS, Engine, View
 from calmon.engine.records import REASONS
 
@@ -57,6 +59,8 @@ ESTIMATE_GAUGES = (
      "Population stability index of the raw confidences against the reference histogram"),
 )
 ROW_LABELS = ("model", "segment", "window")
+OUTCOMES = ("published", "rejected", "failed")
+FIT_METHODS = ("temperature", "platt", "isotonic", "histogram")  # what ``auto`` may choose
 
 
 @dataclass
@@ -68,16 +72,25 @@ class RecalState:
     versions: dict[tuple[str, str], int] = field(default_factory=dict)
     temperatures: dict[tuple[str, str], float] = field(default_factory=dict)
     drift: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # (model, segment) series the loop evaluates and the methods a refit may report:
+    # their recalibration counters are exported at 0 before the first refit, so
+    # increase() sees the first one (no "series born" special case in alert rules)
+    series: list[tuple[str, str]] = field(default_factory=list)
+    methods: tuple[str, ...] = ()
 
 
 class CalmonCollector(Collector):
     def __init__(self, engine: Engine,
                  last_checkpoint: Callable[[], float | None] = lambda: None,
                  recal: Callable[[], RecalState] | None = None, *,
+                 lag: Callable[[], dict[tuple[str, int], int]] | None = None,
+                 heartbeat: Callable[[], float | None] | None = None,
                  dead_letters_failed: Callable[[], int] | None = None) -> None:
         self.engine = engine
         self.last_checkpoint = last_checkpoint
         self.recal = recal
+        self.lag = lag
+        self.heartbeat = heartbeat
         self.dead_letters_failed = dead_letters_failed
 
     def describe(self) -> list[Metric]:
@@ -101,6 +114,26 @@ class CalmonCollector(Collector):
                 "calmon_dead_letters_failed_total",
                 "Invalid records that could not be forwarded to the dead-letter topic",
                 value=self.dead_letters_failed())
+        yield from self._process()
+
+    def _process(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("calmon_build_info", "Always 1; the running calmon's version",
+                                 labels=("version", "python"))
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+        g = GaugeMetricFamily("calmon_consumer_lag_records",
+                              "Records in the partition after calmon's position (end offset "
+                              "minus next offset), refreshed every few seconds",
+                              labels=("topic", "partition"))
+        for (topic, partition), v in sorted((self.lag() if self.lag else {}).items()):
+            g.add_metric([topic, str(partition)], v)
+        yield g
+        g = GaugeMetricFamily("calmon_loop_heartbeat_timestamp_seconds",
+                              "Unix time the main loop last made progress (polled or waited)")
+        beat = self.heartbeat() if self.heartbeat else None
+        if beat is not None:
+            g.add_metric([], beat)
+        yield g
 
     @staticmethod
     def _windows(view: View) -> Iterator[Metric]:
@@ -165,7 +198,10 @@ class CalmonCollector(Collector):
             yield fam
         fam = CounterMetricFamily("calmon_join_expired_total", "Predictions expired unjoined",
                                   labels=("model", "reason"))
-        for (model, reason), v in sorted(t.expired.items()):
+        # both reasons from a model's first prediction on, so rate() sees the first expiry
+        expired = dict.fromkeys(((m, r) for m in t.predictions for r in ("ttl", "capacity")), 0)
+        expired.update(t.expired)
+        for (model, reason), v in sorted(expired.items()):
             fam.add_metric([model, reason], v)
         yield fam
         yield CounterMetricFamily("calmon_labels_expired_total", "Unmatched labels dropped",
@@ -202,8 +238,11 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
     yield g
     c = CounterMetricFamily("calmon_recalibrations_total", "Refits by outcome",
                             labels=("model", "segment", "method", "outcome"))
-    for key, v in sorted(r.recalibrations.items()):
-        c.add_metric(list(key), v)
+    refits = dict.fromkeys(((m, s, method, outcome) for m, s in r.series
+                            for method in r.methods for outcome in OUTCOMES), 0)
+    refits.update(r.recalibrations)
+    for labels, n in sorted(refits.items()):
+        c.add_metric(list(labels), n)
     yield c
     g = GaugeMetricFamily("calmon_calibrator_version", "Live calibrator version",
                           labels=("model", "segment"))

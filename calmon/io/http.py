@@ -144,10 +144,12 @@ class HttpServer:
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  ready: Callable[[], bool], status: Callable[[], dict[str, Any]],
                  pages: dict[str, Page] | None = None, *,
+                 alive: Callable[[], bool] = lambda: True,
                  max_connections: int = MAX_CONNECTIONS,
                  request_timeout_s: float = REQUEST_TIMEOUT_S,
                  page_cache_s: float = PAGE_CACHE_S) -> None:
         self.registry = registry
+        self.alive = alive  # /healthz: False when the main loop is stuck
         self.ready = ready
         self.status = status
         self.pages = dict(pages or {})
@@ -197,7 +199,9 @@ def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
                     encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
                     self._send(200, ctype, encoder(app.registry))
                 elif url.path == "/healthz":
-                    self._send(200, "text/plain; charset=utf-8", b"ok\n")
+                    ok = app.alive()
+                    self._send(200 if ok else 503, "text/plain; charset=utf-8",
+                               b"ok\n" if ok else b"main loop stalled\n")
                 elif url.path == "/readyz":
                     ok = app.ready()
                     self._send(200 if ok else 503, "text/plain; charset=utf-8",

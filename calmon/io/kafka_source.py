@@ -31,6 +31,17 @@ from calmon.io.topics import client_settings, fetch_bytes, owned_partitions
 log = logging.getLogger(__name__)
 
 _MISSING_TOPIC_GRACE_S = MISSING_TOPIC_GRACE_S
+END_OFFSETS_TIMEOUT_MS = 2000  # a slow broker delays lag figures, never the poll loop for long
+
+
+def consumer_lag(end_offsets: dict[Position, int],
+                 positions: dict[Position, int]) -> dict[Position, int]:
+    """Records calmon has still to read per partition: the partition's end offset
+    (the offset of its next record) minus calmon's next offset, for partitions where
+    both are known. Floored at 0: end offsets are fetched every few seconds, so the
+    position may already be past an older end offset."""
+    return {tp: max(0, end - positions[tp]) for tp, end in end_offsets.items()
+            if tp in positions}
 
 
 class KafkaSource:
@@ -205,6 +216,20 @@ class KafkaSource:
         return [(tp.topic, tp.partition, [r.value for r in recs],
                  [r.timestamp for r in recs], [r.offset for r in recs])
                 for tp, recs in polled.items() if recs]
+
+    def end_offsets(self) -> dict[Position, int]:
+        """End offsets (offset of the next record) of the owned partitions; empty when
+        the broker does not answer within ``END_OFFSETS_TIMEOUT_MS``."""
+        if self._consumer is None or not self._owned:
+            return {}
+        try:
+            ends = self._consumer.end_offsets([TopicPartition(t, p) for t, p in self._owned],
+                                              timeout_ms=END_OFFSETS_TIMEOUT_MS)
+        except KafkaError as exc:
+            log.debug("cannot fetch end offsets: %r", exc)
+            return {}
+        return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()
+                if off is not None}
 
     def commit(self, positions: dict[Position, int]) -> bool:
         """Commit next offsets to the group (for lag monitoring only).

@@ -33,7 +33,8 @@ CONTRACT_CONFIG_KEYS: dict[str, set[str] | None] = {
     },
     "fields": {"id", "model", "ts", "segment", "label"},
     "join": {"ttl", "label_ttl", "max_pending", "missing_label"},
-    "metrics": {"bins", "fine_bins", "windows", "classwise"},
+    "metrics": {"bins", "fine_bins", "windows", "classwise", "mce_min_samples",
+                "interval_level"},
     "segments": {"slices", "max_values"},
     "recalibration": {
         "enabled",
@@ -88,6 +89,46 @@ CONTRACT_METRICS = {
     "calmon_calibrator_temperature",
     "calmon_drift",
     "calmon_last_checkpoint_timestamp_seconds",
+    "calmon_classwise_ece",
+    # v2 (CONTRACT.md section 5)
+    "calmon_ece_l2_debiased",
+    "calmon_smece",
+    "calmon_ece_lower",
+    "calmon_ece_upper",
+    "calmon_pending_samples",
+    "calmon_estimated_accuracy",
+    "calmon_estimated_positive_rate",
+    "calmon_score_psi",
+    "calmon_calibrated_samples",
+    "calmon_drift_evidence",
+    "calmon_drift_change_timestamp_seconds",
+    "calmon_dead_letters_failed_total",
+    "calmon_alerts_failed_total",
+    # issue 12: the daemon's own health (to be added to the contract)
+    "calmon_build_info",
+    "calmon_consumer_lag_records",
+    "calmon_loop_heartbeat_timestamp_seconds",
+}
+# Labels each metric carries besides the target's (CONTRACT.md section 5), for
+# the dashboard's variable checks.
+ROW = ("model", "segment", "window")
+METRIC_LABELS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        ["calmon_ece", "calmon_mce", "calmon_ace", "calmon_brier", "calmon_nll",
+         "calmon_accuracy", "calmon_mean_confidence", "calmon_observed_rate",
+         "calmon_observed_over_expected", "calmon_window_samples", "calmon_ece_noise_floor",
+         "calmon_calibrated_ece", "calmon_classwise_ece", "calmon_ece_l2_debiased",
+         "calmon_smece", "calmon_ece_lower", "calmon_ece_upper", "calmon_pending_samples",
+         "calmon_estimated_accuracy", "calmon_estimated_positive_rate", "calmon_score_psi",
+         "calmon_calibrated_samples"], ROW),
+    **dict.fromkeys(
+        ["calmon_bin_samples_total", "calmon_bin_confidence_total", "calmon_bin_correct_total",
+         "calmon_recalibrations_total", "calmon_calibrator_version",
+         "calmon_calibrator_temperature", "calmon_drift", "calmon_drift_evidence",
+         "calmon_drift_change_timestamp_seconds"], ("model", "segment")),
+    **dict.fromkeys(
+        ["calmon_predictions_total", "calmon_labels_total", "calmon_joined_total",
+         "calmon_join_expired_total", "calmon_label_delay_seconds_bucket"], ("model",)),
 }
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -113,7 +154,7 @@ def expand_env(text: str, env: Mapping[str, str]) -> str:
 def load_manifests() -> list[tuple[Path, dict[str, Any]]]:
     """Every document of every YAML file under deploy/kubernetes, with its file."""
     docs = []
-    for path in sorted(K8S.glob("*.y*ml")):
+    for path in sorted(K8S.rglob("*.y*ml")):  # operator/ too
         with path.open() as f:
             for doc in yaml.safe_load_all(f):
                 if doc is not None:
@@ -147,8 +188,9 @@ def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 # Sample values for Grafana's variables, as Grafana would interpolate them.
 SAMPLE_VARIABLES = {
     "__rate_interval": "1m",
-    "__interval": "30s",
+    "__interval": "2s",  # the test Prometheus scrapes every second
     "__range": "1h",
+    "namespace": ".*",
     "model": "ctr",
     "segment": "__all__",
     "window": "1h",
@@ -169,3 +211,18 @@ def substitute(expr: str, values: Mapping[str, str] = SAMPLE_VARIABLES) -> str:
 def recording_rule_names() -> set[str]:
     data = yaml.safe_load((PROM / "recording_rules.yml").read_text())
     return {r["record"] for g in data["groups"] for r in g["rules"] if "record" in r}
+
+
+def fast_rule_files(tmp: Path) -> list[str]:
+    """Copies of the rule files for a test Prometheus, every group evaluated at the
+    global interval: a group's first evaluation comes at a hashed offset within its own
+    `interval` (up to 30 minutes for the 7d windows), too late for a test."""
+    out = []
+    for name in ("recording_rules.yml", "alert_rules.yml"):
+        data = yaml.safe_load((PROM / name).read_text())
+        for group in data["groups"]:
+            group.pop("interval", None)
+        path = tmp / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        out.append(str(path))
+    return out

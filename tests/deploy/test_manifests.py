@@ -101,6 +101,9 @@ def test_every_manifest_is_a_kubernetes_object() -> None:
         "sidecar-deployment.yaml",
         "statefulset.yaml",
         "servicemonitor.yaml",
+        "podmonitor.yaml",
+        "prometheusrule.yaml",
+        "dashboard.yaml",
     }
     for path, doc in MANIFESTS:
         assert {"apiVersion", "kind", "metadata"} <= set(doc), path.name
@@ -140,6 +143,9 @@ def test_resources_and_security(item: tuple[Path, dict[str, Any]]) -> None:
     c = calmon_container(workload)
     assert {"cpu", "memory"} <= set(c["resources"]["requests"])
     assert "memory" in c["resources"]["limits"]
+    # two processes (Kafka consumer, engine): a core each, never throttled below two
+    assert cpu_cores(c["resources"]["requests"]["cpu"]) >= 1
+    assert cpu_cores(c["resources"]["limits"].get("cpu", "2")) >= 2
     pod = workload["spec"]["template"]["spec"]
     run_as_non_root = c.get("securityContext", {}).get(
         "runAsNonRoot", pod.get("securityContext", {}).get("runAsNonRoot")
@@ -191,6 +197,11 @@ def test_configmap_uses_only_contract_keys(item: tuple[Path, dict[str, Any]]) ->
     expand_env(config_text(path, workload), container_env(calmon_container(workload)))
 
 
+def cpu_cores(value: str | int | float) -> float:
+    text = str(value)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
 def test_statefulset_instance_from_pod_ordinal() -> None:
     [(path, sts)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "StatefulSet"]
     c = calmon_container(sts)
@@ -202,6 +213,13 @@ def test_statefulset_instance_from_pod_ordinal() -> None:
     instance = config["kafka"]["instance"]
     assert instance == {"index": int(SAMPLE_ORDINAL), "count": sts["spec"]["replicas"]}
     assert sts["spec"]["replicas"] >= 2
+    # The count lives in the pod template (a change is a template change), and no
+    # pod takes a template change until all are deleted together: two counts never
+    # run at once.
+    assert "${CALMON_INSTANCE_COUNT}" in config_text(path, sts)
+    assert env["CALMON_INSTANCE_COUNT"]["value"] == str(sts["spec"]["replicas"])
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
     # One state dir each: a PersistentVolumeClaim per pod.
     [claim] = sts["spec"]["volumeClaimTemplates"]
     mount = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}[STATE_MOUNT]
@@ -244,12 +262,101 @@ def test_servicemonitor_selects_the_service() -> None:
 
 
 def test_sidecar_shares_the_pod_with_a_model_server() -> None:
-    [(_, dep)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "Deployment"]
+    [(path, dep)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "Deployment"]
     names = [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]]
     assert "calmon" in names and len(names) >= 2
     # One consumer of the topics: replicas would each count every partition.
     assert dep["spec"]["replicas"] == 1
     assert dep["spec"]["strategy"]["type"] == "Recreate"
+    # Published calibrators survive a rescheduled pod: on a claim and on a topic.
+    config = parsed_config(path, dep)
+    assert config["kafka"]["calibrators_topic"]
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    out = config["recalibration"]["output_dir"]
+    mounts = {m["mountPath"]: m for m in calmon_container(dep)["volumeMounts"]}
+    [holder] = [m for p, m in mounts.items() if out.startswith(p + "/")]
+    claim = volumes[holder["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claim in {d["metadata"]["name"] for d in same_file(path, "PersistentVolumeClaim")}
+    server = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] != "calmon"]
+    reads = [m for c in server for m in c.get("volumeMounts", []) if m["name"] == holder["name"]]
+    assert reads and all(m["readOnly"] for m in reads), "the model server reads the calibrators"
+
+
+# --- restricted Pod Security, schemas, disruption and network -----------------
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_pods_meet_restricted_pod_security(item: tuple[Path, dict[str, Any]]) -> None:
+    """The "restricted" Pod Security Standard (kubernetes.io/docs/concepts/security/
+    pod-security-standards), checked for every container of the pod template."""
+    _, workload = item
+    pod = workload["spec"]["template"]["spec"]
+    pod_sc = pod.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key), key
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        assert kinds <= RESTRICTED_VOLUMES, volume
+    assert pod.get("automountServiceAccountToken") is False, "no API token in the pod"
+    for c in pod.get("initContainers", []) + pod["containers"]:
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, name
+        assert sc.get("runAsUser", pod_sc.get("runAsUser")) != 0, name
+        assert sc.get("allowPrivilegeEscalation") is False, name
+        assert not sc.get("privileged"), name
+        assert "ALL" in sc.get("capabilities", {}).get("drop", []), name
+        assert set(sc.get("capabilities", {}).get("add", [])) <= {"NET_BIND_SERVICE"}, name
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
+        assert seccomp.get("type") in {"RuntimeDefault", "Localhost"}, name
+        assert sc.get("readOnlyRootFilesystem") is True, name
+        for port in c.get("ports", []):
+            assert "hostPort" not in port, name
+
+
+def test_manifests_validate_against_the_kubernetes_schemas() -> None:
+    """Every core object against the OpenAPI schemas bundled with kubernetes-validate
+    (offline, strict: unknown fields fail). The Operator's CRDs have no schema there:
+    tests/deploy/test_mixin.py checks them."""
+    kv = pytest.importorskip("kubernetes_validate",
+                             reason="kubernetes-validate is not installed (test extra)")
+    import kubernetes_validate.utils as kvu
+
+    version = kvu.latest_version()
+    checked = 0
+    for path, doc in MANIFESTS:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.ValidationError as e:
+            raise AssertionError(f"{path.name} {doc['kind']}/{doc['metadata']['name']}: "
+                                 f"{e.message} at {list(e.path)}") from None
+        checked += 1
+    assert checked >= 9
+
+
+def test_disruption_budget_and_network_policies() -> None:
+    for path, workload in WORKLOADS:
+        pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+        policies = [d for d in same_file(path, "NetworkPolicy")
+                    if d["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()]
+        assert policies, f"{path.name}: no NetworkPolicy selects the pods"
+        # calmon's port admits only the monitoring namespace
+        rules = [r for p in policies for r in p["spec"]["ingress"]
+                 if any(port["port"] in ("metrics", PORT) for port in r.get("ports", []))]
+        assert rules and all(r.get("from") for r in rules), path.name
+        config = parsed_config(path, workload)
+        # listening on every interface only because the pod is scraped from outside
+        assert config["server"]["host"] == "0.0.0.0"
+        assert pod_labels.get("calmon/job") == "calmon", "selected by the PodMonitor"
+        if workload["kind"] == "StatefulSet":
+            [pdb] = same_file(path, "PodDisruptionBudget")
+            assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+            assert pdb["spec"]["maxUnavailable"] == 1
 
 
 @pytest.mark.skipif(

@@ -48,6 +48,7 @@ from tests.deploy._deploy import (
     PROM,
     SAMPLE_VARIABLES,
     dashboard_queries,
+    fast_rule_files,
     load_dashboard,
     substitute,
 )
@@ -69,8 +70,15 @@ BINS = 15
 ROUND = 240  # predictions per traffic round
 JOIN_TTL_S = 600
 TRAFFIC_DEADLINE_S = 60.0
-# Grafana's "All" of a multi-value variable in a regex matcher: (a|b|c).
-VARIABLES = {**SAMPLE_VARIABLES, "model": "(" + "|".join(MODELS) + ")", "segment": "__all__"}
+VARIABLES = {**SAMPLE_VARIABLES, "segment": "__all__"}
+# Metrics of CONTRACT.md v2 that the engine on this branch does not export yet. Queries
+# that read them must run (parse, no error) but may return no data. The lead empties
+# this set once the v2 engine is merged; everything else must return data.
+PENDING_V2_METRICS = {
+    "calmon_score_psi",
+    "calmon_calibrated_samples",
+    "calmon_drift_evidence",
+}
 
 
 # ---------------------------------------------------------------- traffic
@@ -119,6 +127,12 @@ class Traffic:
         old = {"id": f"orphan-{self.rounds}", "model": "fraud", "ts": now - 2 * JOIN_TTL_S,
                "prob": 0.5}
         out.append((pred_topic, old["id"].encode(), dumps(old)))
+        # and predictions whose labels have not come yet: the label-free estimates' input
+        for model, score in (("ctr", {"logit": -1.0}), ("fraud", {"prob": 0.2}),
+                             (MODELS[-1], {"probs": [0.7, 0.1, 0.1, 0.1]})):
+            waiting = {"id": f"waiting-{model}-{self.rounds}", "model": model, "ts": now,
+                       "segment": {"country": COUNTRIES[0], "device": DEVICES[0]}, **score}
+            out.append((pred_topic, waiting["id"].encode(), dumps(waiting)))
         self.rounds += 1
         return out
 
@@ -144,7 +158,7 @@ def independent_ece(pairs: list[tuple[dict[str, Any], dict[str, Any]]]
 def start_prometheus(tmp: Path, target: str) -> tuple[subprocess.Popen[bytes], Prometheus]:
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(PROM / "recording_rules.yml"), str(PROM / "alert_rules.yml")],
+        "rule_files": fast_rule_files(tmp),
         "scrape_configs": [{"job_name": "calmon", "static_configs": [{"targets": [target]}]}],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -192,7 +206,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Ite
     cfg = write_config(
         tmp / "calmon.yaml", kafka_bootstrap, pred_topic, label_topic,
         join={"ttl": f"{JOIN_TTL_S}s", "label_ttl": "1h"},
-        metrics={"bins": BINS, "windows": list(WINDOWS)},
+        metrics={"bins": BINS, "windows": list(WINDOWS), "classwise": True},
         segments={"slices": [list(s) for s in SLICES], "max_values": 50},
         recalibration={"enabled": True, "interval": "1s", "method": "temperature",
                        "min_samples": 300, "cooldown": "1h", "window": "1h",
@@ -221,6 +235,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Ite
                 while True:
                     assert daemon.running, daemon.log_tail()
                     traffic.acks += producer.send(traffic.round(pred_topic, label_topic))
+                    if traffic.rounds == 1:
+                        # As in production (min_samples far above one scrape's worth of
+                        # traffic): Prometheus sees the recalibration counters at 0
+                        # before the first refit, which one round cannot trigger.
+                        wait_until(lambda: prom.query(
+                            'calmon_recalibrations_total{model="ctr", '
+                            'outcome="published"} == 0'), 30, "the counters at 0",
+                            interval=0.2)
                     if traffic.rounds >= 4 and enough():
                         break
                     assert time.monotonic() < deadline, (
@@ -235,7 +257,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Ite
                 """Prometheus scraped the final state and evaluated the rules on it."""
                 for w in WINDOWS:
                     got = by_series(prom.query(f'calmon_window_samples{{window="{w}"}}'))
-                    rec = by_series(prom.query(f"model_segment:calmon_window_samples:window{w}"))
+                    rec = by_series(
+                        prom.query(f"job_model_segment:calmon_window_samples:window{w}"))
                     exp = {(m, s): v for (m, s, ww), v in want.items() if ww == w}
                     if got != exp or rec != exp:
                         return False
@@ -281,20 +304,52 @@ def test_recording_rule_expression_returns_data(setup: Setup, name: str, expr: s
     wait_until(lambda: setup.prom.query(name), 15, f"{name}: recorded", interval=0.5)
 
 
+_SELECTED = re.compile(r"\b((?:calmon|process)_\w+|up)\{([^}]*)\}")
+
+
+def selectors(expr: str) -> list[str]:
+    """Every metric selector of an expression, e.g. calmon_drift{job="calmon"}."""
+    return [f"{name}{{{matchers}}}" for name, matchers in _SELECTED.findall(expr)]
+
+
 @pytest.mark.parametrize("name,expr", ALERTING, ids=[f"{n}#{i}" for i, (n, _) in
                                                      enumerate(ALERTING)])
-def test_alert_expression_runs(setup: Setup, name: str, expr: str) -> None:
-    result = setup.prom.query(expr)
-    if name == "RecalibrationPublished":  # the ctr refit of this run, within 10 minutes
-        assert any(s["metric"]["outcome"] == "published" for s in result), result
+def test_alert_expression_runs_on_data(setup: Setup, name: str, expr: str) -> None:
+    """The alert's expression runs, and every series it reads exists on the scraped
+    daemon under the selector (a misspelt metric or label would never fire)."""
+    setup.prom.query(expr)  # asserts status success
+    found = selectors(expr)
+    assert found, expr
+    for sel in found:
+        if sel.split("{")[0] in PENDING_V2_METRICS:
+            continue
+        wait_until(lambda sel=sel: setup.prom.query(sel), 15, f"{name}: data for {sel}",
+                   interval=0.5)
 
 
-def test_recalibration_published_alert_fires(setup: Setup) -> None:
-    alerts = setup.prom.get("/api/v1/alerts")["data"]["alerts"]
-    firing = {(a["labels"]["alertname"], a["labels"].get("model")) for a in alerts
-              if a["state"] == "firing"}
-    assert ("RecalibrationPublished", "ctr") in firing, alerts
-    assert not any(name == "CalmonDown" for name, _ in firing)
+def test_alerts_on_the_live_daemon(setup: Setup) -> None:
+    prom = setup.prom
+    # The ctr refit of this run: the counter was exported at 0 before it, so increase()
+    # sees the first refit (the rule has no "series born" branch to need).
+    wait_until(lambda: prom.query('increase(calmon_recalibrations_total{job="calmon", '
+                                  'outcome="published", model="ctr"}[10m]) > 0'), 15,
+               "increase() to see the ctr publish", interval=0.5,
+               detail=lambda: prom.query('calmon_recalibrations_total{outcome="published"}'))
+    firing = {a["labels"]["alertname"] for a in prom.get("/api/v1/alerts")["data"]["alerts"]}
+    assert not firing & {"CalmonTargetDown", "CalmonTargetMissing", "CalmonMainLoopStalled",
+                         "CalmonCheckpointTooOld", "CalmonConsumerLag",
+                         "CalmonRecalibrationFailed"}, firing
+
+
+def test_process_health_metrics(setup: Setup) -> None:
+    final = setup.final
+    lag = series(final, "calmon_consumer_lag_records", "topic", "partition")
+    # Tansu's end offsets are not exact: the plumbing is checked here (one series per
+    # owned partition of both topics), the arithmetic in test_process_metrics.py
+    assert {p for _, p in lag} == {"0", "1"} and len(lag) == 4, lag
+    assert all(v >= 0 for v in lag.values())
+    assert final.get("process_start_time_seconds") and final.get("process_cpu_seconds_total")
+    assert final.get("calmon_build_info") and final.get("calmon_loop_heartbeat_timestamp_seconds")
 
 
 # ---------------------------------------------------------------- the recorded ECE
@@ -304,7 +359,7 @@ def test_recalibration_published_alert_fires(setup: Setup) -> None:
 def test_recorded_ece_equals_the_daemons_and_numpy(setup: Setup, window: str) -> None:
     prom = setup.prom
     t = time.time()  # one evaluation time for both, after the final scrape + rule run
-    recorded = by_series(query_at(prom, f"model_segment:calmon_ece:window{window}", t))
+    recorded = by_series(query_at(prom, f"job_model_segment:calmon_ece:window{window}", t))
     gauge = by_series(query_at(prom, f'calmon_ece{{window="{window}"}}', t))
     daemon_final = {(m, s): v for (m, s, w), v in
                     series(setup.final, "calmon_ece", "model", "segment", "window").items()
@@ -317,7 +372,8 @@ def test_recorded_ece_equals_the_daemons_and_numpy(setup: Setup, window: str) ->
         assert abs(value - gauge[key]) <= 1e-6, (key, value, gauge[key])
         assert abs(gauge[key] - daemon_final[key]) <= 1e-12, key  # the final scrape
         assert abs(gauge[key] - expected[key]) <= 1e-9, (key, gauge[key], expected[key])
-    samples = by_series(query_at(prom, f"model_segment:calmon_window_samples:window{window}", t))
+    samples = by_series(
+        query_at(prom, f"job_model_segment:calmon_window_samples:window{window}", t))
     joined = {}
     for pred, _ in setup.traffic.pairs:
         for seg in segment_labels(pred, SLICES):
@@ -337,20 +393,35 @@ ANNOTATIONS = [(w, e) for w, e in dashboard_queries(DASHBOARD) if w.startswith("
 @pytest.mark.parametrize("where,expr", PANEL_QUERIES, ids=[w for w, _ in PANEL_QUERIES])
 def test_every_panel_query_returns_data(setup: Setup, where: str, expr: str,
                                         window: str) -> None:
-    q = substitute(expr, {**VARIABLES, "window": window})
-    wait_until(lambda: setup.prom.query(q), 15, f"{where}: data for {q}", interval=0.5)
+    """For some model (observed/expected is binary only, class-wise ECE multiclass
+    only); queries over pending v2 metrics must run but may be empty."""
+    queries = [substitute(expr, {**VARIABLES, "model": m, "window": window}) for m in MODELS]
+    pending = any(m in expr for m in PENDING_V2_METRICS)
+    if pending:
+        for q in queries:
+            setup.prom.query(q)  # asserts status success
+        return
+    wait_until(lambda: any(setup.prom.query(q) for q in queries), 15,
+               f"{where}: data for {queries[0]}", interval=0.5)
 
 
 @pytest.mark.parametrize("where,expr", ANNOTATIONS, ids=[w for w, _ in ANNOTATIONS])
 def test_annotation_shows_the_recalibration(setup: Setup, where: str, expr: str) -> None:
     # Grafana runs annotation queries as range queries with step = $__interval.
     step = "2s"
-    q = substitute(expr, {**VARIABLES, "__interval": step})
-    data = setup.prom.get("/api/v1/query_range", query=q, start=f"{setup.started - 5:.3f}",
-                          end=f"{time.time():.3f}", step=step)
-    assert data["status"] == "success", data
-    outcomes = {s["metric"].get("outcome") for s in data["data"]["result"]}
-    assert "published" in outcomes, f"{where}: {data['data']['result']}"
+    q = substitute(expr, {**VARIABLES, "model": "ctr", "__interval": step})
+
+    def shown() -> set[tuple[str, str]]:
+        # the refit may have been published in the last second of the setup: the next
+        # step of a range query ending now shows it
+        data = setup.prom.get("/api/v1/query_range", query=q,
+                              start=f"{setup.started - 5:.3f}", end=f"{time.time():.3f}",
+                              step=step)
+        assert data["status"] == "success", data
+        return {(s["metric"]["model"], s["metric"]["segment"]) for s in data["data"]["result"]}
+
+    wait_until(lambda: ("ctr", "__all__") in shown(), 15, f"{where}: the ctr publish",
+               interval=0.5, detail=shown)
 
 
 _LABEL_VALUES = re.compile(r"label_values\((?:(.+),\s*)?(\w+)\)")
@@ -367,10 +438,12 @@ def test_template_variables_have_values(setup: Setup) -> None:
         m = _LABEL_VALUES.fullmatch(definition.strip())
         assert m, definition
         selector, label = m.group(1), m.group(2)
-        params = {"match[]": substitute(selector, VARIABLES)} if selector else {}
+        values = {**VARIABLES, "model": "ctr"}
+        params = {"match[]": substitute(selector, values)} if selector else {}
         data = setup.prom.get(f"/api/v1/label/{label}/values", **params)
         assert data["status"] == "success", data
         found[var["name"]] = set(data["data"])
     assert found["model"] == set(MODELS)
-    assert found["window"] == set(WINDOWS)
     assert "__all__" in found["segment"] and "country=US" in found["segment"]
+    windows = [v for v in DASHBOARD["templating"]["list"] if v["name"] == "window"]
+    assert [o["value"] for o in windows[0]["options"]] == list(WINDOWS)
