@@ -53,6 +53,7 @@ from calmon.io.dead_letter import DeadLetters
 from calmon.io.exporter import FIT_METHODS, CalmonCollector, RecalState
 from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
+from calmon.io.totals import ProcessTotals
 from calmon.recal.loop import Recalibrator
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,8 @@ class Daemon:
         self._install_signals = install_signals
         self._invalid_logged: dict[str, float] = {}  # reason -> monotonic time last logged
         self._written: tuple[Any, ...] | None = None  # what the last checkpoint held
-        self._totals_at_checkpoint = self.engine.totals.copy()
+        self.totals = ProcessTotals()  # Prometheus _total counters: each feed's delta added
+        self._totals_at_checkpoint = ProcessTotals()
         self.stall_after_s = LOOP_STALL_S
         self._beat = time.monotonic()  # the loop's last progress (monotonic, for /healthz)
         self._beat_wall: float | None = None  # the same in Unix time, for the metric
@@ -123,7 +125,7 @@ class Daemon:
             self.recal = Recalibrator(cfg, self.engine, publish)
         collector = CalmonCollector(
             self.engine, lambda: self.last_checkpoint, self._recal_state,
-            lag=self.consumer_lag, heartbeat=lambda: self._beat_wall,
+            lag=self.consumer_lag, heartbeat=lambda: self._beat_wall, totals=self.totals,
             dead_letters_failed=lambda: self.dead_letters.dead_letters_failed)
         self.registry = registry if registry is not None else CollectorRegistry(
             auto_describe=False)
@@ -289,6 +291,7 @@ class Daemon:
         if not careful:
             try:
                 rejected = self.engine.feed(records, self._not_after())
+                self.totals.add(self.engine.last_delta)
             except Exception:
                 log.exception("the engine raised on a batch of %d records; rolling back to "
                               "the last checkpoint to find the record", len(records))
@@ -300,9 +303,11 @@ class Daemon:
             for r in records:
                 if r.source in self._poison:
                     rejected.append(self.engine.reject(r, "internal"))
+                    self.totals.add(self.engine.last_delta)
                     continue
                 try:
                     rejected.extend(self.engine.feed([r], self._not_after()))
+                    self.totals.add(self.engine.last_delta)
                 except Exception:
                     log.exception("the engine raises on the record at %s: dead-lettered as "
                                   "internal from now on", r.source)
@@ -327,7 +332,7 @@ class Daemon:
         ckpt = self.store.load(self.cfg.state.on_corrupt)
         empty = Engine(self.cfg)
         self.engine.restore(ckpt.state["engine"] if ckpt is not None else empty.snapshot())
-        self.engine.totals = self._totals_at_checkpoint.copy()
+        self.totals.restore(self._totals_at_checkpoint)
         if self.recal is not None and ckpt is not None and "recal" in ckpt.state:
             self.recal.restore(ckpt.state["recal"])
         self.positions = dict(ckpt.positions) if ckpt is not None else {}
@@ -359,7 +364,7 @@ class Daemon:
             log.warning("checkpoint postponed: dead letters not yet delivered")
             return
         state: dict[str, Any] = {"engine": self.engine.snapshot()}  # 2
-        totals = self.engine.totals.copy()  # what a roll-back to this checkpoint restores
+        totals = self.totals.copy()  # what a roll-back to this checkpoint restores
         if recal is not None:
             state["recal"] = recal
         now = time.time()

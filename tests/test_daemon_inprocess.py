@@ -105,7 +105,7 @@ def test_an_engine_bug_rolls_back_and_dead_letters_only_its_record(
         k: v for k, v in want.items() if k != "invalid"}
     assert d.dead_letters.sent == [(boom, "internal", "predictions/0/20")]  # type: ignore
     assert source.assigns >= 3  # rolled back twice: the batch, then the record
-    assert d.engine.totals.joined["m"] == 40  # process counters rolled back too
+    assert d.totals.joined["m"] == 40  # process counters rolled back too
 
 
 def test_stop_checkpoints_and_a_restart_resumes_exactly(tmp_path: Path) -> None:

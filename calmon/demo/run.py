@@ -115,7 +115,7 @@ class StatusPrinter:
             shown_raw = f"{raw:.3f}" if raw is not None else "  -  "
             shown_cal = f"-> calibrated {c:.3f}" if c is not None else " " * 19
             self.out.write(
-                f"  {row.model:<7} joined {view.totals.joined.get(row.model, 0):>7}   "
+                f"  {row.model:<7} joined {self.daemon.totals.joined.get(row.model, 0):>7}   "
                 f"ECE({window}) raw {shown_raw} {shown_cal}   "
                 f"calibrator {('v' + str(live)) if live else '-'}\n")
         self.out.flush()

@@ -4,10 +4,10 @@ Pure Python and numpy: no sockets, files, threads or clocks. One lock guards
 the state so the consumer loop, scrapes and the scheduler can share it; readers
 only ever get copies.
 
-Two kinds of counts are kept. ``counters`` are part of the state (snapshotted,
-restored, so exactly-once across restarts; they feed ``/status`` and
-``replay``). ``Totals`` are what this process did since it started (Prometheus
-``_total`` semantics: a restart resets them) and are never snapshotted.
+``counters`` are part of the state (snapshotted, restored, so exactly-once
+across restarts; they feed ``/status`` and ``replay``). What a process did since
+it started (Prometheus ``_total`` counters) is not state: each feed leaves its
+increments in ``last_delta`` for the exporter to add up.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from calmon.calibrators.scores import sigmoid
 from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
+from calmon.engine.delta import Delta
 from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
 from calmon.engine.join import OUT_OF_RANGE, WAITING, Join, Joined
 from calmon.engine.metrics import Stats
@@ -37,9 +38,6 @@ log = logging.getLogger(__name__)
 
 COUNTER_KEYS = ("predictions", "labels", "joined", "invalid", "expired", "duplicates")
 TOPICS = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
-# label delay histogram buckets (seconds): 1s .. 7d
-DELAY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0,
-                 43200.0, 86400.0, 259200.0, 604800.0)
 SNAPSHOT_VERSION = 1
 
 
@@ -51,31 +49,6 @@ class Rejected:
     value: bytes | None
     source: str
     reason: str
-
-
-@dataclass
-class Totals:
-    """What this process did since it started (never snapshotted)."""
-
-    predictions: Counter[str] = field(default_factory=Counter)  # model
-    labels: Counter[str] = field(default_factory=Counter)  # model ("" when unknown)
-    joined: Counter[str] = field(default_factory=Counter)
-    expired: Counter[tuple[str, str]] = field(default_factory=Counter)  # model, reason
-    labels_expired: int = 0
-    class_resets: Counter[str] = field(default_factory=Counter)  # model
-    duplicates: Counter[str] = field(default_factory=Counter)  # topic
-    invalid: Counter[tuple[str, str]] = field(default_factory=Counter)  # topic, reason
-    bins: dict[int, np.ndarray] = field(default_factory=dict)  # series -> (3, B) count/conf/correct
-    delay_counts: dict[str, np.ndarray] = field(default_factory=dict)  # model -> per bucket
-    delay_sum: dict[str, float] = field(default_factory=dict)
-
-    def copy(self) -> Totals:
-        return Totals(Counter(self.predictions), Counter(self.labels), Counter(self.joined),
-                      Counter(self.expired), self.labels_expired, Counter(self.class_resets),
-                      Counter(self.duplicates),
-                      Counter(self.invalid), {k: v.copy() for k, v in self.bins.items()},
-                      {k: v.copy() for k, v in self.delay_counts.items()},
-                      dict(self.delay_sum))
 
 
 @dataclass(frozen=True)
@@ -99,7 +72,6 @@ class View:
     pending: int
     pending_labels: int
     series: list[tuple[str, str]]  # series id -> (model, segment)
-    totals: Totals
     version: int
 
 
@@ -133,7 +105,7 @@ class Engine:
         self._batch_labels: list[int] = [0]
         self.now = -math.inf
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
-        self.totals = Totals()
+        self.last_delta = Delta()  # what the last feed did (process counters add it up)
         self.lock = threading.RLock()
         self.version = 0  # bumped by every feed; lets readers cache views
         self._evicted_at = -math.inf
@@ -157,11 +129,13 @@ class Engine:
         parse = self.parser.parse
         records = [parse(raw) for raw in raws]
         with self.lock:
+            self.last_delta = Delta()
             return self._consume(records, raws)
 
     def reject(self, raw: Raw, reason: str) -> Rejected:
         """Count a record as invalid without processing it (the daemon's poison list)."""
         with self.lock:
+            self.last_delta = Delta()
             self._invalid(raw.kind, reason)
             self.version += 1
             return Rejected(raw.kind, raw.value, raw.source, reason)
@@ -169,6 +143,7 @@ class Engine:
     def feed_parsed(self, records: Iterable[Prediction | Label]) -> list[Rejected]:
         """``feed`` for records parsed elsewhere (benchmarks, tests)."""
         with self.lock:
+            self.last_delta = Delta()
             return self._consume(list(records), None)
 
     def _consume(self, records: list[Prediction | Label | Reject],
@@ -260,7 +235,7 @@ class Engine:
         self._classes[midx] = classes
         self._stale_classes = True
         self.counters["class_resets"] += 1
-        self.totals.class_resets[self.models[midx]] += 1
+        self.last_delta.class_resets[self.models[midx]] += 1
         if self.buffers is not None:
             model = self.models[midx]
             for sid, (m, _seg) in enumerate(self.index.series):
@@ -279,18 +254,18 @@ class Engine:
 
     def _invalid(self, kind: Kind, reason: str) -> None:
         self.counters["invalid"] += 1
-        self.totals.invalid[(TOPICS[kind], reason)] += 1
+        self.last_delta.invalid[(TOPICS[kind], reason)] += 1
 
     def _settle(self, rejected: list[Rejected]) -> None:
         for midx, n in enumerate(self._batch_predictions):
             if n:
                 self.counters["predictions"] += n
-                self.totals.predictions[self.models[midx]] += n
+                self.last_delta.predictions[self.models[midx]] += n
                 self._batch_predictions[midx] = 0
         for midx, n in enumerate(self._batch_labels):
             if n:
                 self.counters["labels"] += n
-                self.totals.labels[self.models[midx] if midx < len(self.models) else ""] += n
+                self.last_delta.labels[self.models[midx] if midx < len(self.models) else ""] += n
                 self._batch_labels[midx] = 0
         self.join.sweep(self.now)
         ev = self.join.drain()
@@ -298,14 +273,14 @@ class Engine:
         dup = ev.duplicate_predictions + ev.duplicate_labels
         if dup:
             self.counters["duplicates"] += dup
-            self.totals.duplicates["predictions"] += ev.duplicate_predictions
-            self.totals.duplicates["labels"] += ev.duplicate_labels
+            self.last_delta.duplicates["predictions"] += ev.duplicate_predictions
+            self.last_delta.duplicates["labels"] += ev.duplicate_labels
         for (midx, reason), n in ev.expired.items():
             self.counters["expired"] += n
-            self.totals.expired[(self.models[midx], reason)] += n
+            self.last_delta.expired[(self.models[midx], reason)] += n
         if ev.labels_expired:
             self.counters["labels_expired"] += ev.labels_expired
-            self.totals.labels_expired += ev.labels_expired
+            self.last_delta.labels_expired += ev.labels_expired
         for lab in ev.rejected_labels:
             # it waited for its prediction as a valid label: now it is not one. The state
             # counter moves; the process counter cannot go down (Prometheus semantics)
@@ -356,7 +331,7 @@ class Engine:
                 keep.append(one)
             else:
                 self.counters["expired"] += 1
-                self.totals.expired[(self.models[one[0]], "reset")] += 1
+                self.last_delta.expired[(self.models[one[0]], "reset")] += 1
         return keep
 
     def _add_joined(self, joined: list[Joined]) -> None:
@@ -426,7 +401,7 @@ class Engine:
         self.counters["joined"] += n
         for midx, c in enumerate(np.bincount(models).tolist()):
             if c:
-                self.totals.joined[self.models[midx]] += c
+                self.last_delta.joined[self.models[midx]] += c
                 self._live_until[midx] = max(self._live_until[midx],
                                              float(newest[midx]) + self._max_window)
         for ii, probs in classwise:
@@ -499,10 +474,12 @@ class Engine:
         conf = np.bincount(key, s.conf, minlength=top * bins).reshape(top, bins)
         corr = np.bincount(key, s.correct.astype(np.float64),
                            minlength=top * bins).reshape(top, bins)
+        out = self.last_delta.bins
         for sid in np.flatnonzero(count.any(axis=1)).tolist():  # series, not (series, bin)
-            arr = self.totals.bins.get(sid)
+            key = self.index.series[sid]
+            arr = out.get(key)
             if arr is None:
-                arr = self.totals.bins[sid] = np.zeros((3, bins))
+                arr = out[key] = np.zeros((3, bins))
             arr[0] += count[sid]
             arr[1] += conf[sid]
             arr[2] += corr[sid]
@@ -511,17 +488,9 @@ class Engine:
         known = np.isfinite(delays)  # NaN where the label had no time
         if not known.any():
             return
-        delay = delays[known]
-        bucket = np.searchsorted(DELAY_BUCKETS, delay, side="left")  # le-buckets, +Inf last
-        for midx in np.unique(models[known]).tolist():
-            mine = models[known] == midx
-            name = self.models[midx]
-            arr = self.totals.delay_counts.get(name)
-            if arr is None:
-                arr = self.totals.delay_counts[name] = np.zeros(len(DELAY_BUCKETS) + 1)
-            arr += np.bincount(bucket[mine], minlength=len(DELAY_BUCKETS) + 1)
-            self.totals.delay_sum[name] = (self.totals.delay_sum.get(name, 0.0)
-                                           + float(delay[mine].sum()))
+        delay, models = delays[known], models[known]
+        for midx in np.unique(models).tolist():
+            self.last_delta.delays.append((self.models[midx], delay[models == midx]))
 
     # ------------------------------------------------------------ reading
 
@@ -559,13 +528,13 @@ class Engine:
                     work.append((model, segment, win.name, binary, vec, cw, est))
             version = self.version
             parts = (self.now, dict(self.counters), self.join.pending,
-                     self.join.pending_labels, list(self.index.series), self.totals.copy())
+                     self.join.pending_labels, list(self.index.series))
         rows = [Row(model, segment, name, binary,
                     metrics.from_vector(vec, lay, binary, m.mce_min_samples, m.interval_level),
                     cw, est)
                 for model, segment, name, binary, vec, cw, est in work]
-        now, counters, pend, pend_labels, series, totals = parts
-        view = View(now, rows, counters, pend, pend_labels, series, totals, version)
+        now, counters, pend, pend_labels, series = parts
+        view = View(now, rows, counters, pend, pend_labels, series, version)
         with self.lock:
             if self.version == version:
                 self._view_cache = view

@@ -22,8 +22,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from calmon import __version__
-from calmon.engine.engine import DELAY_BUCKETS, Engine, View
+from calmon.engine.engine import Engine, View
 from calmon.engine.records import REASONS
+from calmon.io.totals import DELAY_BUCKETS, ProcessTotals
 
 ROW_GAUGES = (
     ("calmon_ece", "ece", "Expected calibration error over equal-width bins"),
@@ -85,8 +86,11 @@ class CalmonCollector(Collector):
                  recal: Callable[[], RecalState] | None = None, *,
                  lag: Callable[[], dict[tuple[str, int], int]] | None = None,
                  heartbeat: Callable[[], float | None] | None = None,
+                 totals: ProcessTotals | None = None,
                  dead_letters_failed: Callable[[], int] | None = None) -> None:
         self.engine = engine
+        # the process counters; the daemon adds each feed's delta to them
+        self.totals = totals if totals is not None else ProcessTotals()
         self.last_checkpoint = last_checkpoint
         self.recal = recal
         self.lag = lag
@@ -99,8 +103,9 @@ class CalmonCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         view = self.engine.view()
         yield from self._windows(view)
-        yield from self._bins(view)
-        yield from self._flow(view)
+        totals = self.totals.copy()
+        yield from self._bins(totals)
+        yield from self._flow(view, totals)
         if self.recal is not None:
             yield from recal_metrics(self.recal())
         ts = self.last_checkpoint()
@@ -166,7 +171,7 @@ class CalmonCollector(Collector):
         yield classwise
 
     @staticmethod
-    def _bins(view: View) -> Iterator[Metric]:
+    def _bins(totals: ProcessTotals) -> Iterator[Metric]:
         labels = ("model", "segment", "bin")
         n = CounterMetricFamily("calmon_bin_samples_total", "Joined samples per bin since start",
                                 labels=labels)
@@ -174,8 +179,7 @@ class CalmonCollector(Collector):
                                    "Summed confidence per bin since start", labels=labels)
         corr = CounterMetricFamily("calmon_bin_correct_total",
                                    "Summed correct outcomes per bin since start", labels=labels)
-        for sid, arr in sorted(view.totals.bins.items()):
-            model, segment = view.series[sid]
+        for (model, segment), arr in sorted(totals.bins.items()):
             for b in range(arr.shape[1]):
                 key = [model, segment, str(b)]
                 n.add_metric(key, arr[0, b])
@@ -184,8 +188,7 @@ class CalmonCollector(Collector):
         yield from (n, conf, corr)
 
     @staticmethod
-    def _flow(view: View) -> Iterator[Metric]:
-        t = view.totals
+    def _flow(view: View, t: ProcessTotals) -> Iterator[Metric]:
         for name, doc, counts in (
             ("calmon_predictions_total", "Valid predictions received", t.predictions),
             ("calmon_labels_total", "Valid labels received (model empty when not yet known)",
@@ -221,8 +224,8 @@ class CalmonCollector(Collector):
                                 value=view.pending)
         hist = HistogramMetricFamily("calmon_label_delay_seconds",
                                      "Label ts minus prediction ts", labels=("model",))
-        for model, counts in sorted(t.delay_counts.items()):
-            cum = counts.cumsum()
+        for model, delays in sorted(t.delay_counts.items()):
+            cum = delays.cumsum()
             buckets: list[tuple[str, float]] = [
                 (_le(b), float(c)) for b, c in zip(DELAY_BUCKETS, cum[:-1])]
             buckets.append(("+Inf", float(cum[-1])))
@@ -257,8 +260,8 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
     yield g
     g = GaugeMetricFamily("calmon_drift", "1 while a drift trigger fires",
                           labels=("model", "segment", "trigger"))
-    for key, v in sorted(r.drift.items()):
-        g.add_metric(list(key), v)
+    for trig, v in sorted(r.drift.items()):
+        g.add_metric(list(trig), v)
     yield g
 
 

@@ -10,15 +10,29 @@ from typing import Any
 import numpy as np
 
 from calmon.config import from_dict
-from calmon.engine.engine import Engine, View
+from calmon.engine.engine import Engine, Rejected, View
 from calmon.engine.records import Kind
+from calmon.io.totals import ProcessTotals
 from tests.engine.reference import T0, L, P, binary_terms, expected_row
 
 H = 3600.0
 
 
-def engine(**sections: Any) -> Engine:
-    return Engine(from_dict(sections))
+class CountingEngine(Engine):
+    """An engine whose feeds' deltas are added up, as the daemon's process counters are."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.process = ProcessTotals()
+
+    def feed(self, *args: Any, **kwargs: Any) -> list[Rejected]:
+        out = super().feed(*args, **kwargs)
+        self.process.add(self.last_delta)
+        return out
+
+
+def engine(**sections: Any) -> CountingEngine:
+    return CountingEngine(from_dict(sections))
 
 
 def samples(view: View, model: str = "m", segment: str = "__all__") -> dict[str, int]:
@@ -92,7 +106,7 @@ def test_prediction_ttl_expires_on_event_time() -> None:
     e.feed([P("y", T0 + H, prob=0.5)])  # now = a's deadline: a expires, b does not
     v = e.view()
     assert (v.counters["expired"], v.pending) == (1, 3)
-    assert v.totals.expired == {("m", "ttl"): 1}
+    assert e.process.expired == {("m", "ttl"): 1}
     e.feed([L("a", 1), L("b", 0)])  # too late for a; b still joins
     v = e.view()
     assert v.counters["joined"] == 1
@@ -117,7 +131,7 @@ def test_label_ttl() -> None:
     v = e.view()
     assert v.pending_labels == 1
     assert v.counters["labels_expired"] == 1
-    assert v.totals.labels_expired == 1
+    assert e.process.labels_expired == 1
     e.feed([P("early", T0 + H, prob=0.2), P("ok", T0 + H, prob=0.2)])
     v = e.view()
     assert v.counters["joined"] == 1  # only "ok": "early"'s label had expired
@@ -162,7 +176,7 @@ def test_capacity_expires_oldest_and_bounds_memory() -> None:
     assert peak - base < 1024 * 1024, peak - base
     v = e.view()
     assert v.counters["expired"] == 20_000 - max_pending
-    assert v.totals.expired == {("m", "capacity"): 20_000 - max_pending}
+    assert e.process.expired == {("m", "capacity"): 20_000 - max_pending}
     assert v.pending == max_pending
     # the oldest went first: the newest 1000 ids still join
     e.feed([L(f"id-{i}", 1) for i in range(19_000, 20_000)] + [L("id-18999", 1)])
@@ -240,7 +254,7 @@ def test_duplicates_are_counted_and_ignored() -> None:
     after = e.view()
     assert after.counters["duplicates"] == 3
     assert after.counters["joined"] == 1
-    assert after.totals.duplicates == {"predictions": 2, "labels": 1}
+    assert e.process.duplicates == {"predictions": 2, "labels": 1}
     assert rows_key(after) == rows_key(before)
 
 
@@ -277,7 +291,7 @@ def _out_of_range(label_first: bool, score: dict, bad: int, good: int) -> None:
         (Kind.LABEL, "label_out_of_range", lab.value)]
     v = e.view()
     assert v.counters["invalid"] == 1
-    assert v.totals.invalid == {("labels", "label_out_of_range"): 1}
+    assert e.process.invalid == {("labels", "label_out_of_range"): 1}
     assert v.counters["joined"] == 0 and v.pending == 1 and v.pending_labels == 0
     assert v.counters["labels"] == 0  # an invalid label is not a label
     assert e.feed([L("r", good)]) == []  # a valid label still joins

@@ -208,7 +208,7 @@ def test_class_count_resets_only_without_live_series() -> None:
     assert e.feed([L("odd", 3, T0 + 2)]) == []
     st = e.status()["counters"]
     assert (st["joined"], st["expired"]) == (1, 1)
-    assert e.totals.expired[("m", "reset")] == 1
+    assert e.last_delta.expired == {("m", "reset"): 1}
     # now m is live and binary: another class count is a mismatch
     rej = e.feed([P("b", T0 + 3, "m", probs=[0.5, 0.5])])
     assert [r.reason for r in rej] == ["classes_mismatch"]
@@ -235,7 +235,7 @@ def test_engine_counts_invalid_by_topic_and_reason() -> None:
     for reason, kind, _, _ in PARSER_CASES:
         key = ("predictions" if kind is Kind.PREDICTION else "labels", reason)
         expected[key] = expected.get(key, 0) + 1
-    assert dict(v.totals.invalid) == expected
+    assert dict(e.last_delta.invalid) == expected
 
 
 # ---------------------------------------------------------------- valid records
