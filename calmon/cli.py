@@ -9,7 +9,10 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
+
 from calmon import config as config_mod
+from calmon import secrets
 from calmon.engine.series import ALL
 from calmon.errors import CalmonError, ConfigError, StateError
 
@@ -23,6 +26,7 @@ def _load_config(path: str | None) -> config_mod.Config:
 def setup_logging() -> None:
     level = os.environ.get("CALMON_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    secrets.install()  # every line: secrets masked, control characters escaped
     if level != "DEBUG":
         # kafka-python logs every reconnect attempt at ERROR; calmon says it once a minute
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
@@ -33,6 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load_config(args.config)
     setup_logging()
+    secrets.register_config(config_mod.to_dict(cfg))  # masked in every log line
     return Daemon(cfg).run()
 
 
@@ -44,7 +49,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
-    sys.stdout.write(config_mod.dump(cfg))
+    # passwords, tokens and URL credentials masked (``${KAFKA_PASSWORD}`` is expanded by now)
+    sys.stdout.write(yaml.safe_dump(secrets.mask_config(config_mod.to_dict(cfg)),
+                                    sort_keys=False, default_flow_style=None))
     return 0
 
 

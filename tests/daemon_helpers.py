@@ -46,6 +46,13 @@ ROW_METRICS = {  # Prometheus gauge -> key of a `calmon replay --json` row
     "calmon_ece_noise_floor": "noise_floor",
 }
 STOP_TIMEOUT_S = 10.0
+# Deadlines of waits on the daemon. Generous: a 2-core machine running a test suite
+# beside a load generator (tests/stress.py) can be many times slower than an idle one,
+# and a wait that succeeds returns as soon as its condition holds, so headroom is free.
+START_TIMEOUT_S = 60.0
+PROGRESS_TIMEOUT_S = 120.0  # consuming what a test produced
+CHECKPOINT_TIMEOUT_S = 60.0  # a checkpoint flushes dead letters (up to 5 s) and fsyncs
+HTTP_TIMEOUT_S = 10.0
 
 
 # ---------------------------------------------------------------- waiting
@@ -79,7 +86,7 @@ def wait_until(
 # ---------------------------------------------------------------- HTTP
 
 
-def http_get(port: int, path: str, timeout: float = 3.0) -> tuple[int, bytes]:
+def http_get(port: int, path: str, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
     """(status, body); (0, b"") when nothing answers."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
@@ -201,7 +208,8 @@ class CalmonDaemon:
 
     # -- lifecycle
 
-    def start(self, *, wait_ready: bool = True, timeout: float = 30.0) -> CalmonDaemon:
+    def start(self, *, wait_ready: bool = True, timeout: float = START_TIMEOUT_S
+              ) -> CalmonDaemon:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.starts += 1
         with self.log.open("ab") as out:
@@ -219,7 +227,7 @@ class CalmonDaemon:
             self.wait_ready(timeout)
         return self
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(
@@ -295,7 +303,8 @@ class CalmonDaemon:
         except OSError:
             return "(no log)"
 
-    def wait_counters(self, expected: dict[str, int], timeout: float = 60.0) -> dict[str, Any]:
+    def wait_counters(self, expected: dict[str, int], timeout: float = PROGRESS_TIMEOUT_S
+                      ) -> dict[str, Any]:
         """Wait until every /status counter in ``expected`` has at least its value;
         returns that /status."""
 
@@ -308,7 +317,8 @@ class CalmonDaemon:
         return wait_until(reached, timeout, f"/status counters >= {expected}",
                           detail=lambda: self.status())
 
-    def wait_positions(self, expected: dict[str, int], timeout: float = 60.0) -> dict[str, Any]:
+    def wait_positions(self, expected: dict[str, int], timeout: float = PROGRESS_TIMEOUT_S
+                       ) -> dict[str, Any]:
         """Wait until /status positions (``topic/partition`` -> next offset) equal
         ``expected`` (from the produce acknowledgements, never from end offsets)."""
 
@@ -319,6 +329,19 @@ class CalmonDaemon:
 
         return wait_until(reached, timeout, f"/status positions == {expected}",
                           detail=lambda: self.status())
+
+    def wait_checkpoint(self, after: float | None = None, what: str = "a checkpoint",
+                        timeout: float = CHECKPOINT_TIMEOUT_S) -> dict[str, Any]:
+        """Wait until /status shows a checkpoint (written after the Unix time ``after``
+        when given); returns that /status."""
+
+        def written() -> dict[str, Any] | None:
+            assert self.running, f"calmon died:\n{self.log_tail()}"
+            st = self.status()
+            ts = st["last_checkpoint_timestamp"]
+            return st if ts is not None and (after is None or ts > after) else None
+
+        return wait_until(written, timeout, what, detail=self.log_tail)
 
 
 def run_calmon(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:

@@ -26,7 +26,6 @@ from tests.daemon_helpers import (
     interleave,
     make_dataset,
     series,
-    wait_until,
     write_config,
 )
 
@@ -103,8 +102,7 @@ def test_invalid_records_are_counted_and_dead_lettered(
         daemon.wait_positions(end_positions(sent))
         consumed_at = time.time()
         # dead letters are flushed before every checkpoint
-        wait_until(lambda: (daemon.status()["last_checkpoint_timestamp"] or 0) > consumed_at,
-                   10, "a checkpoint after the last record")
+        daemon.wait_checkpoint(consumed_at, "a checkpoint after the last record")
         assert daemon.running and http_get(daemon.port, "/readyz")[0] == 200
         st = daemon.status()
         sc = daemon.scrape()

@@ -61,7 +61,7 @@ def test_a_killed_consumer_process_is_replaced_and_counts_stay_exact(
     with daemon.start(), Producer(kafka_bootstrap) as producer:
         first = producer.send(records[:half])
         daemon.wait_positions(end_positions(first))
-        (consumer,) = wait_until(lambda: children(daemon.pid), 10, "the consumer process")
+        (consumer,) = wait_until(lambda: children(daemon.pid), 60, "the consumer process")
         os.kill(consumer, signal.SIGKILL)
         wait_until(lambda: children(daemon.pid) and children(daemon.pid) != [consumer], 30,
                    "a new consumer process", detail=daemon.log_tail)
@@ -89,4 +89,4 @@ def test_a_killed_consumer_process_is_replaced_and_counts_stay_exact(
             except OSError:
                 return True
 
-        wait_until(gone, 10, "the consumer process to die with the daemon")
+        wait_until(gone, 60, "the consumer process to die with the daemon")

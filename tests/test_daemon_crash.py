@@ -83,8 +83,7 @@ def test_kill_9_at_random_moments_equals_an_uninterrupted_run(
             wait_until(lambda t=target: consumed(daemon) >= t, 60,
                        f"{target} records counted", detail=daemon.log_tail)
             since = time.time()
-            wait_until(lambda s=since: (daemon.status()["last_checkpoint_timestamp"] or 0) > s,
-                       10, "a checkpoint covering them")
+            daemon.wait_checkpoint(since, "a checkpoint covering them")
             # now stream the next part and kill at a random point inside it
             threshold = target + int(rng.integers(1, len(streamed)))
             thread = threading.Thread(target=produce, args=(streamed, 25), daemon=True)
@@ -153,7 +152,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_rereads_exactly(
     blob[len(blob) // 2] ^= 0xFF
     path.write_bytes(bytes(blob))
     with daemon.start():
-        st = daemon.wait_positions(end_positions(sent), timeout=30)
+        st = daemon.wait_positions(end_positions(sent))
         st = daemon.status()
         assert {k: st["counters"][k] for k in ("predictions", "labels", "joined")} == {
             "predictions": 300, "labels": 300, "joined": 300}
@@ -238,7 +237,7 @@ def test_calmon_run_with_only_corrupt_checkpoints(
         path = _save(store, n)
         path.write_bytes(path.read_bytes()[:40])
 
-    proc = run_calmon("run", "-c", str(cfg), timeout=30)
+    proc = run_calmon("run", "-c", str(cfg), timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "no usable checkpoint" in proc.stderr
     assert str(state_dir) in proc.stderr
@@ -252,7 +251,6 @@ def test_calmon_run_with_only_corrupt_checkpoints(
         assert {k: st["counters"][k] for k in COUNTER_KEYS} == dict.fromkeys(COUNTER_KEYS, 0)
         assert st["pending"] == 0
         # and it checkpoints a fresh, loadable state over the corrupt files
-        wait_until(lambda: daemon.status()["last_checkpoint"] is not None, 10,
-                   "a new checkpoint")
+        daemon.wait_checkpoint(None, "a new checkpoint")
     ckpt = store.load()
     assert ckpt is not None and ckpt.state["engine"]["counters"]["predictions"] == 0

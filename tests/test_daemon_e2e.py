@@ -128,14 +128,13 @@ def test_probes_and_status_schema(
         assert http_get(daemon.port, "/no-such-page")[0] == 404
 
         create_topics(kafka_bootstrap, [labels_topic], partitions=4)
-        daemon.wait_ready(30)
+        daemon.wait_ready()
         st = daemon.status()
         check_status_schema(st)
         assert st["ready"] is True
         assert {k: st["counters"][k] for k in COUNTER_KEYS} == dict.fromkeys(COUNTER_KEYS, 0)
         assert st["pending"] == 0
-        wait_until(lambda: daemon.status()["last_checkpoint"] is not None, 10,
-                   "a first checkpoint")
+        daemon.wait_checkpoint(None, "a first checkpoint")
         sc = daemon.scrape()
         assert "calmon_last_checkpoint_timestamp_seconds" in sc
         invalid = series(sc, "calmon_invalid_records_total", "topic", "reason")

@@ -81,8 +81,7 @@ def test_broker_outage_and_recovery(tansu_broker: TansuBroker, tmp_path: Path) -
         assert window_gauges(daemon.scrape()) == gauges  # still served, unchanged
         # the state consumed before the outage still gets checkpointed without a broker
         # (the offset commit fails softly); idle intervals write nothing new
-        wait_until(lambda: (daemon.status()["last_checkpoint_timestamp"] or 0) > consumed_at,
-                   10, "a checkpoint of the pre-outage state", detail=daemon.log_tail)
+        daemon.wait_checkpoint(consumed_at, "a checkpoint of the pre-outage state")
         assert http_get(daemon.port, "/readyz")[0] == 503
 
         # ---- the broker is back, with its log rebuilt as a persistent one keeps it
@@ -95,7 +94,7 @@ def test_broker_outage_and_recovery(tansu_broker: TansuBroker, tmp_path: Path) -
             assert [(m.topic, m.partition, m.offset) for m in again] == [
                 (m.topic, m.partition, m.offset) for m, _ in by_offset]
             after = producer.send(records[half:])
-        daemon.wait_ready(30)
+        daemon.wait_ready()
         assert daemon.pid == pid and daemon.starts == 1  # recovered by itself
         daemon.wait_positions(end_positions(again + after))
         st = daemon.status()

@@ -31,6 +31,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from calmon import secrets
 from calmon.children import die_with_parent
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
@@ -162,6 +163,8 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
     parent = os.getppid()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the source logs what matters
+    secrets.install()
+    secrets.register_config(dict(config.client))
     source = make_source(config, metadata_timeout_s=metadata_timeout_s)
     try:
         try:

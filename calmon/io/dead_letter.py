@@ -3,7 +3,13 @@ producer calmon owns (also used to publish calibrators).
 
 Nothing here raises on broker trouble: a dead letter is a courtesy copy, and
 the monitor must keep monitoring when it cannot be delivered. Failures are
-counted and logged at most once per ``log_interval_s``.
+counted (``dead_letters_failed``: ``calmon_dead_letters_failed_total``) and
+logged at most once per ``log_interval_s``.
+
+Every record handed over is *settled* once the broker acknowledged it or the
+producer gave up on it (counted as failed). ``flush()`` is True only when
+everything handed over so far is settled: the daemon checkpoints only then, so
+a checkpoint never moves offsets past a dead letter still in flight.
 """
 
 from __future__ import annotations
@@ -46,11 +52,14 @@ class DeadLetters:
         self._log_interval_s = log_interval_s
         self._producer: KafkaProducer | None = None
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._in_flight = 0  # queued in the producer, neither acknowledged nor failed
         self._paused_until = -float("inf")  # after a blocking failure, skip the producer
         self._last_warning = -float("inf")
         self._closed = False
         self.delivered = 0  # records acknowledged by the broker
         self.failed = 0  # records that will never be delivered
+        self.dead_letters_failed = 0  # of those, dead letters (the rest: calibrators)
 
     @property
     def topic(self) -> str | None:
@@ -65,7 +74,7 @@ class DeadLetters:
         headers = [(REASON_HEADER, reason.encode()), (SOURCE_HEADER, source.encode())]
         # Kafka needs a key or a value: a null record goes out keyed by its source.
         key = source.encode() if value is None else None
-        self._send(topic, key, value, headers)
+        self._send(topic, key, value, headers, dead_letter=True)
 
     def publish(self, topic: str, key: str | bytes | None, value: bytes) -> bool:
         """Queue ``value`` on ``topic`` (e.g. a calibrator keyed ``model/segment``).
@@ -75,17 +84,32 @@ class DeadLetters:
         k = key.encode() if isinstance(key, str) else key
         return self._send(topic, k, value, None)
 
+    @property
+    def in_flight(self) -> int:
+        """Records handed to the producer and not yet acknowledged or failed."""
+        with self._lock:
+            return self._in_flight
+
     def flush(self, timeout: float | None = 10.0) -> bool:
-        """Wait up to ``timeout`` seconds for queued records; False if some are
-        still pending (they stay queued and may still be delivered)."""
+        """Wait up to ``timeout`` seconds until every record handed over is settled
+        (acknowledged, or failed and counted); False if some are still in flight
+        (they stay queued and may still be delivered)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         producer = self._producer
-        if producer is None:
-            return True
-        try:
-            producer.flush(timeout=timeout)
-        except KafkaError as exc:
-            self._warn(f"flush did not finish within {timeout}s: {exc!r}")
-            return False
+        if producer is not None:
+            try:
+                producer.flush(timeout=timeout)
+            except KafkaError as exc:
+                self._warn(f"flush did not finish within {timeout}s: {exc!r}")
+                return False
+        # callbacks run on the producer's I/O thread, maybe just after flush returned
+        with self._settled:
+            while self._in_flight > 0:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._warn(f"{self._in_flight} records still in flight after {timeout}s")
+                    return False
+                self._settled.wait(left)
         return True
 
     def close(self, timeout: float = 5.0) -> None:
@@ -159,14 +183,18 @@ class DeadLetters:
         key: bytes | None,
         value: bytes | None,
         headers: list[tuple[str, bytes]] | None,
+        *,
+        dead_letter: bool = False,
     ) -> bool:
         if self._closed or time.monotonic() < self._paused_until:
-            self._count_failure(f"record for {topic} dropped: producer unavailable")
+            self._count_failure(f"record for {topic} dropped: producer unavailable", dead_letter)
             return False
         producer = self._get_producer()
         if producer is None:
-            self._count_failure(f"record for {topic} dropped: no producer")
+            self._count_failure(f"record for {topic} dropped: no producer", dead_letter)
             return False
+        with self._lock:
+            self._in_flight += 1  # before send(): the callback may run before it returns
         try:
             future = producer.send(topic, value=value, key=key, headers=headers)
         except KafkaTimeoutError as exc:
@@ -174,26 +202,40 @@ class DeadLetters:
             # for max_block_ms, so drop records for a while instead.
             self._paused_until = time.monotonic() + self._retry_interval_s
             self._count_failure(
-                f"cannot send to {topic}: {exc!r}; dropping for {self._retry_interval_s:.0f}s"
-            )
+                f"cannot send to {topic}: {exc!r}; dropping for {self._retry_interval_s:.0f}s",
+                dead_letter, settle=True)
             return False
         except (KafkaError, ValueError, TypeError) as exc:  # e.g. too large: this record only
-            self._count_failure(f"cannot send to {topic}: {exc!r}")
+            self._count_failure(f"cannot send to {topic}: {exc!r}", dead_letter, settle=True)
             return False
+        except BaseException:
+            self._settle()
+            raise
         future.add_callback(self._on_delivered)
-        future.add_errback(self._on_error, topic)
+        future.add_errback(self._on_error, topic, dead_letter)
         return True
 
+    def _settle(self) -> None:
+        with self._settled:
+            self._in_flight -= 1
+            self._settled.notify_all()
+
     def _on_delivered(self, _metadata: Any) -> None:
-        with self._lock:
+        with self._settled:
             self.delivered += 1
+            self._in_flight -= 1
+            self._settled.notify_all()
 
-    def _on_error(self, topic: str, exc: Exception) -> None:  # partial(f, topic)(exc)
-        self._count_failure(f"delivery to {topic} failed: {exc!r}")
+    def _on_error(self, topic: str, dead_letter: bool, exc: Exception) -> None:
+        self._count_failure(f"delivery to {topic} failed: {exc!r}", dead_letter, settle=True)
 
-    def _count_failure(self, what: str) -> None:
-        with self._lock:
+    def _count_failure(self, what: str, dead_letter: bool, *, settle: bool = False) -> None:
+        with self._settled:
             self.failed += 1
+            self.dead_letters_failed += dead_letter
+            if settle:
+                self._in_flight -= 1
+                self._settled.notify_all()
         self._warn(what)
 
     def _warn(self, what: str) -> None:

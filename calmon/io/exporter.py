@@ -90,7 +90,8 @@ class CalmonCollector(Collector):
                  recal: Callable[[], RecalState] | None = None, *,
                  lag: Callable[[], dict[tuple[str, int], int]] | None = None,
                  heartbeat: Callable[[], float | None] | None = None,
-                 totals: ProcessTotals | None = None) -> None:
+                 totals: ProcessTotals | None = None,
+                 dead_letters_failed: Callable[[], int] | None = None) -> None:
         self.engine = engine
         # the process counters; the daemon adds each feed's delta to them
         self.totals = totals if totals is not None else ProcessTotals()
@@ -98,6 +99,7 @@ class CalmonCollector(Collector):
         self.recal = recal
         self.lag = lag
         self.heartbeat = heartbeat
+        self.dead_letters_failed = dead_letters_failed
 
     def describe(self) -> list[Metric]:
         return []  # dynamic families: nothing to check at registration
@@ -116,6 +118,11 @@ class CalmonCollector(Collector):
         if ts is not None:
             g.add_metric([], ts)
         yield g
+        if self.dead_letters_failed is not None:
+            yield CounterMetricFamily(
+                "calmon_dead_letters_failed_total",
+                "Invalid records that could not be forwarded to the dead-letter topic",
+                value=self.dead_letters_failed())
         yield from self._process()
 
     def _process(self) -> Iterator[Metric]:

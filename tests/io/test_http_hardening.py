@@ -1,0 +1,191 @@
+"""The HTTP server under misbehaving clients: half-sent requests, trickling clients,
+scrape storms of /reliability (calmon.io.http)."""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from prometheus_client.registry import CollectorRegistry
+
+from calmon.io.http import HttpServer
+from tests.daemon_helpers import http_get, wait_until
+
+CAP = 8
+TIMEOUT_S = 1.0
+
+
+def make_server(**kw: Any) -> HttpServer:
+    builds: list[dict[str, list[str]]] = []
+
+    def page(query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        builds.append(query)
+        return 200, "text/html; charset=utf-8", f"<p>{len(builds)}</p>".encode()
+
+    def big(_query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        return 200, "text/plain", b"x" * (64 * 1024 * 1024)  # far past socket buffers
+
+    server = HttpServer("127.0.0.1", 0, CollectorRegistry(), lambda: True,
+                        lambda: {"ready": True}, {"/reliability": page, "/big": big}, **kw)
+    server.builds = builds  # type: ignore[attr-defined]
+    return server
+
+
+@pytest.fixture
+def server() -> Iterator[HttpServer]:
+    srv = make_server(max_connections=CAP, request_timeout_s=TIMEOUT_S)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_300_half_sent_requests_hold_at_most_the_cap_of_threads(server: HttpServer) -> None:
+    base = threading.active_count()
+    socks: list[socket.socket] = []
+    most = base
+    started = time.monotonic()
+    try:
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: calmon\r\nX-Slow: ")  # never finished
+            socks.append(s)
+            most = max(most, threading.active_count())
+
+        # each connection ends either turned away at once (503) or cut at its deadline
+        busy = cut = 0
+        for s in socks:
+            s.settimeout(TIMEOUT_S + 30)
+            try:
+                head = s.recv(64)
+            except ConnectionResetError:
+                head = b""
+            busy += head.startswith(b"HTTP/1.0 503")
+            cut += head == b""
+            most = max(most, threading.active_count())
+        assert busy + cut == 300
+        # a slot serves a new connection only after its holder's deadline, so at most CAP
+        # connections per TIMEOUT_S got one while we connected and read
+        turns = math.ceil((time.monotonic() - started) / TIMEOUT_S)
+        assert busy == server.rejected and cut <= CAP * turns, (busy, cut, turns)
+        # the half-sent ones are dropped at the deadline, after which probes answer
+        wait_until(lambda: http_get(server.port, "/healthz", timeout=2)[0] == 200,
+                   TIMEOUT_S + 20, "/healthz 200 after the half-sent requests timed out")
+        wait_until(lambda: threading.active_count() <= base + 1, 20,
+                   "request threads gone after their deadline")
+    finally:
+        for s in socks:
+            s.close()
+    # never more threads than the cap of request threads (plus this test's reader)
+    assert most <= base + CAP, (most, base)
+
+
+def test_trickling_client_is_cut_off_at_the_request_deadline(server: HttpServer) -> None:
+    request = b"GET /metrics HTTP/1.1\r\nHost: calmon\r\n" + b"X-Pad: " + b"a" * 200 + b"\r\n\r\n"
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    start = time.monotonic()
+    cut = False
+    try:
+        stop = threading.Event()
+        for i in range(len(request)):  # one byte per 100 ms: 25 s for the whole request
+            try:
+                s.sendall(request[i:i + 1])
+            except OSError:
+                cut = True
+                break
+            if stop.wait(0.1):  # the attack's pace, not a synchronisation
+                break
+            if time.monotonic() - start > TIMEOUT_S + 10:
+                break
+            s.setblocking(False)
+            try:
+                if s.recv(1) == b"":
+                    cut = True
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:
+                cut = True
+                break
+            finally:
+                s.setblocking(True)
+    finally:
+        s.close()
+    elapsed = time.monotonic() - start
+    assert cut, "the server kept the trickling connection open"
+    assert TIMEOUT_S * 0.9 <= elapsed < TIMEOUT_S + 10, elapsed
+
+
+def test_reliability_is_built_once_per_cache_period_for_a_scrape_storm() -> None:
+    srv = make_server(max_connections=CAP, page_cache_s=60.0)
+    srv.start()
+    try:
+        builds = srv.builds  # type: ignore[attr-defined]
+        with ThreadPoolExecutor(CAP) as pool:
+            codes = list(pool.map(lambda _: http_get(srv.port, "/reliability?window=24h")[0],
+                                  range(100)))
+        assert codes.count(200) + codes.count(503) == 100 and codes.count(200) >= CAP
+        assert len(builds) == 1, len(builds)
+        assert http_get(srv.port, "/reliability?window=1h")[0] == 200  # another query
+        assert len(builds) == 2 and builds[-1] == {"window": ["1h"]}
+    finally:
+        srv.stop()
+
+
+def test_reliability_cache_expires() -> None:
+    srv = make_server(page_cache_s=0.2)
+    srv.start()
+    try:
+        builds = srv.builds  # type: ignore[attr-defined]
+        code, first = http_get(srv.port, "/reliability")
+        assert code == 200 and first == b"<p>1</p>"
+        # within the period the same answer; after it, a fresh build
+        wait_until(lambda: http_get(srv.port, "/reliability")[1] == b"<p>2</p>", 10,
+                   "a rebuilt page after the cache period")
+        assert len(builds) == 2
+    finally:
+        srv.stop()
+
+
+def test_megabytes_of_headers_are_cut_off(server: HttpServer) -> None:
+    """Request line and headers past 64 KiB: the connection is dropped, never buffered."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sent = 0
+    try:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: calmon\r\n")
+        header = b"X-Pad: " + b"a" * 60_000 + b"\r\n"  # under the stdlib 64 KiB a line
+        try:
+            while sent < 8 * 1024 * 1024:
+                s.sendall(header)
+                sent += len(header)
+        except OSError:  # reset by the server: what we want
+            pass
+        s.settimeout(10)
+        try:
+            answer = s.recv(64)
+        except OSError:
+            answer = b""
+    finally:
+        s.close()
+    assert sent < 8 * 1024 * 1024, "the server kept reading 8 MB of headers"
+    assert not answer.startswith(b"HTTP/1.0 200")
+    assert http_get(server.port, "/healthz")[0] == 200
+
+
+def test_a_client_that_never_reads_the_answer_releases_its_slot(server: HttpServer) -> None:
+    base = threading.active_count()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        s.sendall(b"GET /big HTTP/1.0\r\n\r\n")  # and never read
+        wait_until(lambda: threading.active_count() > base, 10, "a thread serving /big")
+        wait_until(lambda: threading.active_count() <= base, TIMEOUT_S + 20,
+                   "the thread to give up on the reader")
+    finally:
+        s.close()
