@@ -26,6 +26,7 @@ from calmon.calibrators.scores import sigmoid
 from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
+from calmon.engine.classes import RESET_GUARD, ClassCounts
 from calmon.engine.delta import Delta
 from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
 from calmon.engine.join import OUT_OF_RANGE, WAITING, Join, Joined
@@ -98,7 +99,6 @@ class Engine:
         self.buffers = Buffers(rc.buffer) if rc.enabled else None
         self.models: list[str] = []
         self._model_idx: dict[str, int] = {}
-        self._classes: list[int] = []  # per model: 0 binary, K multiclass
         # per model counts of this batch (a list: the hot path's cheapest counter);
         # labels have one more slot at the end, [-1], for "model not known yet"
         self._batch_predictions: list[int] = []
@@ -111,10 +111,7 @@ class Engine:
         self._evicted_at = -math.inf
         self._view_cache: View | None = None
         self._stale_classes = False  # a class reset happened: check joins for the old K
-        # per model: the event time until which its newest joined sample is in a window
-        self._live_until: list[float] = []
-        self._max_window = max(w.seconds for w in cfg.metrics.windows)
-        self._scanned = 0  # joins of this batch already seen by _model_live
+        self.class_counts = ClassCounts(max(w.seconds for w in cfg.metrics.windows))
 
     # ------------------------------------------------------------ writing
 
@@ -158,7 +155,7 @@ class Engine:
         add_label = self.join.add_label
         combo_of = self.index.combo
         model_idx = self._model_idx
-        classes_of = self._classes
+        classes_of = self.class_counts.classes
         batch_predictions = self._batch_predictions
         batch_labels = self._batch_labels
         for i, rec in enumerate(records):
@@ -175,7 +172,7 @@ class Engine:
                         else:
                             midx = self._new_model(model, classes)
                     if midx is not None and classes_of[midx] != classes:
-                        if self._model_live(midx):
+                        if self._model_live(midx, max(self.now, rec.ts)):
                             reason = "classes_mismatch"  # its live series have another K
                         else:
                             self._reset_classes(midx, classes)
@@ -214,40 +211,34 @@ class Engine:
         self._settle(rejected)
         return rejected
 
-    def _model_live(self, midx: int) -> bool:
-        """Whether the model has joined samples that some window still holds. Decided
-        record by record (joins earlier in this batch count), so batch boundaries and
-        restarts never change the answer."""
-        joined = self.join.events.joined
-        if self._scanned < len(joined):
-            classes, live = self._classes, self._live_until
-            for one in joined[self._scanned:]:
-                m, t = one[0], one[2] + self._max_window
-                if t > live[m] and (0 if one[3] < 2 else len(one[4])) == classes[m]:
-                    live[m] = t
-            self._scanned = len(joined)
-        return self.now < self._live_until[midx]
+    def _model_live(self, midx: int, now: float) -> bool:
+        return self.class_counts.live(midx, now, self.join.events.arrivals)
 
     def _reset_classes(self, midx: int, classes: int) -> None:
-        """A model with no live series changes its class count: counted, and its
-        sample buffers (of the old shape) are dropped. Its pending predictions of the
-        old count are dropped when they join (counted as expired, reason reset)."""
-        self._classes[midx] = classes
+        """A model that is not live changes its class count: counted, and what it kept
+        under the old count (window counts, score histograms, sample buffers) is
+        forgotten. Old-count samples that join later count as joined, and nowhere else:
+        the same state whichever of a prediction and its label came first."""
+        ev = self.join.events
+        self.class_counts.reset(midx, classes, len(ev.joined), ev.arrivals)
         self._stale_classes = True
         self.counters["class_resets"] += 1
         self.last_delta.class_resets[self.models[midx]] += 1
+        model = self.models[midx]
+        sids = [sid for sid, (m, _seg) in enumerate(self.index.series) if m == model]
+        self.windows.forget(sids)
+        self.scores.forget(sids)
+        if self.classwise is not None:
+            self.classwise.forget([c for sid in sids for c in self._classes_of.get(sid, ())])
         if self.buffers is not None:
-            model = self.models[midx]
-            for sid, (m, _seg) in enumerate(self.index.series):
-                if m == model:
-                    self.buffers.rings.pop(sid, None)
+            for sid in sids:
+                self.buffers.rings.pop(sid, None)
 
     def _new_model(self, model: str, classes: int) -> int:
         midx = len(self.models)
         self.models.append(model)
         self._model_idx[model] = midx
-        self._classes.append(classes)
-        self._live_until.append(-math.inf)
+        self.class_counts.add_model(classes)
         self._batch_predictions.append(0)
         self._batch_labels.insert(midx, 0)  # keeps [-1], "model unknown", last
         return midx
@@ -268,8 +259,8 @@ class Engine:
                 self.last_delta.labels[self.models[midx] if midx < len(self.models) else ""] += n
                 self._batch_labels[midx] = 0
         self.join.sweep(self.now)
+        marks = self.class_counts.marks  # before settle() clears them
         ev = self.join.drain()
-        self._scanned = 0
         dup = ev.duplicate_predictions + ev.duplicate_labels
         if dup:
             self.counters["duplicates"] += dup
@@ -288,14 +279,20 @@ class Engine:
             self._invalid(Kind.LABEL, "label_out_of_range")
             rejected.append(Rejected(Kind.LABEL, lab.dead_letter_value(), lab.source,
                                      "label_out_of_range"))
-        if ev.arrivals:
+        arrivals = ev.arrivals
+        if marks:  # admitted before their model's reset in this batch: forgotten with it
+            arrivals = [a for i, a in enumerate(arrivals)
+                        if a[0] not in marks or i >= marks[a[0]][1]]
+        self.class_counts.settle(np.array([a[0] for a in arrivals], np.int64),
+                                 np.array([a[2] for a in arrivals], np.float64), self.now)
+        if arrivals:
             try:
-                self._add_arrivals(ev.arrivals)
+                self._add_arrivals(arrivals)
             except Exception:  # the score histograms must never stop the joins
-                log.exception("counting %d arrivals for score_psi raised", len(ev.arrivals))
+                log.exception("counting %d arrivals for score_psi raised", len(arrivals))
         joined = ev.joined
-        if joined and self._stale_classes:
-            joined = self._drop_stale(joined)
+        if joined and (self._stale_classes or marks):
+            joined = self._drop_stale(joined, marks)
         if joined:
             try:
                 self._add_joined(joined)
@@ -321,17 +318,22 @@ class Engine:
         sample, sid = self.index.fan_out(np.array(combo, np.int64))
         self.scores.add(sid, np.array(ts, np.float64)[sample], conf[sample], self.now)
 
-    def _drop_stale(self, joined: list[Joined]) -> list[Joined]:
-        """Joined samples whose class count is no longer their model's (it was reset
-        while they waited) are expired with reason ``reset``, never mixed in."""
+    def _drop_stale(self, joined: list[Joined], marks: dict[int, tuple[int, int]]
+                    ) -> list[Joined]:
+        """Samples of a class count their model no longer has (they joined before its
+        reset in this batch, or were pending across it) count as joined, and nowhere
+        else: exactly as if they had been counted and then forgotten by the reset."""
         keep = []
-        for one in joined:
-            classes = 0 if one[3] < 2 else len(one[4])
-            if classes == self._classes[one[0]]:
+        classes = self.class_counts.classes
+        for i, one in enumerate(joined):
+            m = one[0]
+            mark = marks.get(m)
+            if (mark is None or i >= mark[0]) and (
+                    0 if one[3] < 2 else len(one[4])) == classes[m]:
                 keep.append(one)
             else:
-                self.counters["expired"] += 1
-                self.last_delta.expired[(self.models[one[0]], "reset")] += 1
+                self.counters["joined"] += 1
+                self.last_delta.joined[self.models[m]] += 1
         return keep
 
     def _add_joined(self, joined: list[Joined]) -> None:
@@ -395,15 +397,11 @@ class Engine:
         sample, sid = self.index.fan_out(combos)
         samples = Samples(sid, ts[sample], conf[sample], correct[sample], acc[sample],
                           brier[sample], nll[sample])
-        newest = np.full(len(self.models), -np.inf)
-        np.maximum.at(newest, models, ts)
         # the writes
         self.counters["joined"] += n
         for midx, c in enumerate(np.bincount(models).tolist()):
             if c:
                 self.last_delta.joined[self.models[midx]] += c
-                self._live_until[midx] = max(self._live_until[midx],
-                                             float(newest[midx]) + self._max_window)
         for ii, probs in classwise:
             onehot = np.zeros_like(probs)
             onehot[np.arange(len(ii)), label[ii]] = 1.0
@@ -514,7 +512,7 @@ class Engine:
             shown = self.windows.series() | self.scores.series() | {s for s, _ in pending}
             for sid in sorted(shown, key=lambda s: self.index.series[s]):
                 model, segment = self.index.series[sid]
-                binary = self._classes[self._model_idx[model]] == 0
+                binary = self.class_counts.classes[self._model_idx[model]] == 0
                 live = self._calibrator(model, segment)
                 for w, win in enumerate(m.windows):
                     vec = self.windows.totals(sid, w, self.now)  # a fresh array
@@ -650,7 +648,7 @@ class Engine:
             out = []
             for sid in sorted(self.buffers.rings):
                 model, segment = self.index.series[sid]
-                out.append((model, segment, self._classes[self._model_idx[model]]))
+                out.append((model, segment, self.class_counts.classes[self._model_idx[model]]))
             return out
 
     def status(self) -> dict[str, Any]:
@@ -668,8 +666,8 @@ class Engine:
                 "version": SNAPSHOT_VERSION,
                 "layout": self._layout(),
                 "now": self.now,
-                "models": [[m, c, u] for m, c, u in zip(self.models, self._classes,
-                                                        self._live_until)],
+                "models": [[m, *row] for m, row in zip(self.models,
+                                                       self.class_counts.snapshot())],
                 "counters": dict(self.counters),
                 "series": self.index.snapshot(),
                 "join": self.join.snapshot(),
@@ -696,10 +694,12 @@ class Engine:
         with self.lock:
             self.now = float(snap["now"])
             self.models = [row[0] for row in snap["models"]]
-            self._classes = [int(row[1]) for row in snap["models"]]
-            # a snapshot from before v2 lacks it: live for one more window, conservatively
-            self._live_until = [float(row[2]) if len(row) > 2 else
-                                float(snap["now"]) + self._max_window for row in snap["models"]]
+            # a snapshot from before v2 has no admission counts: its models count as live
+            now = float(snap["now"])
+            guard = ([[math.floor(now / self.class_counts.width), RESET_GUARD]]
+                     if math.isfinite(now) else [])
+            self.class_counts.restore([[row[1], row[2] if len(row) > 2 else guard]
+                                       for row in snap["models"]])
             self._batch_predictions = [0] * len(self.models)
             self._batch_labels = [0] * (len(self.models) + 1)
             self._model_idx = {m: i for i, m in enumerate(self.models)}

@@ -122,6 +122,12 @@ class ScoreHist:
                 if not buckets:
                     del tab[s]
 
+    def forget(self, sids: list[int]) -> None:
+        """Drop everything kept for these series (a model's class count was reset)."""
+        for tab in self._data:
+            for sid in sids:
+                tab.pop(sid, None)
+
     def series(self) -> set[int]:
         out: set[int] = set()
         for tab in self._data:

@@ -252,6 +252,12 @@ class Windows:
                 if not buckets:
                     del tab[sid]
 
+    def forget(self, sids: list[int]) -> None:
+        """Drop everything kept for these series (a model's class count was reset)."""
+        for tab in self._data:
+            for sid in sids:
+                tab.pop(sid, None)
+
     def series(self) -> set[int]:
         """Series with data in at least one window (call ``evict`` first)."""
         out: set[int] = set()

@@ -198,6 +198,8 @@ class CalmonCollector(Collector):
             ("calmon_labels_total", "Valid labels received (model empty when not yet known)",
              t.labels),
             ("calmon_joined_total", "Predictions joined with a label", t.joined),
+            ("calmon_class_resets_total",
+             "Class-count changes of a model that was not live (see README)", t.class_resets),
         ):
             fam = CounterMetricFamily(name, doc, labels=("model",))
             for model, v in sorted(counts.items()):

@@ -151,8 +151,9 @@ def engine_reasons() -> dict[str, list[tuple[Kind, str]]]:
     e = Engine(from_dict({"limits": {"max_models": 3}}))
     rej = e.feed([P("b1", T0, "bin", prob=0.5), L("b1", 2, T0),  # binary: 0/1 only
                   P("k1", T0, "k3", probs=[0.2, 0.3, 0.5]), L("k1", 3, T0),
-                  P("b2", T0, "bin", prob=0.5), L("b2", 1, T0),  # bin now has live series
-                  P("k2", T0, "k3", probs=[0.2, 0.3, 0.5]), L("k2", 0, T0),  # and so has k3
+                  # ten predictions each in the longest window make bin and k3 live
+                  *[P(f"b{i}", T0, "bin", prob=0.5) for i in range(2, 11)],
+                  *[P(f"k{i}", T0, "k3", probs=[0.2, 0.3, 0.5]) for i in range(2, 11)],
                   P("x1", T0, "bin", probs=[0.5, 0.5]),  # bin is binary
                   P("x2", T0, "k3", probs=[0.5, 0.5]),  # k3 has 3 classes
                   P("x3", T0, "k3", logit=1.0),
@@ -198,20 +199,38 @@ def test_internal_error_is_isolated_to_its_record(monkeypatch: pytest.MonkeyPatc
     assert (st["predictions"], st["joined"], st["invalid"]) == (2, 2, 1)
 
 
-def test_class_count_resets_only_without_live_series() -> None:
+def test_class_count_resets_only_while_the_model_is_not_live() -> None:
     e = Engine(from_dict({}))
-    # one early 7-class record does not lock the model in: nothing of it is live
-    assert e.feed([P("odd", T0, "m", probs=[1 / 7] * 7)]) == []
+    # one early 7-class record does not lock the model in
+    assert e.feed([P("odd", T0, "m", probs=[1 / 7] * 7), L("odd", 3, T0)]) == []
     assert e.feed([P("a", T0 + 1, "m", prob=0.9), L("a", 1, T0 + 1)]) == []
-    assert e.status()["counters"]["class_resets"] == 1
-    # the 7-class prediction's label joins after the reset: expired as reset, not mixed in
-    assert e.feed([L("odd", 3, T0 + 2)]) == []
     st = e.status()["counters"]
-    assert (st["joined"], st["expired"]) == (1, 1)
-    assert e.last_delta.expired == {("m", "reset"): 1}
-    # now m is live and binary: another class count is a mismatch
-    rej = e.feed([P("b", T0 + 3, "m", probs=[0.5, 0.5])])
+    assert (st["class_resets"], st["joined"]) == (1, 2)
+    # what the model kept under 7 classes is forgotten: one binary sample in its windows
+    assert {r.stats.samples for r in e.view().rows if r.segment == "__all__"} == {1}
+    # ten admitted binary predictions in the longest window make it live: K is fixed now
+    e.feed([P(f"b{i}", T0 + 2, "m", prob=0.5) for i in range(9)])
+    rej = e.feed([P("c", T0 + 3, "m", probs=[0.5, 0.5])])
     assert [r.reason for r in rej] == ["classes_mismatch"]
+    # until the window slides past them (the longest default window is 7d)
+    rej = e.feed([P("d", T0 + 8 * 86400, "m", probs=[0.5, 0.5])])
+    assert rej == [] and e.status()["counters"]["class_resets"] == 2
+
+
+def test_a_class_reset_forgets_the_same_whichever_topic_came_first() -> None:
+    """The label of a binary prediction read before or after the reset that makes its
+    model 3-class: counted as joined both ways, in no window either way."""
+    f1, f2 = P("f1", T0, "m", prob=0.7), P("f2", T0 + 1, "m", probs=[0.2, 0.3, 0.5])
+    y1 = L("f1", 1, T0 + 2)
+    outcomes = []
+    for batches in ([[f1], [y1], [f2]], [[f1], [f2], [y1]], [[f1, y1, f2]], [[f1, f2, y1]]):
+        e = Engine(from_dict({}))
+        for batch in batches:
+            e.feed(batch)
+        outcomes.append((e.status()["counters"], sorted(
+            (r.model, r.segment, r.window, r.stats.samples) for r in e.view().rows)))
+    assert all(o == outcomes[0] for o in outcomes[1:]), outcomes
+    assert outcomes[0][0]["joined"] == 1 and outcomes[0][0]["class_resets"] == 1
 
 
 def test_every_reason_is_produced() -> None:
