@@ -50,11 +50,12 @@ from calmon.io import reliability
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.consumer_process import ProcessSource
 from calmon.io.dead_letter import DeadLetters
-from calmon.io.exporter import FIT_METHODS, CalmonCollector, RecalState
+from calmon.io.exporter import FIT_METHODS, CalmonCollector
 from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.io.totals import ProcessTotals
 from calmon.recal.loop import Recalibrator
+from calmon.recal.readmodel import RecalState
 
 log = logging.getLogger(__name__)
 

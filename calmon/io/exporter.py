@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,6 +24,7 @@ from calmon import __version__
 from calmon.engine.engine import Engine, View
 from calmon.engine.records import REASONS
 from calmon.io.totals import DELAY_BUCKETS, ProcessTotals
+from calmon.recal.readmodel import RecalState
 
 ROW_GAUGES = (
     ("calmon_ece", "ece", "Expected calibration error over equal-width bins"),
@@ -62,26 +62,6 @@ ESTIMATE_GAUGES = (
 ROW_LABELS = ("model", "segment", "window")
 OUTCOMES = ("published", "rejected", "failed")
 FIT_METHODS = ("temperature", "platt", "isotonic", "histogram")  # what ``auto`` may choose
-
-
-@dataclass
-class RecalState:
-    """What the recalibration loop shows (filled by calmon.recal)."""
-
-    calibrated_ece: list[tuple[str, str, str, float]] = field(default_factory=list)
-    recalibrations: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
-    versions: dict[tuple[str, str], int] = field(default_factory=dict)
-    temperatures: dict[tuple[str, str], float] = field(default_factory=dict)
-    drift: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    calibrated_samples: list[tuple[str, str, str, int]] = field(default_factory=list)
-    drift_evidence: dict[tuple[str, str], float] = field(default_factory=dict)
-    drift_change_ts: dict[tuple[str, str], float] = field(default_factory=dict)
-    alerts_failed: int = 0
-    # (model, segment) series the loop evaluates and the methods a refit may report:
-    # their recalibration counters are exported at 0 before the first refit, so
-    # increase() sees the first one (no "series born" special case in alert rules)
-    series: list[tuple[str, str]] = field(default_factory=list)
-    methods: tuple[str, ...] = ()
 
 
 class CalmonCollector(Collector):

@@ -23,7 +23,6 @@ from calmon.calibrators import METHODS
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.metrics import Bins
-from calmon.io.exporter import RecalState
 from calmon.recal.alerts import AlertSender
 from calmon.recal.policy import (
     ALL,
@@ -34,6 +33,7 @@ from calmon.recal.policy import (
     parse_iso,
     target,
 )
+from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Publish, Registry
 
 log = logging.getLogger(__name__)

@@ -232,11 +232,3 @@ def test_a_segment_calibrator_wins_over_the_models() -> None:
     assert abs(rows(engine, "m", "country=US")["1h"].estimates.estimated_positive_rate
                - 0.2) < 1e-9
     assert abs(rows(engine, "m")["1h"].estimates.estimated_positive_rate - 0.2) < 1e-9
-
-
-def test_the_engine_imports_nothing_from_io_or_recal() -> None:
-    code = ("import sys, calmon.engine.engine, calmon.engine.estimates, calmon.engine.metrics;"
-            "print(sorted(m for m in sys.modules if m.startswith(('calmon.io', 'calmon.recal'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "[]"
