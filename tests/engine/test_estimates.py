@@ -4,8 +4,6 @@ their state across snapshot/restore."""
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
