@@ -155,8 +155,8 @@ class Recalibrator:
         failures are alerted by Prometheus rules on calmon_drift and the counters."""
         if e.kind not in ("published", "rejected"):
             return
-        name = {"published": "CalmonRecalibrationPublished",
-                "rejected": "CalmonRecalibrationRejected"}[e.kind]
+        name = {"published": "CalmonRefitPublished",
+                "rejected": "CalmonRefitRejected"}[e.kind]
         f = e.fields
         ann: dict[str, Any] = {
             "summary": f"{f.get('method')} refit for {e.model}/{e.segment}: {e.kind}",

@@ -38,9 +38,9 @@ REQUIRED_ALERTS = {
     "CalmonTargetDown",
     "CalmonTargetMissing",
 }
-# Sent by the daemon's webhook (calmon/recal/alerts.py) with the refit's parameters,
-# which no metric carries; Prometheus must not send the same event under any name.
-WEBHOOK_ONLY = {"CalmonRecalibrationPublished"}
+# Refit reports the daemon's webhook sends (calmon/recal/alerts.py, severity info) with
+# the parameters no metric carries; no Prometheus rule may use their names.
+WEBHOOK_ONLY = {"CalmonRefitPublished", "CalmonRefitRejected"}
 RUNBOOK = ROOT / "docs" / "runbook.md"
 
 

@@ -106,11 +106,11 @@ def test_published_refit_is_an_alert_in_alertmanager(alertmanager: Alertmanager,
 
     def published() -> dict[str, Any] | None:
         for a in alertmanager.alerts():
-            if a["labels"].get("alertname") == "CalmonRecalibrationPublished":
+            if a["labels"].get("alertname") == "CalmonRefitPublished":
                 return a
         return None
 
-    alert = wait_until(published, 10, "CalmonRecalibrationPublished in Alertmanager",
+    alert = wait_until(published, 10, "CalmonRefitPublished in Alertmanager",
                        detail=alertmanager.alerts)
     assert alert["labels"]["model"] == "ctr"
     assert alert["labels"]["segment"] == "__all__"
@@ -118,5 +118,5 @@ def test_published_refit_is_an_alert_in_alertmanager(alertmanager: Alertmanager,
     assert alert["annotations"]["version"] == "1"
     assert alert["status"]["state"] == "active"
     names = {a["labels"]["alertname"] for a in alertmanager.alerts()}
-    assert names == {"CalmonRecalibrationPublished"}
+    assert names == {"CalmonRefitPublished"}
     assert json.loads(alert["annotations"]["params"])["temperature"] > 1.5

@@ -58,7 +58,7 @@ def test_send_returns_at_once_and_the_thread_delivers(server: str) -> None:
     try:
         t0 = time.monotonic()
         for i in range(3):
-            assert sender.send("CalmonRecalibrationPublished", {"model": f"m{i}"}, {"x": 1})
+            assert sender.send("CalmonRefitPublished", {"model": f"m{i}"}, {"x": 1})
         assert time.monotonic() - t0 < 0.2  # enqueued, not delivered inline
         assert sender.flush(10)
         assert sender.sent == 3 and sender.failed == 0 and len(_Slow.received) == 3
@@ -86,7 +86,7 @@ def test_a_dead_webhook_fails_within_the_deadline_and_logs_no_secret(caplog) -> 
     sender = AlertSender(url, retries=10, backoff=0.2, deadline=1.0)
     caplog.set_level(logging.WARNING)
     t0 = time.monotonic()
-    assert sender.send("CalmonRecalibrationRejected", {}, {}) is False  # inline: no thread
+    assert sender.send("CalmonRefitRejected", {}, {}) is False  # inline: no thread
     assert time.monotonic() - t0 < 2.5
     assert sender.failed == 1
     text = " ".join(r.getMessage() for r in caplog.records)

@@ -221,7 +221,7 @@ def test_dead_webhook_neither_blocks_consuming_nor_publishing(
         # the scheduler is now busy failing to deliver its alerts: consuming goes on
         producer.send(records(later, preds_topic, labels_topic, "both", seed=2))
         daemon.wait_counters({"joined": len(drifted) + len(later)}, timeout=20)
-        wait_until(lambda: "CalmonRecalibrationPublished not delivered" in daemon.log_tail(200),
+        wait_until(lambda: "CalmonRefitPublished not delivered" in daemon.log_tail(200),
                    20, "the failed delivery to be logged", detail=daemon.log_tail)
         sc = daemon.scrape()
         outcomes = series(sc, "calmon_recalibrations_total", "model", "segment", "method",
