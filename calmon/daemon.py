@@ -71,10 +71,13 @@ LOOP_STALL_S = 120.0
 
 
 class RunState(enum.Enum):
-    STOPPED = "stopped"
+    """A daemon runs once: NEW -> STARTING -> RUNNING -> STOPPING -> STOPPED."""
+
+    NEW = "new"
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
+    STOPPED = "stopped"
 
 
 class Source(Protocol):
@@ -104,7 +107,7 @@ class Daemon:
         self.published_positions: Mapping[tuple[str, int], int] = MappingProxyType({})
         self._suspect: set[str] = set()  # sources of a batch the engine raised on
         self._poison: set[str] = set()  # sources of records the engine raises on
-        self.state = RunState.STOPPED
+        self.state = RunState.NEW
         self.assigned = False
         self.last_checkpoint: float | None = None
         self.restored = False  # state came from a checkpoint: its positions are the truth
@@ -194,38 +197,51 @@ class Daemon:
     def run(self) -> int:
         """Run until stopped. Returns the exit code (0 on a clean stop).
 
-        Raises StateError at start when no checkpoint is usable and
-        ``state.on_corrupt`` is ``fail``; ConfigError-like problems are the CLI's.
+        Every resource is entered into one ExitStack, so whatever fails at start or in
+        the loop, what was started is stopped, in reverse order: the scheduler, a final
+        checkpoint, the consumer, the dead-letter producer, the HTTP server.
+
+        Raises RuntimeError when the daemon has run before (a Daemon runs once);
+        ConfigError when the port cannot be bound; StateError at start when no
+        checkpoint is usable and ``state.on_corrupt`` is ``fail``.
         """
-        if self._install_signals and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+        if self.state is not RunState.NEW:
+            raise RuntimeError(f"a Daemon runs once; this one is {self.state.value}")
         self.state = RunState.STARTING
+        try:
+            with contextlib.ExitStack() as stack:
+                if self._install_signals and (threading.current_thread()
+                                              is threading.main_thread()):
+                    for signum in (signal.SIGTERM, signal.SIGINT):
+                        stack.callback(signal.signal, signum, signal.getsignal(signum))
+                        signal.signal(signum, self._on_signal)
+                # serving first: /healthz answers while a large state loads, /readyz 503
+                self.http = stack.enter_context(self._http_server())
+                log.info("serving metrics on http://%s:%d/metrics", self.cfg.server.host,
+                         self.http.port)
+                stack.callback(self.dead_letters.close)
+                stack.callback(self.source.close)
+                self._restore()
+                stack.callback(self._final_checkpoint)
+                if self.recal is not None:
+                    stack.enter_context(self.recal)
+                stack.callback(setattr, self, "state", RunState.STOPPING)
+                self._heartbeat()
+                self.state = RunState.RUNNING
+                self._loop()
+        finally:
+            self.state = RunState.STOPPED
+        log.info("stopped cleanly")
+        return 0
+
+    def _http_server(self) -> HttpServer:
         host, port = self.cfg.server.host, self.cfg.server.port
-        try:  # serving first: /healthz answers while a large state loads, /readyz says 503
-            self.http = HttpServer(host, port, self.registry, self.ready, self.status,
-                                   self.pages, alive=self.alive)
+        try:
+            return HttpServer(host, port, self.registry, self.ready, self.status, self.pages,
+                              alive=self.alive)
         except OSError as e:
             raise ConfigError([f"server.port: cannot listen on {host}:{port} ({e.strerror})"]
                               ) from None
-        self.http.start()
-        log.info("serving metrics on http://%s:%d/metrics", host, self.http.port)
-        try:
-            self._restore()
-        except BaseException:
-            self.http.stop()
-            raise
-        if self.recal is not None:
-            self.recal.start()
-        self._heartbeat()
-        self.state = RunState.RUNNING
-        try:
-            self._loop()
-        finally:
-            self.state = RunState.STOPPING
-            self._shutdown()
-            self.state = RunState.STOPPED
-        return 0
 
     def _restore(self) -> None:
         ckpt = self.store.load(self.cfg.state.on_corrupt)
@@ -380,14 +396,7 @@ class Daemon:
         if self.assigned and self.positions:
             self.source.commit(self.positions)  # 4
 
-    def _shutdown(self) -> None:
-        if self.recal is not None:
-            self.recal.stop()
-        try:
-            self.checkpoint()
-        finally:
-            self.source.close()
-            self.dead_letters.close()
-            if self.http is not None:
-                self.http.stop()
-        log.info("stopped cleanly")
+    def _final_checkpoint(self) -> None:
+        # a failure here still closes the rest: ExitStack runs every callback and
+        # re-raises afterwards
+        self.checkpoint()

@@ -121,3 +121,67 @@ def test_stop_checkpoints_and_a_restart_resumes_exactly(tmp_path: Path) -> None:
         run.wait(lambda: sum(d2.published_positions.values()) == 120, "the rest")
     assert d2.engine.status()["counters"] == reference_counters(preds, labels, tmp_path)
     assert d2.dead_letters.sent == []  # type: ignore[attr-defined]
+
+
+def test_a_daemon_runs_once_and_stops_what_it_started(tmp_path: Path) -> None:
+    preds, labels = traffic(4)
+    d = daemon_over(tmp_path, ListSource(partitions_of(preds, labels)))
+    with Running(d) as run:
+        run.wait(lambda: sum(d.published_positions.values()) == 8, "every record")
+        assert d.state.value == "running"
+        with pytest.raises(RuntimeError, match="runs once"):
+            d.run()  # a second run() while running
+    assert d.state.value == "stopped" and run.rc == 0
+    assert d.http is not None and d.http._thread is not None
+    assert not d.http._thread.is_alive()  # the HTTP server was stopped with it
+    with pytest.raises(RuntimeError, match="runs once"):
+        d.run()
+
+
+def test_a_failed_start_stops_the_http_server(tmp_path: Path) -> None:
+    preds, labels = traffic(4)
+    d = daemon_over(tmp_path, ListSource(partitions_of(preds, labels)))
+
+    def broken_restore() -> None:
+        raise OSError("state dir unreadable")
+
+    d._restore = broken_restore  # type: ignore[method-assign]
+    with pytest.raises(OSError, match="unreadable"):
+        d.run()
+    assert d.state.value == "stopped"
+    assert d.http is not None and d.http._thread is not None
+    assert not d.http._thread.is_alive()
+
+
+def test_sigterm_checkpoints_and_returns_0(tmp_path: Path) -> None:
+    """In the main thread, as ``calmon run`` does: SIGTERM only sets a flag; the loop
+    stops, checkpoints and run() returns 0, and puts the previous handlers back."""
+    import os
+    import signal
+
+    preds, labels = traffic(10)
+    d = Daemon(config(tmp_path), registry=CollectorRegistry(auto_describe=False),
+               source=ListSource(partitions_of(preds, labels)), install_signals=True)
+    d.dead_letters = DeadLetterLog()  # type: ignore[assignment]
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+
+    def terminate_when_done() -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while sum(d.published_positions.values()) < 20 and time.monotonic() < deadline:
+            d._stop.wait(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = threading.Thread(target=terminate_when_done, daemon=True)
+    killer.start()
+    try:
+        assert d.run() == 0
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == previous
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    killer.join(DEADLINE_S)
+    assert d.last_checkpoint is not None  # the stop wrote a checkpoint
+    restored = daemon_over(tmp_path, ListSource(partitions_of(preds, labels)))
+    restored._restore()
+    assert restored.engine.status()["counters"] == d.engine.status()["counters"]
+    assert dict(restored.positions) == {("predictions", 0): 10, ("labels", 0): 10}

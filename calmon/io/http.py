@@ -168,6 +168,13 @@ class HttpServer:
     def port(self) -> int:
         return int(self._server.server_address[1])
 
+    def __enter__(self) -> HttpServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._server.serve_forever, name="calmon-http",
                                         kwargs={"poll_interval": 0.2}, daemon=True)

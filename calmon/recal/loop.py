@@ -76,6 +76,13 @@ class Recalibrator:
                                 misfire_grace_time=None, next_run_time=first)
         self._scheduler.start()
 
+    def __enter__(self) -> Recalibrator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
