@@ -20,15 +20,13 @@ fitted on, or None.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from calmon.config import Window
-from calmon.engine.windows import BUCKETS, bin_index
+from calmon.engine.windows import BUCKETS, BucketTables, bin_index
 
 Apply = Callable[[np.ndarray, str], np.ndarray]
 LiveCalibrators = Mapping[tuple[str, str], tuple[Apply, "np.ndarray | None"]]
@@ -66,18 +64,15 @@ def psi(current: np.ndarray, reference: np.ndarray) -> float | None:
     return float(np.sum((c - r) * np.log(c / r)))
 
 
-class ScoreHist:
+class ScoreHist(BucketTables):
     """Per series and window length W: counts of raw confidences in the B equal-width
     bins, in buckets of W / BUCKETS, kept for 2 W (the window and the one before it)."""
 
-    def __init__(self, windows: tuple[Window, ...], bins: int) -> None:
-        self.windows = windows
-        self.bins = bins
-        self.widths = [w.seconds / BUCKETS for w in windows]
-        self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
+    keep = 2 * BUCKETS
 
-    def current(self, w: int, now: float) -> int:
-        return math.floor(now / self.widths[w]) if math.isfinite(now) else -(2**62)
+    def __init__(self, windows: tuple[Window, ...], bins: int) -> None:
+        self.bins = bins
+        super().__init__(windows, bins)
 
     def add(self, sid: np.ndarray, ts: np.ndarray, conf: np.ndarray, now: float) -> None:
         if len(sid) == 0:
@@ -111,29 +106,6 @@ class ScoreHist:
                 else:
                     vec += row
 
-    def evict(self, now: float) -> None:
-        for w in range(len(self.windows)):
-            floor_ = self.current(w, now) - 2 * BUCKETS
-            tab = self._data[w]
-            for s in list(tab):
-                buckets = tab[s]
-                for idx in [i for i in buckets if i <= floor_]:
-                    del buckets[idx]
-                if not buckets:
-                    del tab[s]
-
-    def forget(self, sids: list[int]) -> None:
-        """Drop everything kept for these series (a model's class count was reset)."""
-        for tab in self._data:
-            for sid in sids:
-                tab.pop(sid, None)
-
-    def series(self) -> set[int]:
-        out: set[int] = set()
-        for tab in self._data:
-            out.update(tab)
-        return out
-
     def counts(self, sid: int, w: int, now: float, previous: bool = False) -> np.ndarray:
         """The window's counts, or with ``previous`` those of the window just before."""
         cur = self.current(w, now) - (BUCKETS if previous else 0)
@@ -142,23 +114,6 @@ class ScoreHist:
             if cur - BUCKETS < idx <= cur:
                 out += vec
         return out
-
-    def snapshot(self) -> list[Any]:
-        out = []
-        for tab in self._data:
-            items = [(s, idx, vec) for s, buckets in tab.items() for idx, vec in buckets.items()]
-            keys = (np.array([(a, b) for a, b, _ in items], np.int64) if items
-                    else np.zeros((0, 2), np.int64))
-            vecs = (np.stack([v for _, _, v in items]) if items
-                    else np.zeros((0, self.bins), np.int64))
-            out.append({"keys": keys, "vecs": vecs})
-        return out
-
-    def restore(self, snap: list[Any]) -> None:
-        self._data = [{} for _ in self.windows]
-        for tab, part in zip(self._data, snap):
-            for (s, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
-                tab.setdefault(s, {})[idx] = vec.astype(np.int64).copy()
 
 
 def top_and_positive(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

@@ -103,18 +103,75 @@ class Samples:
     nll: np.ndarray  # float64 NLL term
 
 
-class Windows:
-    """All windows of all series; read back as float64 totals per (series, window)."""
+class BucketTables:
+    """Per window length W, per series: int64 vectors in buckets of W / BUCKETS of event
+    time. ``keep`` buckets are kept (the window itself, or more); the subclasses say
+    what a vector holds and how it is read back."""
 
-    def __init__(self, windows: tuple[Window, ...], bins: int, fine_bins: int) -> None:
+    keep = BUCKETS
+
+    def __init__(self, windows: tuple[Window, ...], width: int) -> None:
         self.windows = windows
-        self.layout = Layout(bins, fine_bins)
         self.widths = [w.seconds / BUCKETS for w in windows]
+        self._width = width  # the length of one vector
         # [window][series] -> {bucket index: int64 vector}
         self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
 
     def current(self, w: int, now: float) -> int:
         return math.floor(now / self.widths[w]) if math.isfinite(now) else -(2**62)
+
+    def evict(self, now: float) -> None:
+        """Drop buckets that slid out of what is kept, and series left empty."""
+        for w in range(len(self.windows)):
+            floor_ = self.current(w, now) - self.keep
+            tab = self._data[w]
+            for sid in list(tab):
+                buckets = tab[sid]
+                for idx in [i for i in buckets if i <= floor_]:
+                    del buckets[idx]
+                if not buckets:
+                    del tab[sid]
+
+    def forget(self, sids: list[int]) -> None:
+        """Drop everything kept for these series (a model's class count was reset)."""
+        for tab in self._data:
+            for sid in sids:
+                tab.pop(sid, None)
+
+    def series(self) -> set[int]:
+        """Series with data in at least one window (call ``evict`` first)."""
+        out: set[int] = set()
+        for tab in self._data:
+            out.update(tab)
+        return out
+
+    def snapshot(self) -> list[Any]:
+        out = []
+        for tab in self._data:
+            items = [(sid, idx, vec) for sid, buckets in tab.items()
+                     for idx, vec in buckets.items()]
+            if items:
+                keys = np.array([(a, b) for a, b, _ in items], dtype=np.int64)
+                vecs = np.stack([v for _, _, v in items])
+            else:
+                keys = np.zeros((0, 2), np.int64)
+                vecs = np.zeros((0, self._width), np.int64)
+            out.append({"keys": keys, "vecs": vecs})
+        return out
+
+    def restore(self, snap: list[Any]) -> None:
+        self._data = [{} for _ in self.windows]
+        for tab, part in zip(self._data, snap):
+            for (sid, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
+                tab.setdefault(sid, {})[idx] = vec.astype(np.int64).copy()
+
+
+class Windows(BucketTables):
+    """All windows of all series; read back as float64 totals per (series, window)."""
+
+    def __init__(self, windows: tuple[Window, ...], bins: int, fine_bins: int) -> None:
+        self.layout = Layout(bins, fine_bins)
+        super().__init__(windows, self.layout.size)
 
     def add(self, s: Samples, now: float) -> None:
         if len(s.sid) == 0:
@@ -240,31 +297,6 @@ class Windows:
                 else:
                     vec += row
 
-    def evict(self, now: float) -> None:
-        """Drop buckets that slid out of their window, and series left empty."""
-        for w in range(len(self.windows)):
-            floor_ = self.current(w, now) - BUCKETS
-            tab = self._data[w]
-            for sid in list(tab):
-                buckets = tab[sid]
-                for idx in [i for i in buckets if i <= floor_]:
-                    del buckets[idx]
-                if not buckets:
-                    del tab[sid]
-
-    def forget(self, sids: list[int]) -> None:
-        """Drop everything kept for these series (a model's class count was reset)."""
-        for tab in self._data:
-            for sid in sids:
-                tab.pop(sid, None)
-
-    def series(self) -> set[int]:
-        """Series with data in at least one window (call ``evict`` first)."""
-        out: set[int] = set()
-        for tab in self._data:
-            out.update(tab)
-        return out
-
     def totals(self, sid: int, w: int, now: float) -> np.ndarray | None:
         """The window's summed vector as float64 (fixed point not yet undone), or None."""
         buckets = self._data[w].get(sid)
@@ -277,23 +309,3 @@ class Windows:
         # summed in bucket order as float64: deterministic, and no int64 overflow
         out: np.ndarray = np.sum(np.asarray(vecs, dtype=np.float64), axis=0)
         return out
-
-    def snapshot(self) -> list[Any]:
-        out = []
-        for tab in self._data:
-            items = [(sid, idx, vec) for sid, buckets in tab.items()
-                     for idx, vec in buckets.items()]
-            if items:
-                keys = np.array([(a, b) for a, b, _ in items], dtype=np.int64)
-                vecs = np.stack([v for _, _, v in items])
-            else:
-                keys = np.zeros((0, 2), np.int64)
-                vecs = np.zeros((0, self.layout.size), np.int64)
-            out.append({"keys": keys, "vecs": vecs})
-        return out
-
-    def restore(self, snap: list[Any]) -> None:
-        self._data = [{} for _ in self.windows]
-        for tab, part in zip(self._data, snap):
-            for (sid, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
-                tab.setdefault(sid, {})[idx] = vec.astype(np.int64).copy()
