@@ -30,10 +30,9 @@ from confluent_kafka import (
 )
 
 from calmon.config import KafkaConfig
-from calmon.engine.records import Kind
 from calmon.io import source as shared
 from calmon.io.confluent_settings import LibrdkafkaLog, librdkafka_settings
-from calmon.io.source import Batch, Chunk, KafkaSourceError, Position, to_batch
+from calmon.io.source import Chunk, KafkaSourceError, Position, SourceBase
 from calmon.io.topics import fetch_bytes, owned_partitions
 
 log = logging.getLogger(__name__)
@@ -42,19 +41,18 @@ _NO_TIMESTAMP = 0  # confluent_kafka.TIMESTAMP_NOT_AVAILABLE
 END_OFFSETS_TIMEOUT_S = 2.0  # a slow broker delays lag figures, never the poll loop for long
 
 
-class ConfluentSource:
+class ConfluentSource(SourceBase):
     """Static-assignment librdkafka consumer over ``predictions_topic`` and ``labels_topic``."""
 
     def __init__(self, config: KafkaConfig, *, metadata_timeout_s: float = 30.0,
                  log_interval_s: float = 60.0) -> None:
         if config.predictions_topic == config.labels_topic:
             raise ValueError("predictions_topic and labels_topic must differ")
+        super().__init__(config)
         self._config = config
-        self._kinds = {config.predictions_topic: Kind.PREDICTION, config.labels_topic: Kind.LABEL}
         self._metadata_timeout_s = metadata_timeout_s
         self._log_interval_s = log_interval_s
         self._consumer: Consumer | None = None
-        self._owned: list[Position] = []
         self._connected = False
         self._down_since: float | None = None
         self._last_warning = -float("inf")
@@ -157,14 +155,7 @@ class ConfluentSource:
         log.info("assigned %d partitions: %s", len(owned), self._owned)
         return list(self._owned)
 
-    @property
-    def owned(self) -> list[Position]:
-        return list(self._owned)
-
     # ------------------------------------------------------------------ reading
-
-    def poll(self, timeout_ms: int = 1000, max_records: int = 500) -> Batch:
-        return to_batch(self.poll_chunks(timeout_ms, max_records), self._kinds)
 
     def poll_chunks(self, timeout_ms: int = 1000, max_records: int = 500) -> list[Chunk]:
         if self._consumer is None:

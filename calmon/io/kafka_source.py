@@ -22,8 +22,7 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from calmon.config import KafkaConfig
-from calmon.engine.records import Kind
-from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, to_batch
+from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, SourceBase
 from calmon.io.source import Batch as Batch  # re-exported: older imports
 from calmon.io.source import KafkaSourceError as KafkaSourceError
 from calmon.io.topics import client_settings, fetch_bytes, owned_partitions
@@ -44,7 +43,7 @@ def consumer_lag(end_offsets: dict[Position, int],
             if tp in positions}
 
 
-class KafkaSource:
+class KafkaSource(SourceBase):
     """Static-assignment consumer over ``predictions_topic`` and ``labels_topic``
     (``kafka.library: kafka-python``; see ``calmon.io.source.ChunkSource``)."""
 
@@ -57,12 +56,11 @@ class KafkaSource:
     ) -> None:
         if config.predictions_topic == config.labels_topic:
             raise ValueError("predictions_topic and labels_topic must differ")
+        super().__init__(config)
         self._config = config
-        self._kinds = {config.predictions_topic: Kind.PREDICTION, config.labels_topic: Kind.LABEL}
         self._metadata_timeout_s = metadata_timeout_s
         self._log_interval_s = log_interval_s
         self._consumer: KafkaConsumer | None = None
-        self._owned: list[Position] = []
         self._down_since: float | None = None  # monotonic time the broker was first seen down
         self._last_warning = -float("inf")
 
@@ -179,21 +177,7 @@ class KafkaSource:
         log.info("assigned %d partitions: %s", len(owned), self._owned)
         return list(self._owned)
 
-    @property
-    def owned(self) -> list[Position]:
-        """The partitions taken by the last ``assign()`` (empty before)."""
-        return list(self._owned)
-
     # ------------------------------------------------------------------ reading
-
-    def poll(self, timeout_ms: int = 1000, max_records: int = 500) -> Batch:
-        """Up to ``max_records`` records, waiting at most about ``timeout_ms``.
-
-        Never raises on broker trouble: it logs at most once per ``log_interval_s``
-        and returns an empty batch; kafka-python reconnects by itself and reading
-        resumes where it stopped.
-        """
-        return to_batch(self.poll_chunks(timeout_ms, max_records), self._kinds)
 
     def poll_chunks(self, timeout_ms: int = 1000, max_records: int = 500) -> list[Chunk]:
         """``poll`` as plain per-partition columns: cheap to pickle to another process."""

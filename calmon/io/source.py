@@ -56,6 +56,29 @@ def to_batch(chunks: list[Chunk], kinds: dict[str, Kind]) -> Batch:
     return batch
 
 
+class SourceBase:
+    """What every library's source shares: which topic is which kind, the partitions
+    the last ``assign`` took, and ``poll`` as ``poll_chunks`` made into records."""
+
+    def __init__(self, config: KafkaConfig) -> None:
+        self._kinds = {config.predictions_topic: Kind.PREDICTION,
+                       config.labels_topic: Kind.LABEL}
+        self._owned: list[Position] = []
+
+    @property
+    def owned(self) -> list[Position]:
+        """The partitions taken by the last ``assign()`` (empty before)."""
+        return list(self._owned)
+
+    def poll_chunks(self, timeout_ms: int = 1000, max_records: int = 500) -> list[Chunk]:
+        raise NotImplementedError
+
+    def poll(self, timeout_ms: int = 1000, max_records: int = 500) -> Batch:
+        """Up to ``max_records`` records, waiting at most about ``timeout_ms``. Never
+        raises on broker trouble: it logs (rate-limited) and returns an empty batch."""
+        return to_batch(self.poll_chunks(timeout_ms, max_records), self._kinds)
+
+
 class ChunkSource(Protocol):
     """A static-assignment consumer of both input topics (one per client library).
 
