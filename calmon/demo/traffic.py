@@ -24,9 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calmon.engine.records import sigmoid
+from calmon.calibrators import scores
 
 log = logging.getLogger(__name__)
+
+
+def sigmoid(z: float) -> float:
+    return float(scores.sigmoid(np.asarray(z, dtype=np.float64)))
 
 MODELS = ("ctr", "fraud", "triage", "search")
 COUNTRIES = ("US", "DE", "BR", "IN", "JP")

@@ -94,19 +94,6 @@ class Prediction:
         """2 for a binary model, K for a multiclass one."""
         return 2 if self.kind in BINARY_KINDS else len(self.score)
 
-    @property
-    def p(self) -> Any:
-        """Binary: P(y=1); multiclass: the renormalised class probabilities. Computed on
-        demand: the engine works on whole batches in numpy instead."""
-        if self.kind == "prob":
-            return self.score
-        if self.kind == "logit":
-            return sigmoid(self.score)
-        if self.kind == "probs":
-            total = math.fsum(self.score.tolist())
-            return tuple(x / total for x in self.score.tolist())
-        return softmax(tuple(self.score.tolist()))
-
 
 @dataclass(slots=True)
 class Label:
@@ -184,20 +171,6 @@ def _dig(obj: dict[str, Any], parts: str | tuple[str, ...]) -> Any:
             return _MISSING
         obj = obj[p]
     return obj
-
-
-def sigmoid(z: float) -> float:
-    if z >= 0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)
-
-
-def softmax(z: tuple[float, ...]) -> tuple[float, ...]:
-    m = max(z)
-    e = [math.exp(v - m) for v in z]
-    s = math.fsum(e)
-    return tuple(v / s for v in e)
 
 
 def parse_ts(v: Any) -> float:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from calmon.errors import StateError
+from calmon.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +120,7 @@ class CheckpointStore:
         blob = _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload),
                             hashlib.sha256(payload).digest()) + payload
         final = self.dir / f"ckpt-{seq:012d}.calmon"
-        tmp = self.dir / f".{final.name}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(self.dir)
+        atomic_write(final, blob)
         for _, old in files[: max(0, len(files) + 1 - KEEP)]:
             old.unlink(missing_ok=True)
         return final
@@ -193,11 +188,3 @@ class CheckpointStore:
         doc = decode(payload)
         positions = {(t, int(p)): int(o) for t, p, o in doc["positions"]}
         return Checkpoint(seq, doc["state"], positions, float(doc["written_at"]))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from calmon.calibrators import Calibrator, load
 from calmon.calibrators.paths import dir_name
 from calmon.calibrators.registry import read_document
 from calmon.errors import CalibratorError
+from calmon.files import atomic_write, write_new
 
 log = logging.getLogger(__name__)
 
@@ -43,32 +43,6 @@ class Live:
     @property
     def version(self) -> int:
         return int(self.doc.get("version", 0))
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_new(path: Path, data: bytes) -> bool:
-    """Write ``path`` complete or not at all, and only if it does not exist yet
-    (``link`` refuses to replace), so two publishers never share a version."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 class Registry:
@@ -148,7 +122,7 @@ class Registry:
                 data = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
                 if write_new(d / f"v{doc['version']}.json", data):
                     break
-            write_atomic(d / "latest.json", data)
+            atomic_write(d / "latest.json", data)
         if self.publish_to_topic is not None:
             self.publish_to_topic(f"{model}/{segment}", data)
         return doc
