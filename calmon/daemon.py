@@ -105,6 +105,8 @@ class Daemon:
         self.positions: dict[tuple[str, int], int] = {}
         # what readers see of the positions: replaced, never mutated (see the docstring)
         self.published_positions: Mapping[tuple[str, int], int] = MappingProxyType({})
+        # the positions the newest checkpoint holds (replaced, never mutated)
+        self.checkpoint_positions: Mapping[tuple[str, int], int] = MappingProxyType({})
         self._suspect: set[str] = set()  # sources of a batch the engine raised on
         self._poison: set[str] = set()  # sources of records the engine raises on
         self.state = RunState.NEW
@@ -171,6 +173,8 @@ class Daemon:
             "counters": s["counters"],
             "positions": {f"{t}/{p}": o
                           for (t, p), o in sorted(self.published_positions.items())},
+            "checkpoint_positions": {f"{t}/{p}": o for (t, p), o
+                                     in sorted(self.checkpoint_positions.items())},
         }
 
     def _recal_state(self) -> RecalState:
@@ -260,6 +264,7 @@ class Daemon:
                              ) from None
         self.positions = dict(ckpt.positions)
         self.published_positions = MappingProxyType(dict(self.positions))
+        self.checkpoint_positions = self.published_positions
         self.restored = True
         self.last_checkpoint = ckpt.written_at
         log.info("restored checkpoint %d (%d partitions, %d pending)", ckpt.seq,
@@ -391,6 +396,7 @@ class Daemon:
             log.error("checkpoint failed, will retry: %s", e)
             return
         self.last_checkpoint = now
+        self.checkpoint_positions = MappingProxyType(dict(self.positions))
         self._written = mark
         self._totals_at_checkpoint = totals
         if self.assigned and self.positions:

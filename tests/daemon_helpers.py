@@ -330,6 +330,19 @@ class CalmonDaemon:
         return wait_until(reached, timeout, f"/status positions == {expected}",
                           detail=lambda: self.status())
 
+    def wait_checkpoint_of(self, expected: dict[str, int], what: str = "a checkpoint",
+                           timeout: float = CHECKPOINT_TIMEOUT_S) -> dict[str, Any]:
+        """Wait until the newest checkpoint holds these positions (``topic/partition`` ->
+        next offset): what a checkpoint covers, not when it was written, so a checkpoint
+        written just before the caller looked counts too."""
+
+        def covered() -> dict[str, Any] | None:
+            assert self.running, f"calmon died:\n{self.log_tail()}"
+            st = self.status()
+            return st if st["checkpoint_positions"] == expected else None
+
+        return wait_until(covered, timeout, what, detail=lambda: self.status())
+
     def wait_checkpoint(self, after: float | None = None, what: str = "a checkpoint",
                         timeout: float = CHECKPOINT_TIMEOUT_S) -> dict[str, Any]:
         """Wait until /status shows a checkpoint (written after the Unix time ``after``

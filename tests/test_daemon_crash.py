@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,8 +81,7 @@ def test_kill_9_at_random_moments_equals_an_uninterrupted_run(
             target = len(sent)
             wait_until(lambda t=target: consumed(daemon) >= t, 60,
                        f"{target} records counted", detail=daemon.log_tail)
-            since = time.time()
-            daemon.wait_checkpoint(since, "a checkpoint covering them")
+            daemon.wait_checkpoint_of(end_positions(sent), "a checkpoint covering them")
             # now stream the next part and kill at a random point inside it
             threshold = target + int(rng.integers(1, len(streamed)))
             thread = threading.Thread(target=produce, args=(streamed, 25), daemon=True)

@@ -64,7 +64,6 @@ def test_broker_outage_and_recovery(tansu_broker: TansuBroker, tmp_path: Path) -
         with Producer(bootstrap) as producer:
             before: list[Any] = producer.send(records[:half])
         daemon.wait_positions(end_positions(before))
-        consumed_at = time.time()
         counted = daemon.status()["counters"]
         gauges = window_gauges(daemon.scrape())
         assert counted["predictions"] + counted["labels"] == half
@@ -81,7 +80,7 @@ def test_broker_outage_and_recovery(tansu_broker: TansuBroker, tmp_path: Path) -
         assert window_gauges(daemon.scrape()) == gauges  # still served, unchanged
         # the state consumed before the outage still gets checkpointed without a broker
         # (the offset commit fails softly); idle intervals write nothing new
-        daemon.wait_checkpoint(consumed_at, "a checkpoint of the pre-outage state")
+        daemon.wait_checkpoint_of(end_positions(before), "a checkpoint of the pre-outage state")
         assert http_get(daemon.port, "/readyz")[0] == 503
 
         # ---- the broker is back, with its log rebuilt as a persistent one keeps it

@@ -445,7 +445,7 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
         wait_positions_probing(daemon, seen_, end_positions(md1), "phase 1")
         # the kill -9 below replays from the last checkpoint: let it hold phase 1 whole, so
         # "flip" has joined (live) samples in every consumption order of the replay
-        daemon.wait_checkpoint(time.time(), "a checkpoint after phase 1")
+        daemon.wait_checkpoint_of(end_positions(md1), "a checkpoint after phase 1")
         # phase 2: the attack; kill -9 while it is being consumed, then restart
         rng = np.random.default_rng(89)
         order = list(range(len(p2.records)))
@@ -468,8 +468,7 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
         daemon.start()
         probe(daemon, seen_, "after kill -9 mid-attack")
         wait_positions_probing(daemon, seen_, end_positions(md1 + md2), "phase 2")
-        done = time.time()
-        daemon.wait_checkpoint(done, "a checkpoint after the attack")
+        daemon.wait_checkpoint_of(end_positions(md1 + md2), "a checkpoint after the attack")
         # kill -9 once everything is checkpointed: the same counters come back
         seen_.before_kill = daemon.status()
         daemon.kill()
