@@ -16,8 +16,8 @@ from calmon.config import from_dict
 from calmon.daemon import Daemon
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind, Raw
-from tests.engine.reference import T0, label_bytes, pred_bytes
 from tests.fakes import DeadLetterLog, ListSource, partitions_of
+from tests.oracle import T0, label_bytes, pred_bytes
 
 DEADLINE_S = 60.0  # generous: a busy 2-core CI machine
 

@@ -16,7 +16,7 @@ import pytest
 
 from calmon import replay as replay_mod
 from calmon.cli import main
-from tests.engine.reference import (
+from tests.oracle import (
     T0,
     assert_close,
     binary_terms,

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tests import oracle
 from tests.conftest import create_topics, free_port, tansu_binary, unique_topic
 from tests.daemon_helpers import (
     CalmonDaemon,
@@ -131,17 +132,13 @@ class Traffic:
 
 def independent_ece(pairs: list[tuple[dict[str, Any], dict[str, Any]]]
                     ) -> dict[tuple[str, str], float]:
-    """(model, segment) -> ECE of the joined pairs: right-closed equal-width bins,
-    sum_b |sum conf_b - sum correct_b| / N."""
-    edges = np.linspace(0.0, 1.0, BINS + 1)[1:-1]
-    sums: dict[tuple[str, str], np.ndarray] = {}
+    """(model, segment) -> ECE of the joined pairs, by the tests' oracle."""
+    samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for pred, label in pairs:
         conf, correct = confidence_and_correct(pred, int(label["label"]))
-        b = int(np.searchsorted(edges, conf, side="left"))
         for seg in segment_labels(pred, SLICES):
-            acc = sums.setdefault((pred["model"], seg), np.zeros((3, BINS)))
-            acc[:, b] += (1.0, conf, correct)
-    return {k: float(np.abs(a[1] - a[2]).sum() / a[0].sum()) for k, a in sums.items()}
+            samples.setdefault((pred["model"], seg), []).append((conf, correct))
+    return {k: oracle.ece(*np.array(v).T, BINS) for k, v in samples.items()}
 
 
 # ---------------------------------------------------------------- Prometheus

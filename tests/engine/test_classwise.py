@@ -10,18 +10,7 @@ import numpy as np
 from calmon import config
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind, Raw
-
-EDGES = np.linspace(0.0, 1.0, 16)
-
-
-def ece(conf: np.ndarray, y: np.ndarray) -> float:
-    b = np.searchsorted(EDGES[1:-1], conf, side="left")  # right-closed, as sklearn
-    total = 0.0
-    for k in range(15):
-        m = b == k
-        if m.any():
-            total += m.sum() / len(conf) * abs(conf[m].mean() - y[m].mean())
-    return total
+from tests.oracle import ece
 
 
 def feed(engine: Engine, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from calmon.config import from_dict
 from calmon.engine.engine import Engine, Row
 from calmon.io.exporter import CalmonCollector
-from tests.engine.reference import T0, L, P, right_closed_bins
+from tests.oracle import T0, L, P, right_closed_bins
 
 HOUR = 3600.0
 CFG = {"metrics": {"windows": ["1h", "24h"]}, "recalibration": {"window": "24h"}}

@@ -13,7 +13,7 @@ from calmon.config import from_dict
 from calmon.engine.engine import Engine, Rejected, View
 from calmon.engine.records import Kind
 from calmon.io.totals import ProcessTotals
-from tests.engine.reference import T0, L, P, binary_terms, expected_row
+from tests.oracle import T0, L, P, binary_terms, expected_row
 
 H = 3600.0
 

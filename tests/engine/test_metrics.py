@@ -12,7 +12,7 @@ from sklearn.calibration import calibration_curve
 
 from calmon.config import from_dict
 from calmon.engine.engine import Engine
-from tests.engine.reference import (
+from tests.oracle import (
     T0,
     L,
     P,

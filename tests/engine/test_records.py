@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from calmon.config import FieldsConfig, LimitsConfig, from_dict
 from calmon.engine.engine import Engine
 from calmon.engine.records import REASONS, Kind, Label, Parser, Prediction, Raw, Reject
-from tests.engine.reference import T0, L, P, label_bytes
+from tests.oracle import T0, L, P, label_bytes
 
 MAX_BYTES = 1000
 LIMITS = LimitsConfig(max_models=3, max_classes=50, max_id_bytes=32, max_name_bytes=16)

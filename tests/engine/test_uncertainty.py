@@ -18,7 +18,7 @@ from calmon.config import from_dict
 from calmon.engine import metrics
 from calmon.engine.engine import Engine
 from calmon.errors import ConfigError
-from tests.engine.reference import T0, L, P, assert_close, right_closed_bins
+from tests.oracle import T0, L, P, assert_close, right_closed_bins
 
 
 def feed_model(engine: Engine, model: str, probs: np.ndarray, y: np.ndarray) -> None:

@@ -14,7 +14,7 @@ import pytest
 from calmon.config import from_dict
 from calmon.engine.engine import Engine, View
 from calmon.engine.records import Raw
-from tests.engine.reference import T0, L, P
+from tests.oracle import T0, L, P
 
 DAY = 86400.0
 

@@ -19,6 +19,7 @@ from calmon import config as config_mod
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind, Raw
+from tests import oracle
 
 BASE_TS = 1_764_460_800.0  # 2025-11-30T00:00:00Z
 BINS = 15
@@ -168,17 +169,9 @@ def conf_correct(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.
     return probs.max(axis=1), (probs.argmax(axis=1) == labels).astype(np.float64)
 
 
-def bin_of(conf: np.ndarray, bins: int = BINS) -> np.ndarray:
-    """Right-closed equal-width bins, as scikit-learn's calibration_curve."""
-    return np.searchsorted(np.linspace(0.0, 1.0, bins + 1)[1:-1], conf, side="left")
-
-
 def ece_np(probs: np.ndarray, labels: np.ndarray, bins: int = BINS) -> float:
     conf, correct = conf_correct(probs, labels)
-    b = bin_of(conf, bins)
-    n = np.bincount(b, minlength=bins)
-    gap = np.abs(np.bincount(b, conf, bins) - np.bincount(b, correct, bins))
-    return float(gap.sum() / n.sum())
+    return oracle.ece(conf, correct, bins)
 
 
 def nll_np(probs: np.ndarray, labels: np.ndarray) -> float:

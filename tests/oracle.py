@@ -1,8 +1,9 @@
-"""Independent reference computations and record builders for the engine tests.
+"""The tests' one oracle: reference computations and record builders.
 
 Everything here is written from the contract's definitions (CONTRACT.md section 2)
 with plain numpy / scipy, never with calmon's own functions, so a test that
-compares the engine against it can fail.
+compares calmon against it can fail. Every test that needs an ECE, the right-closed
+bins or a per-bin sum takes it from here.
 """
 
 from __future__ import annotations
@@ -238,3 +239,9 @@ def assert_close(actual: Any, expected: Any, tol: float, what: str) -> None:
     assert actual is not None, f"{what}: got null, expected {expected!r}"
     assert math.isfinite(actual), f"{what}: {actual!r}"
     assert abs(actual - expected) <= tol, f"{what}: {actual!r} != {expected!r}"
+
+
+def ece(conf: np.ndarray, correct: np.ndarray, bins: int = 15) -> float:
+    """The binned ECE of samples: sum_b n_b / N * |mean confidence_b - accuracy_b|."""
+    conf = np.asarray(conf, dtype=np.float64)
+    return float(ece_from_bins(*per_bin(conf, np.asarray(correct, dtype=np.float64), bins))[0])
