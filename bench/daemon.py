@@ -64,20 +64,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-try:
-    import calmon  # noqa: F401
-except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the checkout's root: for calmon without `pip install -e .`, and for the tests' helpers,
+# which the benchmark shares instead of copying
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
 
@@ -85,6 +81,8 @@ from calmon.config import KafkaConfig
 from calmon.daemon import MAX_RECORDS, POLL_TIMEOUT_MS
 from calmon.demo.broker import BrokerUnavailable, TansuBroker, free_port, resolve_binary
 from calmon.io.kafka_source import KafkaSource
+from tests.conftest import create_topics
+from tests.daemon_helpers import http_get, wait_until
 
 LIBRARIES = ("kafka-python", "confluent")
 TARGET_SPEEDUP = 2.5  # calmon on confluent over calmon on kafka-python
@@ -107,20 +105,6 @@ STATUS_MAX_S = 1.0
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def wait_until(cond: Callable[[], Any], timeout: float, what: str,
-               interval: float = 0.05) -> Any:
-    """Poll ``cond`` until it returns something truthy (returned); raise after
-    ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)  # polling interval of a deadline-bounded wait
 
 
 # ---------------------------------------------------------------- data
@@ -206,27 +190,6 @@ def produce_all(bootstrap: str, pred_topic: str, label_topic: str, n: int,
     if preds != n or labels != n:
         raise RuntimeError(f"produced {preds} predictions and {labels} labels, expected {n}")
     return sum(r[2] for r in results) // max(1, n)
-
-
-def create_topics(bootstrap: str, names: list[str], partitions: int,
-                  timeout: float = 30.0) -> None:
-    """Create ``names`` and wait until metadata shows every partition with a leader."""
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
-    try:
-        admin.create_topics([NewTopic(n, partitions, 1) for n in names])
-
-        def ready() -> bool:
-            described = admin.describe_topics(names)
-            ok = {t["name"] for t in described
-                  if t["error_code"] == 0 and len(t["partitions"]) == partitions
-                  and all(p["leader_id"] >= 0 for p in t["partitions"])}
-            return ok == set(names)
-
-        wait_until(ready, timeout, f"topics {names}")
-    finally:
-        admin.close()
 
 
 # ---------------------------------------------------------------- bare consumer
@@ -363,17 +326,6 @@ class CalmonResult:
     @property
     def input_rate_from_start(self) -> float:
         return 2 * self.n / (self.startup + self.seconds)
-
-
-def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """(status, body); (0, b"") when nothing answers."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (OSError, urllib.error.URLError):
-        return 0, b""
 
 
 def write_config(workdir: Path, bootstrap: str, pred_topic: str, label_topic: str,
