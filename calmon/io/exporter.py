@@ -10,7 +10,8 @@ series disappears as soon as its segment has left every window.
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -233,44 +234,34 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
     for labels, n in sorted(refits.items()):
         c.add_metric(list(labels), n)
     yield c
-    g = GaugeMetricFamily("calmon_calibrator_version", "Live calibrator version",
-                          labels=("model", "segment"))
-    for key, v in sorted(r.versions.items()):
-        g.add_metric(list(key), v)
-    yield g
-    g = GaugeMetricFamily("calmon_calibrator_temperature",
-                          "Temperature of the live calibrator, when temperature scaling",
-                          labels=("model", "segment"))
-    for key, v in sorted(r.temperatures.items()):
-        g.add_metric(list(key), v)
-    yield g
-    g = GaugeMetricFamily("calmon_drift", "1 while a drift trigger fires",
-                          labels=("model", "segment", "trigger"))
-    for trig, v in sorted(r.drift.items()):
-        g.add_metric(list(trig), v)
-    yield g
-    g = GaugeMetricFamily("calmon_calibrated_samples",
-                          "Samples behind calmon_calibrated_ece (predicted after the fit)",
-                          labels=ROW_LABELS)
-    for model, segment, window, n in r.calibrated_samples:
-        g.add_metric([model, segment, window], n)
-    yield g
-    g = GaugeMetricFamily("calmon_drift_evidence",
-                          "Drift detector statistic over its threshold (>= 1 alarms)",
-                          labels=("model", "segment"))
-    for key, v in sorted(r.drift_evidence.items()):
-        g.add_metric(list(key), v)
-    yield g
-    g = GaugeMetricFamily("calmon_drift_change_timestamp_seconds",
-                          "Estimated start of the current change, while alarming",
-                          labels=("model", "segment"))
-    for key, v in sorted(r.drift_change_ts.items()):
-        g.add_metric(list(key), v)
-    yield g
+    series = ("model", "segment")
+    yield _gauge("calmon_calibrator_version", "Live calibrator version", series, r.versions)
+    yield _gauge("calmon_calibrator_temperature",
+                 "Temperature of the live calibrator, when temperature scaling", series,
+                 r.temperatures)
+    yield _gauge("calmon_drift", "1 while a drift trigger fires",
+                 ("model", "segment", "trigger"), r.drift)
+    yield _gauge("calmon_calibrated_samples",
+                 "Samples behind calmon_calibrated_ece (predicted after the fit)", ROW_LABELS,
+                 {(m, s, w): n for m, s, w, n in r.calibrated_samples})
+    yield _gauge("calmon_drift_evidence",
+                 "Drift detector statistic over its threshold (>= 1 alarms)", series,
+                 r.drift_evidence)
+    yield _gauge("calmon_drift_change_timestamp_seconds",
+                 "Estimated start of the current change, while alarming", series,
+                 r.drift_change_ts)
     c = CounterMetricFamily("calmon_alerts_failed_total",
                             "Webhook alerts not delivered after retries")
     c.add_metric([], r.alerts_failed)
     yield c
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...],
+           values: Mapping[Any, float]) -> GaugeMetricFamily:  # key: a label tuple
+    g = GaugeMetricFamily(name, doc, labels=labels)
+    for key, v in sorted(values.items()):
+        g.add_metric(list(key), v)
+    return g
 
 
 def _le(b: float) -> str:
