@@ -20,7 +20,7 @@ class SampleSet:
 
     ts: np.ndarray
     label: np.ndarray
-    kind: np.ndarray  # 0 prob, 1 logit, 2 probs, 3 logits
+    kind: np.ndarray  # int(records.ScoreKind) of each sample
     score: np.ndarray  # (n,) binary or (n, K) multiclass
     total: int = 0  # samples ever added to the ring: the last (total - seen) are new
 

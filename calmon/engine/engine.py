@@ -31,7 +31,17 @@ from calmon.engine.delta import Delta
 from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
 from calmon.engine.join import OUT_OF_RANGE, WAITING, Join, Joined
 from calmon.engine.metrics import Stats
-from calmon.engine.records import SCORE_KINDS, Kind, Label, Parser, Prediction, Raw, Reject
+from calmon.engine.records import (
+    MULTICLASS,
+    SCORE_KINDS,
+    Kind,
+    Label,
+    Parser,
+    Prediction,
+    Raw,
+    Reject,
+    ScoreKind,
+)
 from calmon.engine.series import ALL, SeriesIndex
 from calmon.engine.windows import BUCKETS, CONF_SCALE, Samples, Windows, bin_index
 
@@ -329,7 +339,7 @@ class Engine:
             m = one[0]
             mark = marks.get(m)
             if (mark is None or i >= mark[0]) and (
-                    0 if one[3] < 2 else len(one[4])) == classes[m]:
+                    0 if one[3] < MULTICLASS else len(one[4])) == classes[m]:
                 keep.append(one)
             else:
                 self.counters["joined"] += 1
@@ -351,7 +361,7 @@ class Engine:
         acc = np.empty(n, np.int64)
         brier = np.empty(n)
         nll = np.empty(n)
-        binary = np.flatnonzero(kinds < 2)
+        binary = np.flatnonzero(kinds < MULTICLASS)
         scores: dict[int, np.ndarray] = {}  # classes (0 binary) -> scores as given
         rows: dict[int, np.ndarray] = {}  # classes -> the sample rows they belong to
         classwise: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, probs) per K
@@ -362,7 +372,7 @@ class Engine:
                 score = np.fromiter((j.score[i] for i in binary.tolist()), np.float64,
                                     len(binary))
             scores[0], rows[0] = score, binary
-            p = np.where(kinds[binary] == 1, sigmoid(score), score)
+            p = np.where(kinds[binary] == ScoreKind.LOGIT, sigmoid(score), score)
             y = label[binary]
             conf[binary] = p
             correct[binary] = y
@@ -371,14 +381,14 @@ class Engine:
             nll[binary] = -np.log(np.clip(np.where(y == 1, p, 1.0 - p), 1e-15, 1.0))
         if len(binary) < n:
             by_k: dict[int, list[int]] = {}
-            for i in np.flatnonzero(kinds >= 2).tolist():
+            for i in np.flatnonzero(kinds >= MULTICLASS).tolist():
                 by_k.setdefault(len(j.score[i]), []).append(i)
             for k, idx in by_k.items():
                 ii = np.asarray(idx)
                 given = np.array([j.score[i] for i in idx], dtype=np.float64).reshape(-1, k)
                 scores[k], rows[k] = given, ii
                 probs = given.copy()
-                logits = kinds[ii] == 3
+                logits = kinds[ii] == ScoreKind.LOGITS
                 probs[logits] = _softmax(probs[logits])
                 probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
                 y = label[ii]
@@ -738,9 +748,9 @@ class _Columns(NamedTuple):
 
 def _raw_probs(raw: np.ndarray, code: int) -> np.ndarray:
     """Scores of kind ``SCORE_KINDS[code]`` as probabilities, as ``_add_joined`` reads them."""
-    if code < 2:
-        return sigmoid(raw) if code == 1 else raw
-    return _softmax(raw) if code == 3 else raw / raw.sum(axis=1, keepdims=True)
+    if code < MULTICLASS:
+        return sigmoid(raw) if code == ScoreKind.LOGIT else raw
+    return _softmax(raw) if code == ScoreKind.LOGITS else raw / raw.sum(axis=1, keepdims=True)
 
 
 def _fixed_sum(x: np.ndarray) -> float:
@@ -751,10 +761,10 @@ def raw_confidence(kind: np.ndarray, scores: list[Any]) -> np.ndarray:
     """The calibration target's confidence of raw scores (binary: P(y=1); multiclass:
     top-label probability), as ``_add_joined`` computes it."""
     conf = np.empty(len(scores))
-    binary = np.flatnonzero(kind < 2)
+    binary = np.flatnonzero(kind < MULTICLASS)
     if len(binary):
         x = np.fromiter((scores[i] for i in binary.tolist()), np.float64, len(binary))
-        conf[binary] = np.where(kind[binary] == 1, sigmoid(x), x)
+        conf[binary] = np.where(kind[binary] == ScoreKind.LOGIT, sigmoid(x), x)
     if len(binary) < len(scores):
         for idx, probs in _multiclass_probs(kind, scores):
             conf[idx] = probs.max(axis=1)
@@ -765,13 +775,13 @@ def _multiclass_probs(kind: np.ndarray,
                       scores: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
     """(rows, (n, K) probabilities) per class count K of the multiclass rows."""
     by_k: dict[int, list[int]] = {}
-    for i in np.flatnonzero(kind >= 2).tolist():
+    for i in np.flatnonzero(kind >= MULTICLASS).tolist():
         by_k.setdefault(len(scores[i]), []).append(i)
     out = []
     for k, rows in by_k.items():
         idx = np.asarray(rows)
         probs = np.array([scores[i] for i in rows], dtype=np.float64).reshape(-1, k)
-        logits = kind[idx] == 3
+        logits = kind[idx] == ScoreKind.LOGITS
         probs[logits] = _softmax(probs[logits])
         probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
         out.append((idx, probs))

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from calmon.config import JoinConfig
-from calmon.engine.records import SCORE_KINDS, Label, Prediction
+from calmon.engine.records import MULTICLASS, SCORE_KINDS, Label, Prediction
 
-KIND_CODE = {k: i for i, k in enumerate(SCORE_KINDS)}  # prob 0, logit 1, probs 2, logits 3
+KIND_CODE = {k: i for i, k in enumerate(SCORE_KINDS)}  # field name -> int(ScoreKind)
 NO_LABEL = -1
 INF, NAN = math.inf, math.nan  # plain floats: no numpy attribute lookups per record
 WAITING = -1  # add_label: no pending prediction (the label waits, or was a duplicate)
@@ -108,7 +108,7 @@ class Join:
         kind = KIND_CODE[pred.kind]
         ts = pred.ts
         self.events.arrivals.append((model, combo, ts, kind, pred.score))
-        if self.implicit is not None and kind < 2:
+        if self.implicit is not None and kind < MULTICLASS:
             held = True
             deadline = ts + self.implicit.after
         else:
@@ -122,7 +122,7 @@ class Join:
                 lab, label_deadline = waiting
                 if label_deadline <= now:
                     self.events.labels_expired += 1
-                elif lab.label >= (2 if kind < 2 else len(pred.score)):
+                elif lab.label >= (2 if kind < MULTICLASS else len(pred.score)):
                     self.events.rejected_labels.append(lab)
                 elif not held:
                     self._emit(model, combo, ts, kind, pred.score, lab.label, lab.ts)
@@ -143,7 +143,7 @@ class Join:
         self._label[slot] = label
         if label != NO_LABEL:  # only read back when a label is attached
             self._label_ts[slot] = NAN if label_ts is None else label_ts
-        if kind < 2:
+        if kind < MULTICLASS:
             self._score[slot] = pred.score
         else:
             self._vectors[slot] = pred.score
@@ -181,13 +181,13 @@ class Join:
                 self._undated_labels = True
             return WAITING
         kind = self._kind[slot]
-        if lab.label >= (2 if kind < 2 else len(self._vectors[slot])):
+        if lab.label >= (2 if kind < MULTICLASS else len(self._vectors[slot])):
             return OUT_OF_RANGE
         model = self._model[slot]
         if self._label[slot] != NO_LABEL:
             self.events.duplicate_labels += 1
             return model
-        if self.implicit is not None and kind < 2:
+        if self.implicit is not None and kind < MULTICLASS:
             # held until ts + after, so no window sees a positive before its negatives
             self._label[slot] = lab.label
             self._label_ts[slot] = NAN if lab.ts is None else lab.ts
@@ -196,7 +196,7 @@ class Join:
         ts = self._ts.item(slot)
         self._joined.append((
             model, self._combo[slot], ts, kind,
-            self._score.item(slot) if kind < 2 else self._vectors.pop(slot), lab.label,
+            self._score.item(slot) if kind < MULTICLASS else self._vectors.pop(slot), lab.label,
             NAN if lab.ts is None else lab.ts))
         self._done[lid] = ts + self.ttl
         self._done_order.append(lid)
@@ -214,7 +214,7 @@ class Join:
         label = self._label[slot]
         kind = self._kind[slot]
         ts = self._ts.item(slot)
-        if label == NO_LABEL and self.implicit is not None and kind < 2:
+        if label == NO_LABEL and self.implicit is not None and kind < MULTICLASS:
             label = self.implicit.value
             label_ts = None
         else:
@@ -224,7 +224,7 @@ class Join:
         if label == NO_LABEL:
             self.events.expired[(model, "ttl")] += 1
         else:
-            score = self._score.item(slot) if kind < 2 else self._vectors[slot]
+            score = self._score.item(slot) if kind < MULTICLASS else self._vectors[slot]
             self._emit(model, self._combo[slot], ts, kind, score, label, label_ts)
             self._mark_done(pid, ts + self.ttl)
         self._release(slot, pid)
@@ -322,8 +322,8 @@ class Join:
         slots = slots[np.asarray(self._label, np.int64)[slots] == NO_LABEL]
         kind = np.asarray(self._kind, np.int64)[slots]
         vectors = {i: self._vectors[s]
-                   for i, s in zip(np.flatnonzero(kind >= 2).tolist(),
-                                   slots[kind >= 2].tolist())}
+                   for i, s in zip(np.flatnonzero(kind >= MULTICLASS).tolist(),
+                                   slots[kind >= MULTICLASS].tolist())}
         return (np.asarray(self._model, np.int64)[slots],
                 np.asarray(self._combo, np.int64)[slots], self._ts[slots], kind,
                 self._score[slots], vectors)

@@ -70,8 +70,19 @@ REASONS = (
     "internal",  # processing the record raised: a calmon bug, isolated to this record
 )
 
-BINARY_KINDS = ("prob", "logit")
-SCORE_KINDS = ("prob", "logit", "probs", "logits")
+class ScoreKind(enum.IntEnum):
+    """How a prediction gives its score. The int is what arrays of kinds hold; the
+    kinds below ``MULTICLASS`` are binary (scored on P(y=1))."""
+
+    PROB = 0
+    LOGIT = 1
+    PROBS = 2
+    LOGITS = 3
+
+
+SCORE_KINDS = tuple(k.name.lower() for k in ScoreKind)  # field names: prob, logit, ...
+BINARY_KINDS = SCORE_KINDS[:ScoreKind.PROBS]
+MULTICLASS = int(ScoreKind.PROBS)  # a plain int: compared once per record on the hot path
 PROBS_TOLERANCE = 1e-3
 LABEL_RAW_CAP = 4096  # bytes of a label record kept while it waits for its prediction
 # event times calmon accepts: what datetime can represent (years 1..9999), so window
@@ -91,8 +102,9 @@ class Prediction:
 
     @property
     def classes(self) -> int:
-        """2 for a binary model, K for a multiclass one."""
-        return 2 if self.kind in BINARY_KINDS else len(self.score)
+        """0 for a binary model, K for a K-class one: what "classes" means everywhere
+        in calmon (a 2-class ``probs`` model is top-label scored, a binary one is not)."""
+        return 0 if self.kind in BINARY_KINDS else len(self.score)
 
 
 @dataclass(slots=True)

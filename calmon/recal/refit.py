@@ -79,7 +79,7 @@ Guard = Callable[[Calibrator], str | None]
 
 def input_kind(samples: SampleSet) -> str:
     """The score kind most samples came as: what the calibrator will be fed."""
-    counts = np.bincount(samples.kind.astype(np.int64), minlength=4)
+    counts = np.bincount(samples.kind.astype(np.int64), minlength=len(SCORE_KINDS))
     return SCORE_KINDS[int(counts.argmax())]
 
 

@@ -306,7 +306,7 @@ def test_kafka_timestamp_fallback() -> None:
 
 def test_scores_and_labels() -> None:
     out = PARSER.parse(Raw(Kind.PREDICTION, pred_without("prob", logit=2.0)))
-    assert isinstance(out, Prediction) and out.classes == 2
+    assert isinstance(out, Prediction) and out.classes == 0  # binary
     assert (out.kind, out.score) == ("logit", 2.0)
     out = PARSER.parse(Raw(Kind.PREDICTION, pred_without("prob", probs=[0.5, 0.5005])))
     assert isinstance(out, Prediction) and out.classes == 2  # within 1e-3: kept as given
