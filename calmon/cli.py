@@ -110,17 +110,17 @@ def cmd_calibrators_rollback(args: argparse.Namespace) -> int:
     from calmon.recal.registry import Registry
 
     cfg = _load_config(args.config)
-    publish = None
-    if cfg.kafka.calibrators_topic:
-        from calmon.io.dead_letter import DeadLetters
+    from calmon.io.calibrator_publisher import CalibratorPublisher
+    from calmon.io.outbox import Outbox
 
-        producer = DeadLetters(cfg.kafka)
-        topic = cfg.kafka.calibrators_topic
-        publish = lambda key, data: producer.publish(topic, key, data)  # noqa: E731
-    doc = Registry(cfg.recalibration.output_dir, publish).rollback(
-        args.model, args.segment, args.to)
-    if publish is not None:
-        producer.close()
+    outbox = Outbox(cfg.kafka)
+    topic = cfg.kafka.calibrators_topic
+    publish = CalibratorPublisher(outbox, topic) if topic else None
+    try:
+        doc = Registry(cfg.recalibration.output_dir, publish).rollback(
+            args.model, args.segment, args.to)
+    finally:
+        outbox.close()  # flushes what it can; opens nothing when nothing was sent
     print(f"{args.model}/{args.segment}: v{args.to} republished as v{doc['version']}")
     return 0
 

@@ -47,12 +47,14 @@ from calmon.engine.engine import Engine
 from calmon.engine.records import Raw
 from calmon.errors import ConfigError, StateError
 from calmon.io import reliability
+from calmon.io.calibrator_publisher import CalibratorPublisher
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.consumer_process import ProcessSource
 from calmon.io.dead_letter import DeadLetters
 from calmon.io.exporter import FIT_METHODS, CalmonCollector
 from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
+from calmon.io.outbox import Outbox
 from calmon.io.totals import ProcessTotals
 from calmon.recal.loop import Recalibrator
 from calmon.recal.readmodel import RecalState
@@ -101,7 +103,8 @@ class Daemon:
         self.store = CheckpointStore(cfg.state.dir)
         self.source: Source = source if source is not None else ProcessSource(
             cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS)
-        self.dead_letters = DeadLetters(cfg.kafka)
+        self.outbox = Outbox(cfg.kafka)  # the one producer: dead letters and calibrators
+        self.dead_letters = DeadLetters(self.outbox)
         self.positions: dict[tuple[str, int], int] = {}
         # what readers see of the positions: replaced, never mutated (see the docstring)
         self.published_positions: Mapping[tuple[str, int], int] = MappingProxyType({})
@@ -126,8 +129,7 @@ class Daemon:
         self.recal: Recalibrator | None = None
         if cfg.recalibration.enabled:
             topic = cfg.kafka.calibrators_topic
-            publish = None if topic is None else (
-                lambda key, data: self.dead_letters.publish(topic, key, data))
+            publish = None if topic is None else CalibratorPublisher(self.outbox, topic)
             self.recal = Recalibrator(cfg, self.engine, publish)
         collector = CalmonCollector(
             self.engine, lambda: self.last_checkpoint, self._recal_state,

@@ -9,7 +9,9 @@ from collections.abc import Callable
 import pytest
 
 from calmon.config import KafkaConfig
+from calmon.io.calibrator_publisher import CalibratorPublisher
 from calmon.io.dead_letter import REASON_HEADER, SOURCE_HEADER, DeadLetters
+from calmon.io.outbox import Outbox
 from tests.conftest import FAST_CLIENT, _free_port, consume
 
 pytestmark = pytest.mark.integration
@@ -51,12 +53,14 @@ def test_publish_uses_the_same_producer(
     library: str, kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]
 ) -> None:
     (topic,) = kafka_topics(count=1, partitions=1)
-    letters = DeadLetters(make_config(kafka_bootstrap, library, calibrators_topic=topic))
+    outbox = Outbox(make_config(kafka_bootstrap, library, calibrators_topic=topic))
+    letters, publish = DeadLetters(outbox), CalibratorPublisher(outbox, topic)
     try:
         letters.send(b"ignored", "not_json", "p/0/0")  # no dead-letter topic: no-op
-        assert letters._producer is None
-        assert letters.publish(topic, "ctr-v3/__all__", b'{"version": 1}')
+        assert outbox._producer is None
+        assert publish("ctr-v3/__all__", b'{"version": 1}')
         assert letters.flush(10)
+        assert (outbox.delivered, letters.dead_letters_failed) == (1, 0)
     finally:
         letters.close()
     (record,) = consume(kafka_bootstrap, topic, 1)

@@ -1,0 +1,19 @@
+"""Published calibrator documents onto ``kafka.calibrators_topic``, keyed
+``<model>/<segment>``, so serving code can follow them; through the daemon's one
+producer (``io/outbox.py``)."""
+
+from __future__ import annotations
+
+from calmon.io.outbox import Outbox
+
+
+class CalibratorPublisher:
+    """The registry's ``publish(key, document)`` callback for one topic."""
+
+    def __init__(self, outbox: Outbox, topic: str) -> None:
+        self.outbox = outbox
+        self.topic = topic
+
+    def __call__(self, key: str, document: bytes) -> bool:
+        """Queue the document; False when the producer could not take it (counted)."""
+        return self.outbox.send(self.topic, key.encode(), document, None)
