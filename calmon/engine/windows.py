@@ -103,6 +103,15 @@ class Samples:
     nll: np.ndarray  # float64 NLL term
 
 
+def in_window(ts: np.ndarray, seconds: float, now: float) -> np.ndarray:
+    """Which of these prediction times the window of ``seconds`` holds at ``now``: the
+    samples of its last BUCKETS buckets, exactly as a window's row counts them. The one
+    definition of window membership (the recalibration loop reads samples with it)."""
+    width = seconds / BUCKETS
+    out: np.ndarray = np.floor(ts / width) > math.floor(now / width) - BUCKETS
+    return out
+
+
 class BucketTables:
     """Per window length W, per series: int64 vectors in buckets of W / BUCKETS of event
     time. ``keep`` buckets are kept (the window itself, or more); the subclasses say

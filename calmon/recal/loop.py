@@ -23,12 +23,12 @@ from calmon.calibrators import METHODS
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.metrics import Bins
+from calmon.engine.windows import in_window
 from calmon.recal.alerts import AlertSender
 from calmon.recal.policy import (
     ALL,
     Event,
     Policy,
-    in_window,
     live_calibrators,
     parse_iso,
     target,

@@ -40,7 +40,7 @@ from calmon.calibrators import Calibrator
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import Bins, bins_from_samples, confidence_and_correct, ece
-from calmon.engine.windows import BUCKETS
+from calmon.engine.windows import in_window
 from calmon.recal.detect import Detector, change_point
 from calmon.recal.refit import (
     Prior,
@@ -64,13 +64,6 @@ SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in "samples
 # (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
 # series' ring, with the ring's running total; None when the series has no ring.
 SamplesOf = Callable[[str, str, int | None], SampleSet | None]
-
-
-def in_window(ts: np.ndarray, seconds: float, now: float) -> np.ndarray:
-    """Which samples the engine's window of ``seconds`` holds: the same buckets as the
-    window's row (calmon.engine.windows), not simply ``ts > now - seconds``."""
-    width = seconds / BUCKETS
-    return np.floor(ts / width) > math.floor(now / width) - BUCKETS
 
 
 def iso(ts: float) -> str:

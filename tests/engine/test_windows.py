@@ -338,3 +338,21 @@ def test_interleavings_give_bit_identical_windows() -> None:
     ref = buckets(engines[0])
     assert sum(len(w) for w in ref) > 0
     assert all(buckets(e) == ref for e in engines[1:])
+
+
+def test_in_window_is_the_membership_the_rows_use() -> None:
+    """A window's row counts exactly the samples ``in_window`` selects (the one
+    definition the recalibration loop reads samples with)."""
+    from calmon.config import from_dict
+    from calmon.engine.engine import Engine
+    from calmon.engine.windows import in_window
+    from tests.oracle import L, P
+
+    rng = np.random.default_rng(5)
+    ts = np.sort(T0 + rng.uniform(0, 3 * 3600, 400))
+    e = Engine(from_dict({"metrics": {"windows": ["1h"]}, "recalibration": {"window": "1h"}}))
+    e.feed([P(f"r{i}", float(t), prob=0.5) for i, t in enumerate(ts)]
+           + [L(f"r{i}", 1) for i in range(len(ts))])
+    want = int(in_window(ts, 3600.0, float(ts.max())).sum())
+    row = next(r for r in e.view().rows if r.segment == "__all__")
+    assert 0 < want < len(ts) and row.stats.samples == want
