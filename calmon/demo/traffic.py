@@ -85,10 +85,10 @@ class Traffic:
             return ({"id": pid, "model": model, "ts": now, "segment": seg, "logit": z},
                     (1 if y else None))
         zs = rng.normal(0.0, 1.6, 5)
-        p = np.exp(zs) / np.exp(zs).sum()
+        p = scores.softmax(zs[None, :])[0]
         y = int(rng.choice(5, p=p))
         scale = 0.4 if elapsed >= self.drift.triage_at else 1.0
-        q = np.exp(zs * scale) / np.exp(zs * scale).sum()
+        q = scores.softmax(zs[None, :] * scale)[0]
         return {"id": pid, "model": "triage", "ts": now, "segment": seg,
                 "probs": [round(float(v), 9) for v in q]}, y
 
