@@ -1,4 +1,4 @@
-"""Helpers for the ``calmon run`` acceptance tests (tests/test_daemon_*.py).
+"""Helpers for the ``calmon run`` acceptance tests (tests/integration/test_daemon_*.py).
 
 The daemon always runs as a real subprocess (``python -m calmon run -c cfg``)
 against a real Kafka-compatible broker. Every wait is a condition polled with a

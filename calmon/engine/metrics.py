@@ -205,7 +205,7 @@ def _smooth(f: np.ndarray, w: np.ndarray, t: np.ndarray, sigma: float, grid: int
 
 INTERVAL_DRAWS = 1000
 # how far (in standard errors) a bin's gap is moved toward 0 for the lower bound and away
-# from 0 for the upper one; tuned by the coverage simulation in tests/engine
+# from 0 for the upper one; tuned by the coverage simulation in tests/unit/engine
 SHRINK_SE = 2.0
 PUSH_SE = 2.0
 PSEUDO = 0.5  # pseudo-successes and failures per bin (Jeffreys) for the spread of accuracies

@@ -22,7 +22,7 @@ from calmon.engine.engine import Engine
 from calmon.recal.loop import Recalibrator
 from tests.conftest import _free_port
 from tests.daemon_helpers import http_get, wait_until
-from tests.recal.helpers import BASE_TS, binary_logit_stream, feed, recal_config
+from tests.recal_helpers import BASE_TS, binary_logit_stream, feed, recal_config
 
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 AM_CONFIG = """\

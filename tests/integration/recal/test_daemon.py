@@ -32,7 +32,7 @@ from tests.daemon_helpers import (
     wait_until,
     write_config,
 )
-from tests.recal.helpers import (
+from tests.recal_helpers import (
     BASE_TS,
     Stream,
     binary_logit_stream,

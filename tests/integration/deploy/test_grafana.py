@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy._deploy import (
+from tests.integration.deploy._deploy import (
     CONTRACT_METRICS,
     DEPLOY,
     GRAFANA,

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests import oracle
-from tests.deploy._deploy import (
+from tests.integration.deploy._deploy import (
     dashboard_queries,
     fast_rule_files,
     load_dashboard,

@@ -11,7 +11,7 @@ from scipy.special import expit, softmax
 
 from calmon.calibrators import METHODS, Calibrator, fit, load
 from calmon.errors import CalibratorError
-from tests.calibrators.conftest import binary_data, multiclass_data
+from tests.unit.calibrators.conftest import binary_data, multiclass_data
 
 
 def test_methods() -> None:

@@ -12,7 +12,7 @@ from scipy.special import expit, softmax
 from sklearn.isotonic import IsotonicRegression
 
 from calmon.calibrators import IsotonicCalibrator, fit
-from tests.calibrators.conftest import binary_data, multiclass_data, replace_top
+from tests.unit.calibrators.conftest import binary_data, multiclass_data, replace_top
 
 
 def sklearn_iso(x: np.ndarray, y: np.ndarray) -> IsotonicRegression:

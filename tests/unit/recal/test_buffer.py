@@ -10,7 +10,7 @@ import numpy as np
 
 from calmon.engine.engine import Engine
 from calmon.io.checkpoint import decode, encode
-from tests.recal.helpers import (
+from tests.recal_helpers import (
     BASE_TS,
     Stream,
     binary_logit_stream,

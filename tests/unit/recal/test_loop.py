@@ -18,7 +18,7 @@ import calmon.recal.policy as policy_mod
 from calmon.engine.engine import Engine
 from calmon.recal.loop import Recalibrator
 from calmon.recal.registry import Registry
-from tests.recal.helpers import (
+from tests.recal_helpers import (
     BASE_TS,
     Stream,
     arrays,

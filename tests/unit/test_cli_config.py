@@ -14,7 +14,7 @@ import yaml
 
 from calmon.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ERROR_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*: \S.*$")
 
 # The contract's section 0, written out here rather than read from calmon.config.

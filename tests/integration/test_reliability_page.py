@@ -46,7 +46,7 @@ N_PREDICTIONS = 1500
 WINDOW = "7d"  # make_dataset spreads prediction ts over 2 h: every sample is in the window
 MIN_SAMPLES = 400  # recalibration.min_samples: smaller series are drawn as "too few samples"
 LEVEL = 0.9  # metrics.interval_level (the default)
-DOCS_PNG = Path(__file__).resolve().parents[1] / "docs" / "reliability.png"
+DOCS_PNG = Path(__file__).resolve().parents[2] / "docs" / "reliability.png"
 
 
 # ---------------------------------------------------------------- parsing the page

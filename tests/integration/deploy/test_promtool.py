@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.deploy._deploy import PROM, ROOT
+from tests.integration.deploy._deploy import PROM, ROOT
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

@@ -20,7 +20,7 @@ from calmon.cli import main
 from calmon.recal.registry import Registry
 from tests.conftest import FAST_CLIENT
 from tests.daemon_helpers import wait_until
-from tests.recal.helpers import latest, read_json
+from tests.recal_helpers import latest, read_json
 
 T1, T2 = 2.0, 0.7  # binary "ctr": v1, v2
 U1, U2 = 1.6, 3.0  # 5-class "intent": v1, v2

@@ -45,7 +45,7 @@ from tests.daemon_helpers import (
     wait_until,
     write_config,
 )
-from tests.deploy._deploy import (
+from tests.integration.deploy._deploy import (
     PROM,
     SAMPLE_VARIABLES,
     dashboard_queries,
@@ -53,7 +53,7 @@ from tests.deploy._deploy import (
     load_dashboard,
     substitute,
 )
-from tests.deploy.test_prometheus_live import Prometheus, rules, wait_for
+from tests.integration.deploy.test_prometheus_live import Prometheus, rules, wait_for
 
 pytestmark = [
     pytest.mark.integration,

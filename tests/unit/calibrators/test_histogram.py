@@ -8,7 +8,7 @@ from scipy.special import expit, softmax
 
 from calmon.calibrators import HistogramCalibrator, fit
 from calmon.errors import CalibratorError
-from tests.calibrators.conftest import binary_data, multiclass_data, replace_top
+from tests.unit.calibrators.conftest import binary_data, multiclass_data, replace_top
 
 
 def loop_bin(x: float, bins: int) -> int:

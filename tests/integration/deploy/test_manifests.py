@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy._deploy import (
+from tests.integration.deploy._deploy import (
     CONTRACT_CONFIG_KEYS,
     DEPLOY,
     K8S,
@@ -320,7 +320,7 @@ def test_pods_meet_restricted_pod_security(item: tuple[Path, dict[str, Any]]) ->
 def test_manifests_validate_against_the_kubernetes_schemas() -> None:
     """Every core object against the OpenAPI schemas bundled with kubernetes-validate
     (offline, strict: unknown fields fail). The Operator's CRDs have no schema there:
-    tests/deploy/test_mixin.py checks them."""
+    tests/integration/deploy/test_mixin.py checks them."""
     kv = pytest.importorskip("kubernetes_validate",
                              reason="kubernetes-validate is not installed (test extra)")
     import kubernetes_validate.utils as kvu

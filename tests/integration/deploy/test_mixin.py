@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from tests.deploy._deploy import DASHBOARD, DEPLOY, PROM
+from tests.integration.deploy._deploy import DASHBOARD, DEPLOY, PROM
 
 OPERATOR = DEPLOY / "kubernetes" / "operator"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
 PROM = DEPLOY / "prometheus"

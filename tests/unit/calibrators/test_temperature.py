@@ -11,7 +11,7 @@ from scipy.optimize import minimize, minimize_scalar
 from scipy.special import expit, log_expit, log_softmax, softmax
 
 from calmon.calibrators import TemperatureCalibrator, fit
-from tests.calibrators.conftest import binary_data, multiclass_data
+from tests.unit.calibrators.conftest import binary_data, multiclass_data
 
 
 def binary_nll(logits: np.ndarray, y: np.ndarray, t: float) -> float:

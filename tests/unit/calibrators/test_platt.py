@@ -9,7 +9,7 @@ from sklearn.linear_model import LogisticRegression
 
 from calmon.calibrators import PlattCalibrator, fit
 from calmon.errors import CalibratorError
-from tests.calibrators.conftest import binary_data, multiclass_data, replace_top
+from tests.unit.calibrators.conftest import binary_data, multiclass_data, replace_top
 
 
 def sklearn_platt(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
