@@ -73,12 +73,15 @@ class ClassCounts:
         if len(models) == 0:
             return
         buckets = np.floor(ts / self.width).astype(np.int64)
-        pairs, counts = np.unique(np.stack([models, buckets]), axis=1, return_counts=True)
+        lo = int(buckets.min())
+        span = int(buckets.max()) - lo + 1  # one or two buckets per batch, as a rule
+        keys, counts = np.unique(models * span + (buckets - lo), return_counts=True)
         floor_ = self._floor(now)
         touched = set()
-        for (m, b), c in zip(pairs.T.tolist(), counts.tolist()):
+        for key, c in zip(keys.tolist(), counts.tolist()):
+            m, b = divmod(key, span)
             mine = self._admits[m]
-            mine[b] = mine.get(b, 0) + c
+            mine[b + lo] = mine.get(b + lo, 0) + c
             touched.add(m)
         for m in touched:  # old buckets go: memory stays BUCKETS per model
             old = [b for b in self._admits[m] if b <= floor_]

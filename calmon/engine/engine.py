@@ -293,13 +293,17 @@ class Engine:
         if marks:  # admitted before their model's reset in this batch: forgotten with it
             arrivals = [a for i, a in enumerate(arrivals)
                         if a[0] not in marks or i >= marks[a[0]][1]]
-        self.class_counts.settle(np.array([a[0] for a in arrivals], np.int64),
-                                 np.array([a[2] for a in arrivals], np.float64), self.now)
-        if arrivals:
+        if arrivals:  # as columns, once, for the class counts and the score histograms
+            a_model, a_combo, a_ts, a_kind, a_score = zip(*arrivals)
+            ts_col = np.array(a_ts, np.float64)
+            self.class_counts.settle(np.array(a_model, np.int64), ts_col, self.now)
             try:
-                self._add_arrivals(arrivals)
+                self._add_arrivals(np.array(a_combo, np.int64), ts_col,
+                                   np.array(a_kind, np.int64), list(a_score))
             except Exception:  # the score histograms must never stop the joins
                 log.exception("counting %d arrivals for score_psi raised", len(arrivals))
+        else:
+            self.class_counts.settle(np.zeros(0, np.int64), np.zeros(0), self.now)
         joined = ev.joined
         if joined and (self._stale_classes or marks):
             joined = self._drop_stale(joined, marks)
@@ -321,12 +325,12 @@ class Engine:
             self.scores.evict(self.now)
             self._evicted_at = self.now
 
-    def _add_arrivals(self, arrivals: list[tuple[int, int, float, int, Any]]) -> None:
+    def _add_arrivals(self, combo: np.ndarray, ts: np.ndarray, kind: np.ndarray,
+                      score: list[Any]) -> None:
         """Raw confidences of admitted predictions into the score histograms."""
-        _, combo, ts, kind, score = zip(*arrivals)
-        conf = raw_confidence(np.array(kind, np.int64), list(score))
-        sample, sid = self.index.fan_out(np.array(combo, np.int64))
-        self.scores.add(sid, np.array(ts, np.float64)[sample], conf[sample], self.now)
+        conf = raw_confidence(kind, score)
+        sample, sid = self.index.fan_out(combo)
+        self.scores.add(sid, ts[sample], conf[sample], self.now)
 
     def _drop_stale(self, joined: list[Joined], marks: dict[int, tuple[int, int]]
                     ) -> list[Joined]:
