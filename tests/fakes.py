@@ -71,6 +71,7 @@ class DeadLetterLog:
     """Records what the daemon dead-letters, as (value, reason, source)."""
 
     sent: list[tuple[bytes | None, str, str]] = field(default_factory=list)
+    dead_letters_failed: int = 0  # nothing fails here
 
     def send(self, value: bytes | None, reason: str, source: str) -> None:
         self.sent.append((value, reason, source))

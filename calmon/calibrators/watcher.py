@@ -23,9 +23,9 @@ from calmon.calibrators.base import Calibrator
 from calmon.calibrators.paths import dir_name
 from calmon.calibrators.registry import load, parse_document, read_document
 from calmon.calibrators.scores import to_probs
+from calmon.engine.series import ALL
 from calmon.errors import CalibratorError
 
-ALL = "__all__"
 log = logging.getLogger(__name__)
 
 

@@ -23,6 +23,7 @@ from calmon import config
 from calmon.daemon import Daemon
 from calmon.demo.broker import TansuBroker, resolve_binary
 from calmon.demo.traffic import Traffic
+from calmon.engine.series import ALL
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class StatusPrinter:
         self.out.write(f"[{time.strftime('%H:%M:%S')}] sent {self.traffic.sent} predictions, "
                        f"{self.traffic.labels_sent} labels; pending {view.pending}\n")
         for row in view.rows:
-            if row.segment != "__all__" or row.window != window:
+            if row.segment != ALL or row.window != window:
                 continue
             raw = row.stats.ece
             live = recal_live(self.daemon, row.model)
@@ -126,7 +127,7 @@ class StatusPrinter:
 def recal_live(daemon: Daemon, model: str) -> int | None:
     if daemon.recal is None:
         return None
-    live = daemon.recal.registry.live(model, "__all__")
+    live = daemon.recal.registry.live(model, ALL)
     return None if live is None else live.version
 
 

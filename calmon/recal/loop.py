@@ -23,10 +23,10 @@ from calmon.calibrators import METHODS
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.metrics import Bins
+from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
 from calmon.recal.alerts import AlertSender
 from calmon.recal.policy import (
-    ALL,
     Event,
     Policy,
     live_calibrators,

@@ -40,6 +40,7 @@ from calmon.calibrators import Calibrator
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import Bins, bins_from_samples, confidence_and_correct, ece
+from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
 from calmon.recal.detect import Detector, change_point
 from calmon.recal.refit import (
@@ -58,7 +59,6 @@ from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
 
 log = logging.getLogger(__name__)
 
-ALL = "__all__"
 FIRST_FEED = 10_000  # samples a series' detector starts on (bounds the first check's cost)
 SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in "samples of curvature"
 # (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a

@@ -20,7 +20,8 @@ from scipy.special import expit, logit, softmax
 from calmon import config as config_mod
 from calmon.config import Config
 from calmon.engine.buffer import Buffers, SampleSet
-from calmon.recal.policy import ALL, Event, Policy
+from calmon.engine.series import ALL
+from calmon.recal.policy import Event, Policy
 from calmon.recal.registry import Registry
 
 DAY = 86_400.0

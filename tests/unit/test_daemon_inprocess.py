@@ -185,3 +185,30 @@ def test_sigterm_checkpoints_and_returns_0(tmp_path: Path) -> None:
     restored._restore()
     assert restored.engine.status()["counters"] == d.engine.status()["counters"]
     assert dict(restored.positions) == {("predictions", 0): 10, ("labels", 0): 10}
+
+
+def test_the_exporter_shows_what_the_daemon_counted(tmp_path: Path) -> None:
+    """The daemon's registry scraped in-process: the process counters and the window
+    gauges equal a plain count of the input."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    preds, labels = traffic(30)
+    bad = [b"{not json", b'{"id": "x", "model": "m", "ts": 1, "prob": 7}']
+    d = daemon_over(tmp_path, ListSource(partitions_of([*preds, *bad], labels)))
+    with Running(d) as run:
+        run.wait(lambda: sum(d.published_positions.values()) == 62, "every record")
+        text = generate_latest(d.registry).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("calmon_predictions_total", (("model", "m"),))] == 30
+    assert samples[("calmon_joined_total", (("model", "m"),))] == 30
+    assert samples[("calmon_invalid_records_total",
+                    (("reason", "not_json"), ("topic", "predictions")))] == 1
+    assert samples[("calmon_invalid_records_total",
+                    (("reason", "prob_out_of_range"), ("topic", "predictions")))] == 1
+    key = (("model", "m"), ("segment", "__all__"), ("window", "1h"))
+    assert samples[("calmon_window_samples", key)] == 30
+    positives = sum(i % 2 for i in range(30))
+    assert samples[("calmon_observed_rate", key)] == positives / 30
+    assert sorted(d.dead_letters.reasons()) == ["not_json", "prob_out_of_range"]  # type: ignore

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 from calmon import config as config_mod
+from calmon.engine.series import ALL
 from calmon.recal.detect import Detector
-from calmon.recal.policy import ALL, Policy, SeriesState
+from calmon.recal.policy import Policy, SeriesState
 from calmon.recal.registry import Registry
 
 
