@@ -67,7 +67,12 @@ class Join:
         self._kind: list[int] = [0] * n
         self._label: list[int] = [NO_LABEL] * n
         self._label_ts = np.full(n, NAN)
-        self._vectors: dict[int, np.ndarray] = {}  # slot -> K-class scores, a float64 row
+        # K-class scores: one float64 matrix per K, a row per pending prediction, so a
+        # vector costs 8 K bytes and no numpy object; a slot knows its K and row
+        self._vk = np.zeros(n, np.int32)  # 0: no vector
+        self._vrow = np.zeros(n, np.int32)
+        self._mats: dict[int, np.ndarray] = {}
+        self._mat_free: dict[int, list[int]] = {}
         self._pid: list[str | None] = [None] * n  # slot -> id
         self._free: list[int] = list(range(n - 1, -1, -1))
         self._next_deadline = INF
@@ -146,7 +151,7 @@ class Join:
         if kind < MULTICLASS:
             self._score[slot] = pred.score
         else:
-            self._vectors[slot] = pred.score
+            self._vec_put(slot, pred.score)
         if deadline < self._next_deadline:
             self._next_deadline = deadline
 
@@ -181,7 +186,7 @@ class Join:
                 self._undated_labels = True
             return WAITING
         kind = self._kind[slot]
-        if lab.label >= (2 if kind < MULTICLASS else len(self._vectors[slot])):
+        if lab.label >= (2 if kind < MULTICLASS else self._vk.item(slot)):
             return OUT_OF_RANGE
         model = self._model[slot]
         if self._label[slot] != NO_LABEL:
@@ -196,7 +201,7 @@ class Join:
         ts = self._ts.item(slot)
         self._joined.append((
             model, self._combo[slot], ts, kind,
-            self._score.item(slot) if kind < MULTICLASS else self._vectors.pop(slot), lab.label,
+            self._score.item(slot) if kind < MULTICLASS else self._vec_pop(slot), lab.label,
             NAN if lab.ts is None else lab.ts))
         self._done[lid] = ts + self.ttl
         self._done_order.append(lid)
@@ -224,7 +229,7 @@ class Join:
         if label == NO_LABEL:
             self.events.expired[(model, "ttl")] += 1
         else:
-            score = self._score.item(slot) if kind < MULTICLASS else self._vectors[slot]
+            score = self._score.item(slot) if kind < MULTICLASS else self._vec_get(slot).copy()
             self._emit(model, self._combo[slot], ts, kind, score, label, label_ts)
             self._mark_done(pid, ts + self.ttl)
         self._release(slot, pid)
@@ -247,14 +252,48 @@ class Join:
             getattr(self, name).extend([0] * (m - n))
         self._label.extend([NO_LABEL] * (m - n))
         self._pid.extend([None] * (m - n))
+        for name in ("_vk", "_vrow"):
+            old = getattr(self, name)
+            new = np.zeros(m, old.dtype)
+            new[:n] = old
+            setattr(self, name, new)
         self._free.extend(range(m - 1, n - 1, -1))
+
+    def _vec_put(self, slot: int, vec: np.ndarray) -> None:
+        k = len(vec)
+        free = self._mat_free.setdefault(k, [])
+        if not free:  # the matrix of this K doubles
+            old = self._mats.get(k)
+            rows = 0 if old is None else len(old)
+            new = np.zeros((max(16, 2 * rows), k))
+            if old is not None:
+                new[:rows] = old
+            self._mats[k] = new
+            free.extend(range(len(new) - 1, rows - 1, -1))
+        row = free.pop()
+        self._mats[k][row] = vec
+        self._vk[slot] = k
+        self._vrow[slot] = row
+
+    def _vec_get(self, slot: int) -> np.ndarray:
+        """A view of the slot's row: copy it before the slot is released."""
+        out: np.ndarray = self._mats[self._vk.item(slot)][self._vrow.item(slot)]
+        return out
+
+    def _vec_pop(self, slot: int) -> np.ndarray:
+        k, row = self._vk.item(slot), self._vrow.item(slot)
+        out: np.ndarray = self._mats[k][row].copy()
+        self._mat_free[k].append(row)
+        self._vk[slot] = 0
+        return out
 
     def _release(self, slot: int, pid: str) -> None:
         del self._slot[pid]
         self._pid[slot] = None
         self._deadline[slot] = INF
         self._label[slot] = NO_LABEL
-        self._vectors.pop(slot, None)
+        if self._vk.item(slot):
+            self._vec_pop(slot)
         self._free.append(slot)
 
     def _mark_done(self, pid: str, deadline: float) -> None:
@@ -321,7 +360,7 @@ class Join:
         slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
         slots = slots[np.asarray(self._label, np.int64)[slots] == NO_LABEL]
         kind = np.asarray(self._kind, np.int64)[slots]
-        vectors = {i: self._vectors[s]
+        vectors = {i: self._vec_get(s).copy()
                    for i, s in zip(np.flatnonzero(kind >= MULTICLASS).tolist(),
                                    slots[kind >= MULTICLASS].tolist())}
         return (np.asarray(self._model, np.int64)[slots],
@@ -347,8 +386,8 @@ class Join:
             "kind": np.array([self._kind[s] for s in slots.tolist()], np.int8),
             "label": np.array([self._label[s] for s in slots.tolist()], np.int32),
             "label_ts": self._label_ts[slots],
-            "vectors": {i: self._vectors[s] for i, s in enumerate(slots.tolist())
-                        if s in self._vectors},
+            "vectors": {i: self._vec_get(s).copy() for i, s in enumerate(slots.tolist())
+                        if self._vk.item(s)},
             "labels": [[lid, lab.label, lab.ts, lab.model, lab.raw, lab.source, d]
                        for lid, (lab, d) in self._labels.items()],
             "done": [[pid, self._done[pid]] for pid in self._done_order if pid in self._done],
@@ -367,7 +406,7 @@ class Join:
             for name in ("combo", "model", "kind", "label"):
                 getattr(self, "_" + name)[slot] = int(snap[name][i])
         for i, vec in snap["vectors"].items():
-            self._vectors[self._slot[ids[int(i)]]] = np.asarray(vec, np.float64)
+            self._vec_put(self._slot[ids[int(i)]], np.asarray(vec, np.float64))
         live = self._deadline[np.isfinite(self._deadline)]
         self._next_deadline = float(live.min()) if len(live) else INF
         for lid, label, ts, model, raw, source, d in snap["labels"]:
