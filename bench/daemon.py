@@ -667,6 +667,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{TARGET_SPEEDUP}: {'MET' if speedup >= TARGET_SPEEDUP else 'NOT MET'}), "
                 f"{slow.cpu_per_million / fast.cpu_per_million:.2f}x less CPU per record; "
                 f"same counters and positions in every run: {'yes' if same else 'NO'}")
+            if not same:
+                for lib in libraries:
+                    for r in runs[lib]:
+                        log(f"    {lib}: counters {r.counters}, positions {r.positions}")
 
         if args.py_spy is not None:
             suffix = args.py_spy.suffix.lower()
