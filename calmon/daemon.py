@@ -108,6 +108,7 @@ class Daemon:
         self.positions: dict[tuple[str, int], int] = {}
         # what readers see of the positions: replaced, never mutated (see the docstring)
         self.published_positions: Mapping[tuple[str, int], int] = MappingProxyType({})
+        self._published_status: dict[str, Any] | None = None
         # the positions the newest checkpoint holds (replaced, never mutated)
         self.checkpoint_positions: Mapping[tuple[str, int], int] = MappingProxyType({})
         self._suspect: set[str] = set()  # sources of a batch the engine raised on
@@ -160,8 +161,17 @@ class Daemon:
         ends = getattr(self.source, "end_offsets", None)  # a Source may not know them
         return consumer_lag(ends(), dict(self.published_positions)) if ends is not None else {}
 
+    def _publish(self) -> None:
+        """After a batch (or a restore): what /status shows, counters and positions of
+        the same moment, replaced whole (see the docstring)."""
+        self.published_positions = MappingProxyType(dict(self.positions))
+        self._published_status = self.engine.status()
+
     def status(self) -> dict[str, Any]:
-        s = self.engine.status()  # counters only: no window view, so polling it is cheap
+        # counters only, no window view, so polling it is cheap; published by the loop
+        # with the positions, so the two always belong together
+        s = self._published_status if self._published_status is not None else (
+            self.engine.status())
         last = self.last_checkpoint
         return {
             "ready": self.ready(),
@@ -265,7 +275,7 @@ class Daemon:
             raise StateError(f"checkpoint {ckpt.seq} in {self.store.dir} cannot be used: {e}"
                              ) from None
         self.positions = dict(ckpt.positions)
-        self.published_positions = MappingProxyType(dict(self.positions))
+        self._publish()
         self.checkpoint_positions = self.published_positions
         self.restored = True
         self.last_checkpoint = ckpt.written_at
@@ -300,7 +310,7 @@ class Daemon:
                 continue
             if batch.records and self.process(batch.records):
                 self.positions.update(batch.positions)
-                self.published_positions = MappingProxyType(dict(self.positions))
+                self._publish()
             if time.monotonic() >= next_ckpt:
                 self.checkpoint()
                 next_ckpt = time.monotonic() + interval
@@ -360,6 +370,7 @@ class Daemon:
         if self.recal is not None and ckpt is not None and "recal" in ckpt.state:
             self.recal.restore(ckpt.state["recal"])
         self.positions = dict(ckpt.positions) if ckpt is not None else {}
+        self._publish()
         self.restored = ckpt is not None or self.restored
         self.assigned = False  # the loop assigns again at these positions
         self._written = None
