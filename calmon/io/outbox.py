@@ -46,7 +46,6 @@ class Outbox:
         retry_interval_s: float = 30.0,
         log_interval_s: float = 60.0,
     ) -> None:
-        self._config = config
         self.config = config
         self._retry_interval_s = retry_interval_s
         self._log_interval_s = log_interval_s
@@ -104,7 +103,7 @@ class Outbox:
     # ------------------------------------------------------------------ internals
 
     def _settings(self) -> dict[str, Any]:
-        cfg = self._config
+        cfg = self.config
         defaults: dict[str, Any] = {
             "client_id": "calmon-producer",
             # Dead letters include oversize records, so allow well past max_record_bytes.
@@ -129,10 +128,10 @@ class Outbox:
 
     def _new_producer(self) -> Any:
         """The producer of ``kafka.library`` (confluent: kafka-python's calls, librdkafka)."""
-        if self._config.library == "confluent":
+        if self.config.library == "confluent":
             from calmon.io.confluent_producer import ConfluentProducer  # extra calmon[fast]
 
-            return ConfluentProducer(self._config)
+            return ConfluentProducer(self.config)
         return KafkaProducer(**self._settings())
 
     def _get_producer(self) -> KafkaProducer | None:
@@ -148,7 +147,7 @@ class Outbox:
                     self._paused_until = time.monotonic() + self._retry_interval_s
                     log.warning(
                         "cannot create Kafka producer for %s: %r; retrying in %.0fs",
-                        ",".join(self._config.bootstrap_servers),
+                        ",".join(self.config.bootstrap_servers),
                         exc,
                         self._retry_interval_s,
                     )
