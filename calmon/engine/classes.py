@@ -44,24 +44,27 @@ class ClassCounts:
     def _floor(self, now: float) -> int:
         return math.floor(now / self.width) - BUCKETS if math.isfinite(now) else -(2**62)
 
-    def _scan(self, arrivals: list[tuple[Any, ...]]) -> None:
-        for one in arrivals[self._scanned:]:
-            key = (one[0], math.floor(one[2] / self.width))
-            self._batch[key] = self._batch.get(key, 0) + 1
+    def _scan(self, arrivals: list[int], models: list[int | None], ts: list[float]) -> None:
+        """Count the batch's admissions so far: ``arrivals`` are prediction ordinals,
+        ``models`` and ``ts`` the batch's columns by ordinal."""
+        for p in arrivals[self._scanned:]:
+            key = (models[p], math.floor(ts[p] / self.width))
+            self._batch[key] = self._batch.get(key, 0) + 1  # type: ignore[index,arg-type]
         self._scanned = len(arrivals)
 
-    def live(self, model: int, now: float, arrivals: list[tuple[Any, ...]]) -> bool:
+    def live(self, model: int, now: float, arrivals: list[int], models: list[int | None],
+             ts: list[float]) -> bool:
         """Whether the model admitted ``RESET_GUARD`` predictions of its class count in
         the longest window, this batch's admissions so far included."""
-        self._scan(arrivals)
+        self._scan(arrivals, models, ts)
         floor_ = self._floor(now)
         n = sum(c for b, c in self._admits[model].items() if b > floor_)
         n += sum(c for (m, b), c in self._batch.items() if m == model and b > floor_)
         return n >= RESET_GUARD
 
-    def reset(self, model: int, classes: int, n_joined: int,
-              arrivals: list[tuple[Any, ...]]) -> None:
-        self._scan(arrivals)
+    def reset(self, model: int, classes: int, n_joined: int, arrivals: list[int],
+              models: list[int | None], ts: list[float]) -> None:
+        self._scan(arrivals, models, ts)
         self.classes[model] = classes
         self._admits[model] = {}
         self._batch = {k: v for k, v in self._batch.items() if k[0] != model}

@@ -18,7 +18,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -29,8 +29,9 @@ from calmon.engine.buffer import Buffers, SampleSet
 from calmon.engine.classes import RESET_GUARD, ClassCounts
 from calmon.engine.delta import Delta
 from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
-from calmon.engine.join import OUT_OF_RANGE, WAITING, Join, Joined
+from calmon.engine.join import BatchColumns, Join, Joined
 from calmon.engine.metrics import Stats
+from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
 from calmon.engine.records import (
     MULTICLASS,
     SCORE_KINDS,
@@ -39,7 +40,6 @@ from calmon.engine.records import (
     Parser,
     Prediction,
     Raw,
-    Reject,
     ScoreKind,
 )
 from calmon.engine.series import ALL, SeriesIndex
@@ -109,10 +109,11 @@ class Engine:
         self.buffers = Buffers(rc.buffer) if rc.enabled else None
         self.models: list[str] = []
         self._model_idx: dict[str, int] = {}
-        # per model counts of this batch (a list: the hot path's cheapest counter);
-        # labels have one more slot at the end, [-1], for "model not known yet"
-        self._batch_predictions: list[int] = []
+        self.batch_parser = _RecordParser(self.parser)
+        # per model counts of this batch's labels that met no prediction, with one more
+        # slot at the end, [-1], for "model not known yet"
         self._batch_labels: list[int] = [0]
+        self._combo_model = np.zeros(0, np.int64)  # combo -> model index
         self.now = -math.inf
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
         self.last_delta = Delta()  # what the last feed did (process counters add it up)
@@ -127,17 +128,18 @@ class Engine:
 
     def feed(self, batch: Iterable[Raw], not_after: float = math.inf) -> list[Rejected]:
         """Parse, join and count one batch. Returns the records that broke the
-        contract (already counted), for the dead-letter topic. Never raises on data.
+        contract (already counted), for the dead-letter topic. Never raises on data:
+        a raise is a calmon bug, which the daemon isolates by rolling back to its last
+        checkpoint and feeding the batch again one record at a time.
 
         ``not_after``: event times past it are ``bad_ts`` (the daemon passes its wall
         clock + ``kafka.max_clock_skew``; the engine itself has no clock)."""
         raws = batch if isinstance(batch, list) else list(batch)
-        self.parser.not_after = not_after
-        parse = self.parser.parse
-        records = [parse(raw) for raw in raws]
+        self.batch_parser.not_after = not_after
+        parsed = self.batch_parser.parse(raws)
         with self.lock:
             self.last_delta = Delta()
-            return self._consume(records, raws)
+            return self._consume(parsed, raws)
 
     def reject(self, raw: Raw, reason: str) -> Rejected:
         """Count a record as invalid without processing it (the daemon's poison list)."""
@@ -147,90 +149,116 @@ class Engine:
             self.version += 1
             return Rejected(raw.kind, raw.value, raw.source, reason)
 
-    def feed_parsed(self, records: Iterable[Prediction | Label]) -> list[Rejected]:
+    def feed_parsed(self, records: Iterable[Prediction | Label] | Parsed) -> list[Rejected]:
         """``feed`` for records parsed elsewhere (benchmarks, tests)."""
+        parsed = records if isinstance(records, Parsed) else Parsed.from_records(records)
         with self.lock:
             self.last_delta = Delta()
-            return self._consume(list(records), None)
+            return self._consume(parsed, None)
 
-    def _consume(self, records: list[Prediction | Label | Reject],
-                 raws: list[Raw] | None) -> list[Rejected]:
-        """The per-record loop, written flat with local names: it is the hot path.
+    def _consume(self, b: Parsed, raws: list[Raw] | None) -> list[Rejected]:
+        """One batch through admission and the join. The common batch (every model
+        known, every class count as its model's) is one ``Join.run`` over all records;
+        a batch that admits a model or meets another class count goes record by
+        record, since each decision changes the next."""
+        n_pred = len(b.p_id)
+        get = self._model_idx.get
+        classes = self.class_counts.classes
+        pm: list[int | None] = [get(m) for m in b.p_model]
+        combos = [-1] * n_pred
+        cols = BatchColumns(np.array(b.p_ts, np.float64), np.array(b.p_kind, np.int64),
+                            np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
+                            b.p_vec)
+        self.join.prepare(cols)
+        rejected: list[tuple[int, Rejected]] = []
+        now = self.now
+        if None not in pm and [classes[m] for m in pm] == b.p_classes:  # type: ignore[index]
+            combos = self.index.combo_ids(b.p_model, b.p_segkey, b.p_segment)
+            _, _, now = self.join.run(b, 0, len(b), 0, 0, combos, now)
+            self.now = now
+            self._count_waiting(b)
+        else:
+            self._one_by_one(b, raws, pm, combos, rejected)
+        if b.reasons:
+            r = 0
+            for i, k in enumerate(b.kinds):
+                if k == REJECT:
+                    rejected.append((i, self._rejected(b, raws, i, b.reasons[r])))
+                    r += 1
+        cols.combo[:] = combos
+        admitted = [m for m, c in zip(pm, combos) if c >= 0]
+        return self._settle(b, raws, cols, np.array(admitted, np.int64), pm, rejected)
 
-        Each record is isolated: one whose processing raises (a calmon bug, never bad
-        data) is counted and dead-lettered as ``internal`` and the batch goes on. The
-        per-record steps check before they write, so a raise leaves no half record."""
-        rejected: list[Rejected] = []
-        add_prediction = self.join.add_prediction
-        add_label = self.join.add_label
-        combo_of = self.index.combo
-        model_idx = self._model_idx
-        classes_of = self.class_counts.classes
-        batch_predictions = self._batch_predictions
-        batch_labels = self._batch_labels
-        for i, rec in enumerate(records):
-            reason: str | None = None
-            try:
-                if type(rec) is Prediction:
-                    model = rec.model
-                    score = rec.score
-                    classes = 0 if type(score) is float else len(score)
-                    midx = model_idx.get(model)
-                    if midx is None:
-                        if len(self.models) >= self.max_models:
-                            reason = "too_many_models"
-                        else:
-                            midx = self._new_model(model, classes)
-                    if midx is not None and classes_of[midx] != classes:
-                        if self._model_live(midx, max(self.now, rec.ts)):
-                            reason = "classes_mismatch"  # its live series have another K
-                        else:
-                            self._reset_classes(midx, classes)
-                    if reason is None and midx is not None:
-                        combo = combo_of(model, rec.segment)
-                        ts = rec.ts
-                        now = ts if ts > self.now else self.now
-                        add_prediction(rec, midx, combo, now)
-                        self.now = now
-                        batch_predictions[midx] += 1
-                elif type(rec) is Label:
-                    midx = add_label(rec, self.now)
-                    hint = rec.model
-                    if midx == OUT_OF_RANGE:
-                        reason = "label_out_of_range"
-                    elif midx == WAITING and hint is not None and hint in model_idx:
-                        # the model named by a waiting label counts it, once admitted: a
-                        # label never creates a model
-                        batch_labels[model_idx[hint]] += 1
-                    else:  # known once the label met its prediction; [-1] is "unknown"
-                        batch_labels[midx] += 1
-                elif type(rec) is Reject:
-                    reason = rec.reason
-            except Exception:
-                log.exception("record %d of the batch raised; counted as internal", i)
-                reason = "internal"
-            if reason is not None:
-                if raws is not None:
-                    raw = raws[i]
-                    kind, value, source = raw.kind, raw.value, raw.source
+    def _one_by_one(self, b: Parsed, raws: list[Raw] | None, pm: list[int | None],
+                    combos: list[int], rejected: list[tuple[int, Rejected]]) -> None:
+        """The batch record by record: admission decided with the state as it is."""
+        p = q = 0
+        for i, k in enumerate(b.kinds):
+            if k == PRED:
+                reason = self._admit(b, p, pm)
+                if reason is None:
+                    combos[p] = self.index.combo_ids([b.p_model[p]], [b.p_segkey[p]],
+                                                  [b.p_segment[p]])[0]
+                    p, q, self.now = self.join.run(b, i, i + 1, p, q, combos, self.now)
                 else:
-                    kind = Kind.PREDICTION if type(rec) is Prediction else Kind.LABEL
-                    value, source = None, getattr(rec, "source", "")
-                self._invalid(kind, reason)
-                rejected.append(Rejected(kind, value, source, reason))
-        self._settle(rejected)
-        return rejected
+                    pm[p] = None
+                    rejected.append((i, self._rejected(b, raws, i, reason, Kind.PREDICTION)))
+                    p += 1
+            elif k == LABEL:
+                p, q, self.now = self.join.run(b, i, i + 1, p, q, combos, self.now)
+                self._count_waiting(b)
 
-    def _model_live(self, midx: int, now: float) -> bool:
-        return self.class_counts.live(midx, now, self.join.events.arrivals)
+    def _admit(self, b: Parsed, p: int, pm: list[int | None]) -> str | None:
+        """Admit prediction p's model and class count, or say why not."""
+        model, classes = b.p_model[p], b.p_classes[p]
+        midx = self._model_idx.get(model)
+        if midx is None:
+            if len(self.models) >= self.max_models:
+                return "too_many_models"
+            midx = self._new_model(model, classes)
+        pm[p] = midx
+        if self.class_counts.classes[midx] != classes:
+            now = max(self.now, b.p_ts[p])
+            if self.class_counts.live(midx, now, self.join.events.arrivals, pm, b.p_ts):
+                return "classes_mismatch"  # its live series have another K
+            self._reset_classes(midx, classes, pm, b.p_ts)
+        return None
 
-    def _reset_classes(self, midx: int, classes: int) -> None:
+    def _rejected(self, b: Parsed, raws: list[Raw] | None, i: int, reason: str,
+                  kind: Kind | None = None) -> Rejected:
+        """Record i of the batch as rejected: counted, and what the dead-letter topic
+        receives."""
+        if raws is not None:
+            raw = raws[i]
+            kind_, value, source = raw.kind, raw.value, raw.source
+        else:
+            kind_ = kind if kind is not None else (
+                Kind.LABEL if b.kinds[i] == LABEL else Kind.PREDICTION)
+            value, source = None, ""
+        self._invalid(kind_, reason)
+        return Rejected(kind_, value, source, reason)
+
+    def _count_waiting(self, b: Parsed) -> None:
+        """Labels that met no prediction count under the model they name, once that
+        model is admitted (a label never creates a model), else under "unknown"."""
+        ev = self.join.events
+        if not ev.waiting:
+            return
+        get = self._model_idx.get
+        for q in ev.waiting:
+            hint = b.l_model[q]
+            midx = None if hint is None else get(hint)
+            self._batch_labels[-1 if midx is None else midx] += 1
+        ev.waiting.clear()
+
+    def _reset_classes(self, midx: int, classes: int, pm: list[int | None],
+                       p_ts: list[float]) -> None:
         """A model that is not live changes its class count: counted, and what it kept
         under the old count (window counts, score histograms, sample buffers) is
         forgotten. Old-count samples that join later count as joined, and nowhere else:
         the same state whichever of a prediction and its label came first."""
-        ev = self.join.events
-        self.class_counts.reset(midx, classes, len(ev.joined), ev.arrivals)
+        self.class_counts.reset(midx, classes, self.join.joined_so_far(),
+                                self.join.events.arrivals, pm, p_ts)
         self._stale_classes = True
         self.counters["class_resets"] += 1
         self.last_delta.class_resets[self.models[midx]] += 1
@@ -249,7 +277,6 @@ class Engine:
         self.models.append(model)
         self._model_idx[model] = midx
         self.class_counts.add_model(classes)
-        self._batch_predictions.append(0)
         self._batch_labels.insert(midx, 0)  # keeps [-1], "model unknown", last
         return midx
 
@@ -257,28 +284,54 @@ class Engine:
         self.counters["invalid"] += 1
         self.last_delta.invalid[(TOPICS[kind], reason)] += 1
 
-    def _settle(self, rejected: list[Rejected]) -> None:
-        for midx, n in enumerate(self._batch_predictions):
-            if n:
-                self.counters["predictions"] += n
-                self.last_delta.predictions[self.models[midx]] += n
-                self._batch_predictions[midx] = 0
-        for midx, n in enumerate(self._batch_labels):
-            if n:
-                self.counters["labels"] += n
-                self.last_delta.labels[self.models[midx] if midx < len(self.models) else ""] += n
-                self._batch_labels[midx] = 0
-        self.join.sweep(self.now)
+    def _models_of(self, combos: np.ndarray) -> np.ndarray:
+        """The model index of each combo."""
+        if len(self._combo_model) != len(self.index.combos):
+            self._combo_model = np.array([self._model_idx[m] for m, _ in self.index.combos],
+                                         np.int64)
+        out: np.ndarray = self._combo_model[combos]
+        return out
+
+    def _count_models(self, counter: Counter[str], counts: np.ndarray) -> int:
+        total = 0
+        for midx, c in enumerate(counts.tolist()):
+            if c:
+                counter[self.models[midx]] += c
+                total += c
+        return total
+
+    def _settle(self, b: Parsed, raws: list[Raw] | None, cols: BatchColumns,
+                admitted: np.ndarray, pm: list[int | None],
+                pairs: list[tuple[int, Rejected]]) -> list[Rejected]:
+        """Counters, the sweep, and the batch's joined samples and arrivals into the
+        windows, histograms and buffers. Returns the rejected records, in batch order
+        (then labels found out of range when their prediction came)."""
+        self.counters["predictions"] += self._count_models(
+            self.last_delta.predictions, np.bincount(admitted, minlength=len(self.models)))
         marks = self.class_counts.marks  # before settle() clears them
-        ev = self.join.drain()
+        ev = self.join.finish(self.now)
+        met = np.bincount(self._models_of(ev.met), minlength=len(self.models))
+        self.counters["labels"] += self._count_models(self.last_delta.labels, met)
+        for midx, c in enumerate(self._batch_labels):
+            if c:
+                self.counters["labels"] += c
+                self.last_delta.labels[self.models[midx] if midx < len(self.models) else ""] += c
+                self._batch_labels[midx] = 0
+        if ev.out_of_range:
+            at = [i for i, k in enumerate(b.kinds) if k == LABEL]
+            pairs += [(at[q], self._rejected(b, raws, at[q], "label_out_of_range"))
+                      for q in ev.out_of_range]
+        pairs.sort(key=lambda r: r[0])
+        rejected = [r for _, r in pairs]
         dup = ev.duplicate_predictions + ev.duplicate_labels
         if dup:
             self.counters["duplicates"] += dup
             self.last_delta.duplicates["predictions"] += ev.duplicate_predictions
             self.last_delta.duplicates["labels"] += ev.duplicate_labels
-        for (midx, reason), n in ev.expired.items():
+        for (combo, reason), n in ev.expired.items():
             self.counters["expired"] += n
-            self.last_delta.expired[(self.models[midx], reason)] += n
+            self.last_delta.expired[(self.models[int(self._models_of(
+                np.array([combo]))[0])], reason)] += n
         if ev.labels_expired:
             self.counters["labels_expired"] += ev.labels_expired
             self.last_delta.labels_expired += ev.labels_expired
@@ -289,33 +342,34 @@ class Engine:
             self._invalid(Kind.LABEL, "label_out_of_range")
             rejected.append(Rejected(Kind.LABEL, lab.dead_letter_value(), lab.source,
                                      "label_out_of_range"))
-        arrivals = ev.arrivals
+        arrivals = np.asarray(ev.arrivals, np.int64)
         if marks:  # admitted before their model's reset in this batch: forgotten with it
-            arrivals = [a for i, a in enumerate(arrivals)
-                        if a[0] not in marks or i >= marks[a[0]][1]]
-        if arrivals:  # as columns, once, for the class counts and the score histograms
-            a_model, a_combo, a_ts, a_kind, a_score = zip(*arrivals)
-            ts_col = np.array(a_ts, np.float64)
-            self.class_counts.settle(np.array(a_model, np.int64), ts_col, self.now)
+            pm_arr = np.array([-1 if m is None else m for m in pm], np.int64)
+            keep = np.ones(len(arrivals), bool)
+            for m, (_, at_arrival) in marks.items():
+                keep[:at_arrival] &= pm_arr[arrivals[:at_arrival]] != m
+            arrivals = arrivals[keep]
+        if len(arrivals):  # as columns, once, for the class counts and the score histograms
+            ts_col = cols.ts[arrivals]
+            self.class_counts.settle(self._models_of(cols.combo[arrivals]), ts_col, self.now)
             try:
-                self._add_arrivals(np.array(a_combo, np.int64), ts_col,
-                                   np.array(a_kind, np.int64), list(a_score))
+                self._add_arrivals(cols, arrivals)
             except Exception:  # the score histograms must never stop the joins
                 log.exception("counting %d arrivals for score_psi raised", len(arrivals))
         else:
             self.class_counts.settle(np.zeros(0, np.int64), np.zeros(0), self.now)
         joined = ev.joined
-        if joined and (self._stale_classes or marks):
+        if len(joined) and (self._stale_classes or marks):
             joined = self._drop_stale(joined, marks)
-        if joined:
+        if len(joined):
             try:
                 self._add_joined(joined)
             except Exception:
                 log.exception("adding %d joined samples raised; retrying one by one",
                               len(joined))
-                for one in joined:  # _add_joined computes first and writes last
+                for i in range(len(joined)):  # _add_joined computes first and writes last
                     try:
-                        self._add_joined([one])
+                        self._add_joined(joined.take(np.array([i])))
                     except Exception:
                         self._invalid(Kind.PREDICTION, "internal")
         self.version += 1
@@ -324,42 +378,49 @@ class Engine:
             self.windows.evict(self.now)
             self.scores.evict(self.now)
             self._evicted_at = self.now
+        return rejected
 
-    def _add_arrivals(self, combo: np.ndarray, ts: np.ndarray, kind: np.ndarray,
-                      score: list[Any]) -> None:
+    def _add_arrivals(self, cols: BatchColumns, rows: np.ndarray) -> None:
         """Raw confidences of admitted predictions into the score histograms."""
-        conf = raw_confidence(kind, score)
-        sample, sid = self.index.fan_out(combo)
-        self.scores.add(sid, ts[sample], conf[sample], self.now)
+        kind = cols.kind[rows]
+        conf = np.empty(len(rows))
+        binary = kind < MULTICLASS
+        x = cols.score[rows[binary]]
+        conf[binary] = np.where(kind[binary] == ScoreKind.LOGIT, sigmoid(x), x)
+        if not binary.all():
+            for at, given in _by_classes(cols.vectors, rows, np.flatnonzero(~binary)):
+                conf[at] = _probs(given, kind[at]).max(axis=1)
+        sample, sid = self.index.fan_out(cols.combo[rows])
+        self.scores.add(sid, cols.ts[rows][sample], conf[sample], self.now)
 
-    def _drop_stale(self, joined: list[Joined], marks: dict[int, tuple[int, int]]
-                    ) -> list[Joined]:
+    def _sample_classes(self, j: Joined) -> np.ndarray:
+        out = np.zeros(len(j), np.int64)
+        for k, (rows, _) in j.vectors.items():
+            out[rows] = k
+        return out
+
+    def _drop_stale(self, joined: Joined, marks: dict[int, tuple[int, int]]) -> Joined:
         """Samples of a class count their model no longer has (they joined before its
         reset in this batch, or were pending across it) count as joined, and nowhere
         else: exactly as if they had been counted and then forgotten by the reset."""
-        keep = []
-        classes = self.class_counts.classes
-        for i, one in enumerate(joined):
-            m = one[0]
-            mark = marks.get(m)
-            if (mark is None or i >= mark[0]) and (
-                    0 if one[3] < MULTICLASS else len(one[4])) == classes[m]:
-                keep.append(one)
-            else:
-                self.counters["joined"] += 1
-                self.last_delta.joined[self.models[m]] += 1
-        return keep
+        models = self._models_of(joined.combo)
+        classes = np.asarray(self.class_counts.classes, np.int64)
+        keep = self._sample_classes(joined) == classes[models]
+        idx = np.arange(len(joined))
+        for m, (at_joined, _) in marks.items():
+            keep &= ~((models == m) & (idx < at_joined))
+        if keep.all():
+            return joined
+        dropped = np.bincount(models[~keep], minlength=len(self.models))
+        self.counters["joined"] += self._count_models(self.last_delta.joined, dropped)
+        return joined.take(np.flatnonzero(keep))
 
-    def _add_joined(self, joined: list[Joined]) -> None:
+    def _add_joined(self, j: Joined) -> None:
         """Score the joined samples, then count them. Everything that can raise comes
         before the first write, so a failure leaves the state as it was."""
-        n = len(joined)
-        j = _Columns(*zip(*joined))
-        models = np.array(j.model, np.int64)
-        ts = np.array(j.ts, np.float64)
-        label = np.array(j.label, np.int64)
-        kinds = np.array(j.kind, np.int8)
-        combos = np.array(j.combo, np.int64)
+        n = len(j)
+        models = self._models_of(j.combo)
+        ts, label, kinds, combos = j.ts, j.label, j.kind, j.combo
         conf = np.empty(n)
         correct = np.empty(n, np.int64)
         acc = np.empty(n, np.int64)
@@ -370,11 +431,7 @@ class Engine:
         rows: dict[int, np.ndarray] = {}  # classes -> the sample rows they belong to
         classwise: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, probs) per K
         if len(binary):
-            if len(binary) == n:
-                score = np.array(j.score, np.float64)
-            else:
-                score = np.fromiter((j.score[i] for i in binary.tolist()), np.float64,
-                                    len(binary))
+            score = j.score if len(binary) == n else j.score[binary]
             scores[0], rows[0] = score, binary
             p = np.where(kinds[binary] == ScoreKind.LOGIT, sigmoid(score), score)
             y = label[binary]
@@ -383,46 +440,35 @@ class Engine:
             acc[binary] = (p >= 0.5).astype(np.int64) == y
             brier[binary] = (p - y) ** 2
             nll[binary] = -np.log(np.clip(np.where(y == 1, p, 1.0 - p), 1e-15, 1.0))
-        if len(binary) < n:
-            by_k: dict[int, list[int]] = {}
-            for i in np.flatnonzero(kinds >= MULTICLASS).tolist():
-                by_k.setdefault(len(j.score[i]), []).append(i)
-            for k, idx in by_k.items():
-                ii = np.asarray(idx)
-                given = np.array([j.score[i] for i in idx], dtype=np.float64).reshape(-1, k)
-                scores[k], rows[k] = given, ii
-                probs = given.copy()
-                logits = kinds[ii] == ScoreKind.LOGITS
-                probs[logits] = _softmax(probs[logits])
-                probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
-                y = label[ii]
-                top = probs.max(axis=1)
-                pred = probs.argmax(axis=1)
-                conf[ii] = top
-                correct[ii] = pred == y
-                acc[ii] = pred == y
-                onehot = np.zeros_like(probs)
-                onehot[np.arange(len(ii)), y] = 1.0
-                brier[ii] = ((probs - onehot) ** 2).sum(axis=1)
-                nll[ii] = -np.log(np.clip(probs[np.arange(len(ii)), y], 1e-15, 1.0))
-                if self.classwise is not None:
-                    classwise.append((ii, probs))
+        for k, (ii, given) in j.vectors.items():
+            scores[k], rows[k] = given, ii
+            probs = _probs(given, kinds[ii])
+            y = label[ii]
+            top = probs.max(axis=1)
+            pred = probs.argmax(axis=1)
+            conf[ii] = top
+            correct[ii] = pred == y
+            acc[ii] = pred == y
+            onehot = np.zeros_like(probs)
+            onehot[np.arange(len(ii)), y] = 1.0
+            brier[ii] = ((probs - onehot) ** 2).sum(axis=1)
+            nll[ii] = -np.log(np.clip(probs[np.arange(len(ii)), y], 1e-15, 1.0))
+            if self.classwise is not None:
+                classwise.append((ii, probs))
         # fan out: every sample counts in its model's __all__ series and each slice
         sample, sid = self.index.fan_out(combos)
         samples = Samples(sid, ts[sample], conf[sample], correct[sample], acc[sample],
                           brier[sample], nll[sample])
         # the writes
-        self.counters["joined"] += n
-        for midx, c in enumerate(np.bincount(models).tolist()):
-            if c:
-                self.last_delta.joined[self.models[midx]] += c
+        self.counters["joined"] += self._count_models(
+            self.last_delta.joined, np.bincount(models, minlength=len(self.models)))
         for ii, probs in classwise:
             onehot = np.zeros_like(probs)
             onehot[np.arange(len(ii)), label[ii]] = 1.0
             self._add_classwise(combos[ii], ts[ii], probs, onehot)
         self.windows.add(samples, self.now)
         self._count_bins(samples)
-        self._count_delays(np.array(j.label_ts, np.float64) - ts, models)
+        self._count_delays(j.label_ts - ts, models)
         if self.buffers is not None:
             self._buffer(combos, ts, label, kinds, scores, rows)
 
@@ -566,10 +612,11 @@ class Engine:
     def _pending_estimates(self) -> dict[tuple[int, int], tuple[int, float, float]]:
         """(series, window) -> (pending predictions, summed calibrated confidence of the
         predicted class, summed calibrated P(y=1)) over the predictions with no label yet."""
-        model, combo, ts, kind, score, vectors = self.join.waiting()
+        combo, ts, kind, score, vectors = self.join.waiting()
         out: dict[tuple[int, int], tuple[int, float, float]] = {}
-        if len(model) == 0:
+        if len(combo) == 0:
             return out
+        model = self._models_of(combo)
         buckets = [np.floor(ts / width).astype(np.int64) for width in self.windows.widths]
         floors = [self.windows.current(w, self.now) - BUCKETS
                   for w in range(len(self.windows.widths))]
@@ -714,7 +761,7 @@ class Engine:
                      if math.isfinite(now) else [])
             self.class_counts.restore([[row[1], row[2] if len(row) > 2 else guard]
                                        for row in snap["models"]])
-            self._batch_predictions = [0] * len(self.models)
+            self._combo_model = np.zeros(0, np.int64)
             self._batch_labels = [0] * (len(self.models) + 1)
             self._model_idx = {m: i for i, m in enumerate(self.models)}
             self.counters = Counter({k: 0 for k in COUNTER_KEYS})
@@ -738,16 +785,23 @@ class Engine:
             self.version += 1
 
 
-class _Columns(NamedTuple):
-    """Joined samples transposed into columns (see ``join.Joined``)."""
+class _RecordParser:
+    """``Parser.parse`` record by record into columns (the reference the fast batch
+    parser is tested against)."""
 
-    model: tuple[int, ...]
-    combo: tuple[int, ...]
-    ts: tuple[float, ...]
-    kind: tuple[int, ...]
-    score: tuple[Any, ...]
-    label: tuple[int, ...]
-    label_ts: tuple[float, ...]
+    def __init__(self, parser: Parser) -> None:
+        self.parser = parser
+
+    @property
+    def not_after(self) -> float:
+        return self.parser.not_after
+
+    @not_after.setter
+    def not_after(self, value: float) -> None:
+        self.parser.not_after = value
+
+    def parse(self, raws: list[Raw]) -> Parsed:
+        return Parsed.from_records([self.parser.parse(r) for r in raws])
 
 
 def _raw_probs(raw: np.ndarray, code: int) -> np.ndarray:
@@ -761,34 +815,27 @@ def _fixed_sum(x: np.ndarray) -> float:
     return float(np.rint(x * CONF_SCALE).astype(np.int64).sum()) / CONF_SCALE
 
 
-def raw_confidence(kind: np.ndarray, scores: list[Any]) -> np.ndarray:
-    """The calibration target's confidence of raw scores (binary: P(y=1); multiclass:
-    top-label probability), as ``_add_joined`` computes it."""
-    conf = np.empty(len(scores))
-    binary = np.flatnonzero(kind < MULTICLASS)
-    if len(binary):
-        x = np.fromiter((scores[i] for i in binary.tolist()), np.float64, len(binary))
-        conf[binary] = np.where(kind[binary] == ScoreKind.LOGIT, sigmoid(x), x)
-    if len(binary) < len(scores):
-        for idx, probs in _multiclass_probs(kind, scores):
-            conf[idx] = probs.max(axis=1)
-    return conf
+def _probs(given: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """(n, K) scores as given, of kinds ``kind`` (probs or logits), as probabilities."""
+    probs = given.copy()
+    logits = kind == ScoreKind.LOGITS
+    probs[logits] = _softmax(probs[logits])
+    probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
+    return probs
 
 
-def _multiclass_probs(kind: np.ndarray,
-                      scores: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(rows, (n, K) probabilities) per class count K of the multiclass rows."""
+def _by_classes(vectors: dict[int, np.ndarray], ordinals: np.ndarray,
+                at: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For the positions ``at`` of ``ordinals`` (K-class predictions of a batch):
+    (positions, (m, K) scores as given) per class count K."""
     by_k: dict[int, list[int]] = {}
-    for i in np.flatnonzero(kind >= MULTICLASS).tolist():
-        by_k.setdefault(len(scores[i]), []).append(i)
+    rows = ordinals[at].tolist()
+    for pos, p in zip(at.tolist(), rows):
+        by_k.setdefault(len(vectors[p]), []).append(pos)
     out = []
-    for k, rows in by_k.items():
-        idx = np.asarray(rows)
-        probs = np.array([scores[i] for i in rows], dtype=np.float64).reshape(-1, k)
-        logits = kind[idx] == ScoreKind.LOGITS
-        probs[logits] = _softmax(probs[logits])
-        probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
-        out.append((idx, probs))
+    for group in by_k.values():
+        idx = np.asarray(group, np.int64)
+        out.append((idx, np.array([vectors[p] for p in ordinals[idx].tolist()], np.float64)))
     return out
 
 

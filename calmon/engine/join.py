@@ -5,9 +5,16 @@ replay is deterministic. Deadlines are checked exactly on every lookup; the
 sweep that finalises or expires what nobody looked up is only garbage
 collection, which is why it can run once per batch.
 
-Pending predictions live in numpy columns indexed by a slot (``id -> slot`` is
-the only per-id Python object besides the id string), which keeps a pending
-prediction under ~200 bytes. Multiclass score vectors sit in a side dict.
+Columnar: ``run`` walks a range of one batch (``Parsed``) record by record, but
+does per record only what the join needs in order (the id lookups and the
+decisions); what a pending prediction holds is written to the slot columns once
+per batch (``finish``), and what joined is read back as whole columns. Slots
+freed during a batch are reused only in the next one, so a joined sample's data
+stays where it was until it has been gathered.
+
+A pending prediction costs its id string, one dict entry and a slot number,
+plus 21 bytes of columns (ts, score, combo, kind): a K-class score vector is a
+row of one float64 matrix per K, found through the score column.
 """
 
 from __future__ import annotations
@@ -15,39 +22,92 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from calmon.config import JoinConfig
-from calmon.engine.records import MULTICLASS, SCORE_KINDS, Label, Prediction
+from calmon.engine.parsed import LABEL, PRED, Parsed
+from calmon.engine.records import MULTICLASS, Label
 
-KIND_CODE = {k: i for i, k in enumerate(SCORE_KINDS)}  # field name -> int(ScoreKind)
-NO_LABEL = -1
-INF, NAN = math.inf, math.nan  # plain floats: no numpy attribute lookups per record
-WAITING = -1  # add_label: no pending prediction (the label waits, or was a duplicate)
-OUT_OF_RANGE = -2  # add_label: the label is out of range for its prediction
+NAN, INF = math.nan, math.inf  # plain floats: no numpy attribute lookups per record
+ROW_SHIFT = 2**20  # a K-class slot's score column holds row * ROW_SHIFT + K
+GROWTH = 1.25  # slot columns grow by a quarter: little slack, copies stay amortised O(1)
 
 
-# One prediction that met its label (or implicit negative):
-# (model, combo, ts, kind, score, label, label ts or NaN). A plain tuple, because
-# appending one is the cheapest thing the per-record path can do.
-Joined = tuple[int, int, float, int, Any, int, float]
+class Joined(NamedTuple):
+    """Samples that met their label (or implicit negative), as columns."""
+
+    combo: np.ndarray  # int64
+    ts: np.ndarray
+    kind: np.ndarray  # int64, int(ScoreKind)
+    score: np.ndarray  # binary score as given; 0 for K-class rows
+    label: np.ndarray  # int64
+    label_ts: np.ndarray  # NaN where the label had no time
+    vectors: dict[int, tuple[np.ndarray, np.ndarray]]  # K -> (rows, (m, K) scores as given)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def take(self, rows: np.ndarray) -> Joined:
+        """The samples ``rows`` (sorted indices), in order."""
+        vectors = {}
+        for k, (idx, mat) in self.vectors.items():
+            keep = np.isin(idx, rows)
+            if keep.any():
+                vectors[k] = (np.searchsorted(rows, idx[keep]), mat[keep])
+        return Joined(self.combo[rows], self.ts[rows], self.kind[rows], self.score[rows],
+                      self.label[rows], self.label_ts[rows], vectors)
+
+
+def concat(parts: list[Joined]) -> Joined:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return EMPTY
+    if len(parts) == 1:
+        return parts[0]
+    vectors: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    at = 0
+    for p in parts:
+        for k, (idx, mat) in p.vectors.items():
+            vectors.setdefault(k, []).append((idx + at, mat))
+        at += len(p)
+    cols = [np.concatenate([getattr(p, f) for p in parts]) for f in Joined._fields[:-1]]
+    return Joined(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5],
+                  {k: (np.concatenate([i for i, _ in v]), np.concatenate([m for _, m in v]))
+                   for k, v in vectors.items()})
+
+
+_E = np.zeros(0)
+_EI = np.zeros(0, np.int64)
+EMPTY = Joined(_EI, _E, _EI, _E, _EI, _E, {})
+
+
+class BatchColumns(NamedTuple):
+    """The batch's predictions as numpy columns, by prediction ordinal."""
+
+    ts: np.ndarray
+    kind: np.ndarray  # int64
+    score: np.ndarray
+    combo: np.ndarray  # int64; -1 where the prediction was not admitted
+    vectors: dict[int, np.ndarray]  # ordinal -> K-class row
 
 
 @dataclass
 class JoinEvents:
-    """What happened since the engine last drained it."""
+    """What one batch did, for the engine's counters. Sources (``src``) name a
+    prediction: a slot (>= 0) or ``-(p + 1)`` for prediction ``p`` of this batch."""
 
-    joined: list[Joined] = field(default_factory=list)
+    joined: Joined = EMPTY
+    met: np.ndarray = field(default_factory=lambda: _EI)  # combos of labels that met one
+    waiting: list[int] = field(default_factory=list)  # ordinals of labels that did not
+    out_of_range: list[int] = field(default_factory=list)  # ordinals of such labels
     rejected_labels: list[Label] = field(default_factory=list)  # out of range at the meeting
     duplicate_predictions: int = 0
     duplicate_labels: int = 0
-    expired: Counter[tuple[int, str]] = field(default_factory=Counter)  # (model, reason)
+    expired: Counter[tuple[int, str]] = field(default_factory=Counter)  # (combo, reason)
     labels_expired: int = 0
-    # every admitted prediction (not duplicates), for the score histograms:
-    # (model, combo, ts, kind, score)
-    arrivals: list[tuple[int, int, float, int, Any]] = field(default_factory=list)
+    arrivals: list[int] = field(default_factory=list)  # ordinals of admitted predictions
 
 
 class Join:
@@ -58,23 +118,16 @@ class Join:
         self.implicit = cfg.missing_label
         n = max(16, min(capacity_hint, cfg.max_pending))
         self._slot: dict[str, int] = {}
-        self._ts = np.zeros(n)
-        self._score = np.zeros(n)
-        self._deadline = np.full(n, INF)  # inf marks a free slot
-        # small ints in lists: 8 bytes a slot like numpy, but 5x faster to read one
-        self._combo: list[int] = [0] * n
-        self._model: list[int] = [0] * n
-        self._kind: list[int] = [0] * n
-        self._label: list[int] = [NO_LABEL] * n
-        self._label_ts = np.full(n, NAN)
-        # K-class scores: one float64 matrix per K, a row per pending prediction, so a
-        # vector costs 8 K bytes and no numpy object; a slot knows its K and row
-        self._vk = np.zeros(n, np.int32)  # 0: no vector
-        self._vrow = np.zeros(n, np.int32)
-        self._mats: dict[int, np.ndarray] = {}
-        self._mat_free: dict[int, list[int]] = {}
         self._pid: list[str | None] = [None] * n  # slot -> id
+        self._ts = np.full(n, INF)  # INF marks a free slot (and makes its deadline INF)
+        self._score = np.zeros(n)  # binary: as given; K-class: row * ROW_SHIFT + K
+        self._combo = np.zeros(n, np.int32)
+        self._kind = np.zeros(n, np.int8)
         self._free: list[int] = list(range(n - 1, -1, -1))
+        # implicit negatives: a binary prediction's label that came before ts + after
+        self._held: dict[int, tuple[int, float]] = {}  # slot -> (label, label ts or NaN)
+        self._mats: dict[int, np.ndarray] = {}  # K -> one row per pending K-class score
+        self._mat_free: dict[int, list[int]] = {}
         self._next_deadline = INF
         # labels waiting for their prediction: id -> (label, deadline)
         self._labels: dict[str, tuple[Label, float]] = {}
@@ -83,8 +136,18 @@ class Join:
         # ids already joined, so a late second label is a duplicate: id -> deadline
         self._done: dict[str, float] = {}
         self._done_order: deque[str] = deque()
+        self._begin()
+
+    def _begin(self) -> None:
+        """Per-batch bookkeeping, reset when the batch is finished."""
         self.events = JoinEvents()
-        self._joined = self.events.joined  # the hot path's append target
+        self._new: dict[int, int] = {}  # slot -> ordinal of this batch's prediction in it
+        self._freed: list[int] = []  # slots freed this batch: reusable from the next
+        self._j_src: list[int] = []  # what joined: source, label, label ts
+        self._j_label: list[int] = []
+        self._j_lts: list[float] = []
+        self._met_src: list[int] = []
+        self._exp: list[tuple[int, str]] = []  # (src, reason)
 
     # ------------------------------------------------------------ queries
 
@@ -96,232 +159,372 @@ class Join:
     def pending_labels(self) -> int:
         return len(self._labels)
 
-    # ------------------------------------------------------------ arrivals
+    def joined_so_far(self) -> int:
+        """Samples joined by the batch's records so far (the sweep's come after)."""
+        return len(self._j_src)
 
-    def add_prediction(self, pred: Prediction, model: int, combo: int, now: float) -> None:
-        pid = pred.id
-        slot = self._slot.get(pid)
-        if slot is not None:
-            if self._deadline.item(slot) > now:
-                self.events.duplicate_predictions += 1
-                return
-            self._finish(slot, pid)  # overdue: settle it as the sweep would have
-        done = self._done.get(pid)
-        if done is not None and done > now:
-            self.events.duplicate_predictions += 1
-            return
-        kind = KIND_CODE[pred.kind]
-        ts = pred.ts
-        self.events.arrivals.append((model, combo, ts, kind, pred.score))
-        if self.implicit is not None and kind < MULTICLASS:
-            held = True
-            deadline = ts + self.implicit.after
-        else:
-            held = False
-            deadline = ts + self.ttl
-        label = NO_LABEL
-        label_ts: float | None = None
-        if self._labels:
-            waiting = self._labels.pop(pid, None)
-            if waiting is not None:
-                lab, label_deadline = waiting
-                if label_deadline <= now:
-                    self.events.labels_expired += 1
-                elif lab.label >= (2 if kind < MULTICLASS else len(pred.score)):
-                    self.events.rejected_labels.append(lab)
-                elif not held:
-                    self._emit(model, combo, ts, kind, pred.score, lab.label, lab.ts)
-                    self._mark_done(pid, ts + self.ttl)
-                    return
-                else:
-                    label, label_ts = lab.label, lab.ts
-        if not self._free:
+    def _after(self, kind: int) -> float:
+        """How long a prediction of this kind waits: ttl, or the implicit-negative delay."""
+        return self.implicit.after if self.implicit is not None and kind < MULTICLASS else self.ttl
+
+    # ------------------------------------------------------------ the batch loop
+
+    def run(self, b: Parsed, lo: int, hi: int, p: int, q: int, combos: list[int],
+            now: float) -> tuple[int, int, float]:
+        """Records ``lo..hi-1`` of the batch, every prediction among them admitted
+        (``combos[p]`` is its combo); ``p``, ``q``: the ordinals of the range's first
+        prediction and label. Returns the ordinals after the range and the new now."""
+        kinds = b.kinds
+        p_id, p_ts, p_kind, p_classes = b.p_id, b.p_ts, b.p_kind, b.p_classes
+        l_id, l_label, l_ts = b.l_id, b.l_label, b.l_ts
+        ev = self.events
+        slot_get = self._slot.get
+        slot_of = self._slot
+        pids = self._pid
+        new = self._new
+        new_get = new.get
+        freed = self._freed
+        done = self._done
+        done_order = self._done_order
+        labels = self._labels
+        j_src, j_label, j_lts = self._j_src, self._j_label, self._j_lts
+        met = self._met_src
+        arrivals = ev.arrivals
+        ts_item = self._ts.item
+        ttl = self.ttl
+        implicit = self.implicit is not None
+        after = self.implicit.after if self.implicit is not None else ttl
+        held = self._held
+        preds = kinds[lo:hi].count(PRED)
+        while len(self._free) < preds:
             self._grow()
-        slot = self._free.pop()
-        self._slot[pid] = slot
-        self._pid[slot] = pid
-        self._ts[slot] = ts
-        self._deadline[slot] = deadline
-        self._combo[slot] = combo
-        self._model[slot] = model
-        self._kind[slot] = kind
-        self._label[slot] = label
-        if label != NO_LABEL:  # only read back when a label is attached
-            self._label_ts[slot] = NAN if label_ts is None else label_ts
-        if kind < MULTICLASS:
-            self._score[slot] = pred.score
-        else:
-            self._vec_put(slot, pred.score)
-        if deadline < self._next_deadline:
-            self._next_deadline = deadline
+        free_pop = self._free.pop
+        next_deadline = self._next_deadline
+        for i in range(lo, hi):
+            k = kinds[i]
+            if k == PRED:
+                pid = p_id[p]
+                ts = p_ts[p]
+                if ts > now:
+                    now = ts
+                slot = slot_get(pid)
+                if slot is not None:
+                    if self._deadline(slot) > now:
+                        ev.duplicate_predictions += 1
+                        p += 1
+                        continue
+                    self._finish(slot, pid)  # overdue: settle it as the sweep would have
+                if done:
+                    d = done.get(pid)
+                    if d is not None and d > now:
+                        ev.duplicate_predictions += 1
+                        p += 1
+                        continue
+                kind = p_kind[p]
+                arrivals.append(p)
+                hold = implicit and kind < MULTICLASS
+                early: tuple[int, float] | None = None
+                if labels:
+                    waiting = labels.pop(pid, None)
+                    if waiting is not None:
+                        wl, label_deadline = waiting
+                        if label_deadline <= now:
+                            ev.labels_expired += 1
+                        elif wl.label >= (2 if kind < MULTICLASS else p_classes[p]):
+                            ev.rejected_labels.append(wl)
+                        elif not hold:
+                            j_src.append(-p - 1)
+                            j_label.append(wl.label)
+                            j_lts.append(NAN if wl.ts is None else wl.ts)
+                            done[pid] = ts + ttl
+                            done_order.append(pid)
+                            p += 1
+                            continue
+                        else:
+                            early = (wl.label, NAN if wl.ts is None else wl.ts)
+                slot = free_pop()
+                slot_of[pid] = slot
+                pids[slot] = pid
+                new[slot] = p
+                if early is not None:
+                    held[slot] = early
+                deadline = ts + (after if hold else ttl)
+                if deadline < next_deadline:
+                    next_deadline = deadline
+                p += 1
+            elif k == LABEL:
+                lid = l_id[q]
+                slot = slot_get(lid)
+                if slot is not None and now >= next_deadline and self._deadline(slot) <= now:
+                    self._next_deadline = next_deadline
+                    self._finish(slot, lid)
+                    slot = None
+                if slot is None:
+                    self._wait(b, q, now)
+                    q += 1
+                    continue
+                lab = l_label[q]
+                pn = new_get(slot)
+                if lab >= 2 and lab >= self._classes(slot, pn, p_kind, p_classes):
+                    ev.out_of_range.append(q)
+                    q += 1
+                    continue
+                src = slot if pn is None else -pn - 1
+                met.append(src)
+                if implicit:
+                    if slot in held:
+                        ev.duplicate_labels += 1
+                        q += 1
+                        continue
+                    if (p_kind[pn] if pn is not None else self._kind.item(slot)) < MULTICLASS:
+                        # held until ts + after, so no window sees a positive before its
+                        # negatives
+                        lts = l_ts[q]
+                        held[slot] = (lab, NAN if lts is None else lts)
+                        q += 1
+                        continue
+                lts = l_ts[q]
+                j_src.append(src)
+                j_label.append(lab)
+                j_lts.append(NAN if lts is None else lts)
+                done[lid] = (ts_item(slot) if pn is None else p_ts[pn]) + ttl
+                done_order.append(lid)
+                del slot_of[lid]
+                pids[slot] = None
+                freed.append(slot)
+                if pn is not None:
+                    del new[slot]
+                q += 1
+        self._next_deadline = next_deadline
+        return p, q, now
 
-    def add_label(self, lab: Label, now: float) -> int:
-        """The model index of the pending prediction the label met, ``WAITING`` when
-        there was none (it waits, or was a duplicate), ``OUT_OF_RANGE`` when the label is
-        out of range for its prediction."""
-        lid = lab.id
-        slot = self._slot.get(lid)
-        # nothing pending is overdue before the earliest deadline: skip the read then
-        if slot is not None and now >= self._next_deadline and self._deadline.item(slot) <= now:
-            self._finish(slot, lid)
-            slot = None
-        if slot is None:
-            done = self._done.get(lid)
-            if done is not None and done > now:
-                self.events.duplicate_labels += 1
-                return WAITING
-            waiting = self._labels.get(lid)
-            if waiting is not None and waiting[1] > now:
-                self.events.duplicate_labels += 1
-                return WAITING
-            if waiting is not None:
-                self.events.labels_expired += 1
-            base = lab.ts if lab.ts is not None else now
-            # no ts and no prediction seen yet: the clock starts with the first prediction
-            deadline = base + self.label_ttl if base > -INF else INF
-            self._labels[lid] = (lab, deadline)
-            if deadline < self._next_label_deadline:
-                self._next_label_deadline = deadline
-            if deadline == INF:
-                self._undated_labels = True
-            return WAITING
-        kind = self._kind[slot]
-        if lab.label >= (2 if kind < MULTICLASS else self._vk.item(slot)):
-            return OUT_OF_RANGE
-        model = self._model[slot]
-        if self._label[slot] != NO_LABEL:
-            self.events.duplicate_labels += 1
-            return model
-        if self.implicit is not None and kind < MULTICLASS:
-            # held until ts + after, so no window sees a positive before its negatives
-            self._label[slot] = lab.label
-            self._label_ts[slot] = NAN if lab.ts is None else lab.ts
-            return model
-        # the common case, inlined: join now and free the slot
-        ts = self._ts.item(slot)
-        self._joined.append((
-            model, self._combo[slot], ts, kind,
-            self._score.item(slot) if kind < MULTICLASS else self._vec_pop(slot), lab.label,
-            NAN if lab.ts is None else lab.ts))
-        self._done[lid] = ts + self.ttl
-        self._done_order.append(lid)
-        del self._slot[lid]
-        self._pid[slot] = None
-        self._deadline[slot] = INF
-        self._free.append(slot)
-        return model
+    def _deadline(self, slot: int) -> float:
+        pn = self._new.get(slot)
+        if pn is None:
+            return float(self._ts.item(slot)) + self._after(self._kind.item(slot))
+        return float(self._batch.ts.item(pn)) + self._after(int(self._batch.kind.item(pn)))
 
-    # ------------------------------------------------------------ settling
+    def _classes(self, slot: int, pn: int | None, p_kind: list[int],
+                 p_classes: list[int]) -> int:
+        if pn is not None:
+            return 2 if p_kind[pn] < MULTICLASS else p_classes[pn]
+        if self._kind.item(slot) < MULTICLASS:
+            return 2
+        return int(self._score.item(slot)) % ROW_SHIFT
+
+    def _wait(self, b: Parsed, q: int, now: float) -> None:
+        """A label with no pending prediction: a duplicate of a joined one, or it waits."""
+        lid = b.l_id[q]
+        ev = self.events
+        ev.waiting.append(q)
+        done = self._done.get(lid)
+        if done is not None and done > now:
+            ev.duplicate_labels += 1
+            return
+        waiting = self._labels.get(lid)
+        if waiting is not None and waiting[1] > now:
+            ev.duplicate_labels += 1
+            return
+        if waiting is not None:
+            ev.labels_expired += 1
+        lab = b.label(q)
+        base = lab.ts if lab.ts is not None else now
+        # no ts and no prediction seen yet: the clock starts with the first prediction
+        deadline = base + self.label_ttl if base > -INF else INF
+        self._labels[lid] = (lab, deadline)
+        if deadline < self._next_label_deadline:
+            self._next_label_deadline = deadline
+        if deadline == INF:
+            self._undated_labels = True
 
     def _finish(self, slot: int, pid: str) -> None:
-        """Settle a pending prediction: joined with its label, its implicit label,
-        or expired by ttl. Frees the slot."""
-        label = self._label[slot]
-        kind = self._kind[slot]
-        ts = self._ts.item(slot)
-        if label == NO_LABEL and self.implicit is not None and kind < MULTICLASS:
-            label = self.implicit.value
-            label_ts = None
+        """Settle a pending prediction whose deadline passed: joined with its held label,
+        its implicit label, or expired by ttl. Frees the slot."""
+        pn = self._new.pop(slot, None)
+        src = slot if pn is None else -pn - 1
+        kind = self._kind.item(slot) if pn is None else int(self._batch.kind.item(pn))
+        early = self._held.pop(slot, None)
+        if early is None and self.implicit is not None and kind < MULTICLASS:
+            early = (self.implicit.value, NAN)
+        if early is None:
+            self._exp.append((src, "ttl"))
         else:
-            lts = self._label_ts.item(slot)
-            label_ts = None if lts != lts else lts  # NaN marks unknown
-        model = self._model[slot]
-        if label == NO_LABEL:
-            self.events.expired[(model, "ttl")] += 1
-        else:
-            score = self._score.item(slot) if kind < MULTICLASS else self._vec_get(slot).copy()
-            self._emit(model, self._combo[slot], ts, kind, score, label, label_ts)
-            self._mark_done(pid, ts + self.ttl)
-        self._release(slot, pid)
+            ts = self._ts.item(slot) if pn is None else self._batch.ts.item(pn)
+            self._j_src.append(src)
+            self._j_label.append(early[0])
+            self._j_lts.append(early[1])
+            self._done[pid] = ts + self.ttl
+            self._done_order.append(pid)
+        del self._slot[pid]
+        self._pid[slot] = None
+        self._freed.append(slot)
 
-    def _emit(self, model: int, combo: int, ts: float, kind: int, score: float | np.ndarray,
-              label: int, label_ts: float | None) -> None:
-        self.events.joined.append((model, combo, ts, kind, score, label,
-                                   NAN if label_ts is None else label_ts))
+    # ------------------------------------------------------------ the batch's end
+
+    def prepare(self, cols: BatchColumns) -> None:
+        """The batch's prediction columns, before the first ``run``."""
+        self._batch = cols
+
+    def finish(self, now: float) -> JoinEvents:
+        """Gather what joined, write the pending predictions of this batch into their
+        slots, free what was freed, sweep; returns the batch's events."""
+        cols = self._batch
+        ev = self.events
+        ev.met = self._combos(np.asarray(self._met_src, np.int64))
+        ev.joined = self._gather(self._j_src, self._j_label, self._j_lts)
+        self._count_expired(ev)
+        self._release(self._freed)
+        if self._new:  # this batch's predictions still pending: into their slots
+            slots = np.fromiter(self._new.keys(), np.int64, len(self._new))
+            ords = np.fromiter(self._new.values(), np.int64, len(self._new))
+            self._ts[slots] = cols.ts[ords]
+            self._combo[slots] = cols.combo[ords]
+            self._kind[slots] = cols.kind[ords]
+            self._score[slots] = cols.score[ords]
+            for slot, pn in self._new.items():
+                vec = cols.vectors.get(pn)
+                if vec is not None:
+                    self._score[slot] = self._vec_put(vec)
+        self._begin()
+        self.events = ev
+        self._sweep(now)
+        ev.joined = concat([ev.joined, self._gather(self._j_src, self._j_label, self._j_lts)])
+        self._count_expired(ev)
+        self._release(self._freed)
+        self._begin()
+        self._batch = _NO_BATCH
+        return ev
+
+    def _count_expired(self, ev: JoinEvents) -> None:
+        if self._exp:
+            combos = self._combos(np.array([s for s, _ in self._exp], np.int64)).tolist()
+            for (_, reason), combo in zip(self._exp, combos):
+                ev.expired[(combo, reason)] += 1
+
+    def _combos(self, src: np.ndarray) -> np.ndarray:
+        out = np.empty(len(src), np.int64)
+        old = src >= 0
+        out[old] = self._combo[src[old]]
+        out[~old] = self._batch.combo[-src[~old] - 1]
+        return out
+
+    def _gather(self, src_list: list[int], label: list[int], lts: list[float]) -> Joined:
+        if not src_list:
+            return EMPTY
+        src = np.asarray(src_list, np.int64)
+        n = len(src)
+        old = src >= 0
+        slots = src[old]
+        ords = -src[~old] - 1
+        cols = self._batch
+        ts = np.empty(n)
+        kind = np.empty(n, np.int64)
+        score = np.empty(n)
+        combo = np.empty(n, np.int64)
+        ts[old], ts[~old] = self._ts[slots], cols.ts[ords]
+        kind[old], kind[~old] = self._kind[slots], cols.kind[ords]
+        score[old], score[~old] = self._score[slots], cols.score[ords]
+        combo[old], combo[~old] = self._combo[slots], cols.combo[ords]
+        vectors: dict[int, tuple[list[int], list[np.ndarray]]] = {}
+        multi = np.flatnonzero(kind >= MULTICLASS)
+        if len(multi):
+            for i in multi.tolist():
+                s = src_list[i]
+                if s >= 0:
+                    code = int(score[i])
+                    k = code % ROW_SHIFT
+                    vec = self._mats[k][code // ROW_SHIFT]
+                else:
+                    vec = cols.vectors[-s - 1]
+                    k = len(vec)
+                rows, vecs = vectors.setdefault(k, ([], []))
+                rows.append(i)
+                vecs.append(vec)
+            score[multi] = 0.0
+        return Joined(combo, ts, kind, score, np.asarray(label, np.int64),
+                      np.asarray(lts, np.float64),
+                      {k: (np.asarray(r, np.int64), np.array(v, np.float64))
+                       for k, (r, v) in vectors.items()})
+
+    def _release(self, slots: list[int]) -> None:
+        """Slots whose prediction left (joined, expired): their K-class rows go back to
+        their matrix, and they take new predictions from the next batch on."""
+        if not slots:
+            return
+        idx = np.asarray(slots, np.int64)
+        multi = idx[self._kind[idx] >= MULTICLASS]
+        for code in self._score[multi].astype(np.int64).tolist():
+            self._mat_free[code % ROW_SHIFT].append(code // ROW_SHIFT)
+        self._ts[idx] = INF
+        self._kind[idx] = 0
+        self._score[idx] = 0.0
+        self._free.extend(reversed(slots))
+
+    # ------------------------------------------------------------ storage
 
     def _grow(self) -> None:
         n = len(self._ts)
-        m = n * 2
-        for name, fill in (("_ts", 0.0), ("_score", 0.0), ("_deadline", INF),
-                           ("_label_ts", NAN)):
+        m = max(n + 16, int(n * GROWTH))
+        for name, fill in (("_ts", INF), ("_score", 0.0), ("_combo", 0), ("_kind", 0)):
             old = getattr(self, name)
             new = np.full(m, fill, old.dtype)
             new[:n] = old
             setattr(self, name, new)
-        for name in ("_combo", "_model", "_kind"):
-            getattr(self, name).extend([0] * (m - n))
-        self._label.extend([NO_LABEL] * (m - n))
         self._pid.extend([None] * (m - n))
-        for name in ("_vk", "_vrow"):
-            old = getattr(self, name)
-            new = np.zeros(m, old.dtype)
-            new[:n] = old
-            setattr(self, name, new)
-        self._free.extend(range(m - 1, n - 1, -1))
+        self._free[:0] = range(m - 1, n - 1, -1)  # used after the slots free already
 
-    def _vec_put(self, slot: int, vec: np.ndarray) -> None:
+    def _vec_put(self, vec: np.ndarray) -> float:
+        """Store a K-class row; returns the slot's score-column code for it."""
         k = len(vec)
         free = self._mat_free.setdefault(k, [])
-        if not free:  # the matrix of this K doubles
+        if not free:  # the matrix of this K grows
             old = self._mats.get(k)
             rows = 0 if old is None else len(old)
-            new = np.zeros((max(16, 2 * rows), k))
+            new = np.zeros((max(16, int(rows * GROWTH)), k))
             if old is not None:
                 new[:rows] = old
             self._mats[k] = new
             free.extend(range(len(new) - 1, rows - 1, -1))
         row = free.pop()
         self._mats[k][row] = vec
-        self._vk[slot] = k
-        self._vrow[slot] = row
+        return float(row * ROW_SHIFT + k)
 
-    def _vec_get(self, slot: int) -> np.ndarray:
-        """A view of the slot's row: copy it before the slot is released."""
-        out: np.ndarray = self._mats[self._vk.item(slot)][self._vrow.item(slot)]
+    def _vec_of(self, slot: int) -> np.ndarray:
+        code = int(self._score.item(slot))
+        out: np.ndarray = self._mats[code % ROW_SHIFT][code // ROW_SHIFT]
         return out
 
-    def _vec_pop(self, slot: int) -> np.ndarray:
-        k, row = self._vk.item(slot), self._vrow.item(slot)
-        out: np.ndarray = self._mats[k][row].copy()
-        self._mat_free[k].append(row)
-        self._vk[slot] = 0
-        return out
+    # ------------------------------------------------------------ sweeping
 
-    def _release(self, slot: int, pid: str) -> None:
-        del self._slot[pid]
-        self._pid[slot] = None
-        self._deadline[slot] = INF
-        self._label[slot] = NO_LABEL
-        if self._vk.item(slot):
-            self._vec_pop(slot)
-        self._free.append(slot)
+    def _deadlines(self) -> np.ndarray:
+        if self.implicit is None:
+            out: np.ndarray = self._ts + self.ttl
+            return out
+        return self._ts + np.where(self._kind < MULTICLASS, self.implicit.after, self.ttl)
 
-    def _mark_done(self, pid: str, deadline: float) -> None:
-        self._done[pid] = deadline
-        self._done_order.append(pid)
-
-    def sweep(self, now: float) -> None:
+    def _sweep(self, now: float) -> None:
         """Settle everything whose deadline passed, then enforce the capacity bound."""
         if now >= self._next_deadline:
-            due = np.flatnonzero(self._deadline <= now)
+            deadline = self._deadlines()
+            due = np.flatnonzero(deadline <= now)
             if len(due):
                 # in deadline order, so what joins is emitted in a repeatable order
-                due = due[np.lexsort((self._ts[due], self._deadline[due]))]
+                due = due[np.lexsort((self._ts[due], deadline[due]))]
                 for slot in due.tolist():
                     self._finish(slot, self._pid[slot])  # type: ignore[arg-type]
-            live = self._deadline[np.isfinite(self._deadline)]
-            self._next_deadline = float(live.min()) if len(live) else INF
+                deadline[due] = INF
+            self._next_deadline = float(deadline.min()) if len(deadline) else INF
         if now >= self._next_label_deadline or (self._undated_labels and now > -INF):
             nxt = INF
-            for lid, (lab, deadline) in list(self._labels.items()):
-                if deadline == INF and now > -INF:
-                    deadline = now + self.label_ttl
-                    self._labels[lid] = (lab, deadline)
-                if deadline <= now:
+            for lid, (lab, deadline_) in list(self._labels.items()):
+                if deadline_ == INF and now > -INF:
+                    deadline_ = now + self.label_ttl
+                    self._labels[lid] = (lab, deadline_)
+                if deadline_ <= now:
                     del self._labels[lid]
                     self.events.labels_expired += 1
                 else:
-                    nxt = min(nxt, deadline)
+                    nxt = min(nxt, deadline_)
             self._next_label_deadline = nxt
             self._undated_labels = False
         while self._done_order:
@@ -337,57 +540,57 @@ class Join:
     def _enforce_capacity(self) -> None:
         over = len(self._slot) - self.max_pending
         if over > 0:
-            live = np.flatnonzero(np.isfinite(self._deadline))
+            live = np.flatnonzero(np.isfinite(self._ts) & _not_in(len(self._ts), self._freed))
             # oldest prediction ts first; ties by slot so the choice is repeatable
             oldest = live[np.lexsort((live, self._ts[live]))[:over]]
             for slot in oldest.tolist():
-                self.events.expired[(self._model[slot], "capacity")] += 1
+                self._exp.append((slot, "capacity"))
+                self._held.pop(slot, None)
                 pid = self._pid[slot]
                 assert pid is not None  # a live slot always has its id
-                self._release(slot, pid)
-            live = self._deadline[np.isfinite(self._deadline)]
-            self._next_deadline = float(live.min()) if len(live) else INF
+                del self._slot[pid]
+                self._pid[slot] = None
+                self._freed.append(slot)
+            deadline = self._deadlines()
+            deadline[np.asarray(self._freed, np.int64)] = INF
+            self._next_deadline = float(deadline.min()) if len(deadline) else INF
         over = len(self._labels) - self.max_pending
         if over > 0:
             for lid in list(self._labels)[:over]:
                 del self._labels[lid]
                 self.events.labels_expired += 1
 
-    def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+    def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                dict[int, Any]]:
-        """Pending predictions with no label yet, as columns: model, combo, ts, kind,
-        binary score (as given), and {row: K-class scores} for the multiclass rows."""
+        """Pending predictions with no label yet, as columns: combo, ts, kind, binary
+        score (as given), and {row: K-class scores} for the multiclass rows."""
         slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
-        slots = slots[np.asarray(self._label, np.int64)[slots] == NO_LABEL]
-        kind = np.asarray(self._kind, np.int64)[slots]
-        vectors = {i: self._vec_get(s).copy()
+        if self._held:
+            slots = slots[~np.isin(slots, np.fromiter(self._held, np.int64, len(self._held)))]
+        kind = self._kind[slots].astype(np.int64)
+        vectors = {i: self._vec_of(s).copy()
                    for i, s in zip(np.flatnonzero(kind >= MULTICLASS).tolist(),
                                    slots[kind >= MULTICLASS].tolist())}
-        return (np.asarray(self._model, np.int64)[slots],
-                np.asarray(self._combo, np.int64)[slots], self._ts[slots], kind,
-                self._score[slots], vectors)
-
-    def drain(self) -> JoinEvents:
-        ev, self.events = self.events, JoinEvents()
-        self._joined = self.events.joined
-        return ev
+        return (self._combo[slots].astype(np.int64), self._ts[slots], kind,
+                np.where(kind >= MULTICLASS, 0.0, self._score[slots]), vectors)
 
     # ------------------------------------------------------------ checkpoints
 
     def snapshot(self) -> dict[str, Any]:
         items = list(self._slot.items())
         slots = np.fromiter((s for _, s in items), np.int64, len(items))
+        kind = self._kind[slots]
+        held = [self._held.get(s) for s in slots.tolist()]
         return {
             "ids": [pid for pid, _ in items],
-            "ts": self._ts[slots], "score": self._score[slots],
-            "deadline": self._deadline[slots],
-            "combo": np.array([self._combo[s] for s in slots.tolist()], np.int32),
-            "model": np.array([self._model[s] for s in slots.tolist()], np.int32),
-            "kind": np.array([self._kind[s] for s in slots.tolist()], np.int8),
-            "label": np.array([self._label[s] for s in slots.tolist()], np.int32),
-            "label_ts": self._label_ts[slots],
-            "vectors": {i: self._vec_get(s).copy() for i, s in enumerate(slots.tolist())
-                        if self._vk.item(s)},
+            "ts": self._ts[slots],
+            "score": np.where(kind >= MULTICLASS, 0.0, self._score[slots]),
+            "combo": self._combo[slots].copy(),
+            "kind": kind.copy(),
+            "label": np.array([-1 if h is None else h[0] for h in held], np.int32),
+            "label_ts": np.array([NAN if h is None else h[1] for h in held], np.float64),
+            "vectors": {i: self._vec_of(s).copy() for i, s in enumerate(slots.tolist())
+                        if kind[i] >= MULTICLASS},
             "labels": [[lid, lab.label, lab.ts, lab.model, lab.raw, lab.source, d]
                        for lid, (lab, d) in self._labels.items()],
             "done": [[pid, self._done[pid]] for pid in self._done_order if pid in self._done],
@@ -401,14 +604,18 @@ class Join:
             slot = self._free.pop()
             self._slot[pid] = slot
             self._pid[slot] = pid
-            for name in ("ts", "score", "deadline", "label_ts"):
-                getattr(self, "_" + name)[slot] = snap[name][i]
-            for name in ("combo", "model", "kind", "label"):
-                getattr(self, "_" + name)[slot] = int(snap[name][i])
+            self._ts[slot] = snap["ts"][i]
+            self._combo[slot] = int(snap["combo"][i])
+            kind = int(snap["kind"][i])
+            self._kind[slot] = kind
+            self._score[slot] = snap["score"][i] if kind < MULTICLASS else 0.0
+            label = int(snap["label"][i])
+            if label != -1:
+                self._held[slot] = (label, float(snap["label_ts"][i]))
         for i, vec in snap["vectors"].items():
-            self._vec_put(self._slot[ids[int(i)]], np.asarray(vec, np.float64))
-        live = self._deadline[np.isfinite(self._deadline)]
-        self._next_deadline = float(live.min()) if len(live) else INF
+            self._score[self._slot[ids[int(i)]]] = self._vec_put(np.asarray(vec, np.float64))
+        deadline = self._deadlines()
+        self._next_deadline = float(deadline.min()) if len(deadline) else INF
         for lid, label, ts, model, raw, source, d in snap["labels"]:
             self._labels[lid] = (Label(lid, label, ts, model, raw, source), d)
             self._next_label_deadline = min(self._next_label_deadline, d)
@@ -416,3 +623,13 @@ class Join:
         for pid, d in snap["done"]:
             self._done[pid] = d
             self._done_order.append(pid)
+
+
+def _not_in(n: int, slots: list[int]) -> np.ndarray:
+    mask = np.ones(n, bool)
+    if slots:
+        mask[np.asarray(slots, np.int64)] = False
+    return mask
+
+
+_NO_BATCH = BatchColumns(_E, _EI, _E, _EI, {})

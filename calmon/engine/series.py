@@ -11,6 +11,7 @@ series the sample counts in. Both tables are bounded: at most
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -32,18 +33,30 @@ class SeriesIndex:
         self.combo_series: list[tuple[int, ...]] = []  # combo id -> series ids
         self._combo_ids: dict[tuple[str, tuple[str | None, ...]], int] = {}
         self._admitted: dict[tuple[str, str], set[str]] = {}  # (model, key) -> kept values
-        # (model, segment items) -> combo
-        self._fast: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        # (model, segment spelling) -> combo
+        self._fast: dict[tuple[str, Hashable], int] = {}
         self._memo_cap = 4 * (max_values + 1) ** max(1, len(self.keys))
         # combo -> series as flat numpy arrays, rebuilt when combos are added
         self._flat = np.zeros(0, np.int64)
         self._start = np.zeros(0, np.int64)
         self._len = np.zeros(0, np.int64)
 
-    def combo(self, model: str, segment: dict[str, str]) -> int:
-        """The combo id of a prediction; admits or folds its segment values."""
+    def combo_ids(self, models: list[str], keys: list[Hashable],
+               segments: list[dict[str, str]]) -> list[int]:
+        """The combo ids of a batch's predictions, in order (a segment value is admitted
+        first come, first served). ``keys``: each segment's spelling (``Parsed.p_segkey``)."""
         # hot path: a producer sends the same segment spelt the same way every time
-        fast = (model, tuple(segment.items()))
+        get = self._fast.get
+        out = [get((m, k)) for m, k in zip(models, keys)]
+        if None in out:  # misses in order: they are what admits values
+            for i, cid in enumerate(out):
+                if cid is None:
+                    out[i] = self.combo(models[i], segments[i], keys[i])
+        return out  # type: ignore[return-value]
+
+    def combo(self, model: str, segment: dict[str, str], key: Hashable = None) -> int:
+        """The combo id of a prediction; admits or folds its segment values."""
+        fast = (model, tuple(segment.items()) if key is None else key)
         cid = self._fast.get(fast)
         if cid is not None:
             return cid

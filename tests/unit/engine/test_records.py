@@ -182,22 +182,40 @@ def test_a_huge_class_count_costs_nothing() -> None:
     assert big.parse(Raw(Kind.PREDICTION, value)) == Reject("too_many_classes")
 
 
-def test_internal_error_is_isolated_to_its_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    e = Engine(from_dict({}))
-    real = e.join.add_prediction
+def test_a_bug_while_scoring_a_joined_sample_is_isolated_to_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import calmon.engine.engine as engine_module
 
-    def flaky(pred, *args):
-        if pred.id == "boom":
+    real = engine_module.sigmoid
+
+    def flaky(x: np.ndarray) -> np.ndarray:
+        if np.any(np.asarray(x) == 7.0):
             raise RuntimeError("a bug")
-        return real(pred, *args)
+        return real(x)
 
-    monkeypatch.setattr(e.join, "add_prediction", flaky)
-    rej = e.feed([P("a", T0, "m", prob=0.5), P("boom", T0, "m", prob=0.5),
-                  P("c", T0, "m", prob=0.5), L("a", 1, T0), L("c", 0, T0)])
-    assert [(r.reason, r.kind) for r in rej] == [("internal", Kind.PREDICTION)]
-    assert rej[0].value is not None and b"boom" in rej[0].value
+    monkeypatch.setattr(engine_module, "sigmoid", flaky)
+    e = Engine(from_dict({}))
+    rej = e.feed([P("a", T0, "m", logit=0.5), P("boom", T0, "m", logit=7.0),
+                  P("c", T0, "m", logit=-1.0), L("a", 1, T0), L("boom", 1, T0), L("c", 0, T0)])
+    assert rej == []
     st = e.status()["counters"]
-    assert (st["predictions"], st["joined"], st["invalid"]) == (2, 2, 1)
+    # the two others are counted; the one the bug hits is counted as internal
+    assert (st["predictions"], st["joined"], st["invalid"]) == (3, 2, 1)
+    assert {r.stats.samples for r in e.view().rows if r.segment == "__all__"} == {2}
+
+
+def test_a_bug_in_the_join_is_raised_for_the_daemon_to_isolate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the daemon rolls back to its checkpoint and finds the record one by one
+    # (tests/unit/test_daemon_inprocess.py); the engine must not swallow it
+    e = Engine(from_dict({}))
+
+    def boom(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(e.join, "run", boom)
+    with pytest.raises(RuntimeError):
+        e.feed([P("a", T0, "m", prob=0.5)])
 
 
 def test_class_count_resets_only_while_the_model_is_not_live() -> None:
