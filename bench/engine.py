@@ -6,7 +6,8 @@
 Prints, for binary (``prob``) and 10-class (``logits``) inputs:
 
 * joined samples/s of the engine alone (records parsed up front with
-  ``Parser.parse``; ``Engine.feed_parsed`` timed over batches of ``--batch``
+  ``Parser.parse`` into the engine's columns, ``Parsed``; ``Engine.feed_parsed``
+  timed over batches of ``--batch``
   records, by default 5,000: what one daemon poll (``MAX_RECORDS``) hands the
   engine when the consumer is saturated, the regime where the engine could
   bottleneck it), and once more over batches of 500 (a lightly loaded consumer,
@@ -53,6 +54,7 @@ import numpy as np
 
 from calmon.config import Config
 from calmon.engine.engine import Engine
+from calmon.engine.parsed import Parsed
 from calmon.engine.records import Kind, Label, Parser, Prediction, Raw
 
 TARGET_RATE = 300_000  # joined samples/s, engine alone, binary, one core
@@ -185,9 +187,11 @@ def throughput(w: Workload, cfg: Config, repeat: int, batch: int,
     records = len(w.raws)
     values = [r.value for r in w.raws]
     parsed = parse_all(w.raws, cfg)
-    parsed_chunks = batches(parsed, batch)
+    # the engine's input: one poll's records as columns (calmon.engine.parsed.Parsed)
+    parsed_chunks = [Parsed.from_records(c) for c in batches(parsed, batch)]
     raw_chunks = batches(w.raws, batch)
-    big_chunks = batches(parsed, big_batch) if big_batch else None
+    big_chunks = ([Parsed.from_records(c) for c in batches(parsed, big_batch)]
+                  if big_batch else None)
     best = {k: float("inf") for k in ("json", "parse", "alone", "alone_cpu", "full", "big")}
     for _ in range(repeat):
         gc.collect()
@@ -299,7 +303,7 @@ def profile(n: int, batch: int, top: int = 30) -> None:
     """cProfile of the engine-alone binary path, sorted by own time."""
     cfg = Config()
     w = make_stream(n, multiclass=False)
-    chunks = batches(parse_all(w.raws, cfg), batch)
+    chunks = [Parsed.from_records(c) for c in batches(parse_all(w.raws, cfg), batch)]
     eng = Engine(cfg)
     prof = cProfile.Profile()
     prof.enable()

@@ -169,7 +169,7 @@ class Engine:
         cols = BatchColumns(np.array(b.p_ts, np.float64), np.array(b.p_kind, np.int64),
                             np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
                             b.p_vec)
-        self.join.prepare(cols)
+        self.join.prepare(cols, b.p_id)
         rejected: list[tuple[int, Rejected]] = []
         now = self.now
         if None not in pm and [classes[m] for m in pm] == b.p_classes:  # type: ignore[index]
@@ -186,8 +186,8 @@ class Engine:
                     rejected.append((i, self._rejected(b, raws, i, b.reasons[r])))
                     r += 1
         cols.combo[:] = combos
-        admitted = [m for m, c in zip(pm, combos) if c >= 0]
-        return self._settle(b, raws, cols, np.array(admitted, np.int64), pm, rejected)
+        admitted = np.array([m for m in pm if m is not None], np.int64)
+        return self._settle(b, raws, cols, admitted, pm, rejected)
 
     def _one_by_one(self, b: Parsed, raws: list[Raw] | None, pm: list[int | None],
                     combos: list[int], rejected: list[tuple[int, Rejected]]) -> None:

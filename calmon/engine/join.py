@@ -136,12 +136,14 @@ class Join:
         # ids already joined, so a late second label is a duplicate: id -> deadline
         self._done: dict[str, float] = {}
         self._done_order: deque[str] = deque()
+        self._batch = _NO_BATCH
+        self._ids: list[str] = []
         self._begin()
 
     def _begin(self) -> None:
         """Per-batch bookkeeping, reset when the batch is finished."""
         self.events = JoinEvents()
-        self._new: dict[int, int] = {}  # slot -> ordinal of this batch's prediction in it
+        self._new: list[int] = []  # ordinals of this batch's predictions given ~p in _slot
         self._freed: list[int] = []  # slots freed this batch: reusable from the next
         self._j_src: list[int] = []  # what joined: source, label, label ts
         self._j_label: list[int] = []
@@ -173,7 +175,10 @@ class Join:
             now: float) -> tuple[int, int, float]:
         """Records ``lo..hi-1`` of the batch, every prediction among them admitted
         (``combos[p]`` is its combo); ``p``, ``q``: the ordinals of the range's first
-        prediction and label. Returns the ordinals after the range and the new now."""
+        prediction and label. Returns the ordinals after the range and the new now.
+
+        A prediction of this batch is ``~p`` in the id dict until the batch ends (most
+        join within their batch and never take a slot); older ones are their slot."""
         kinds = b.kinds
         p_id, p_ts, p_kind, p_classes = b.p_id, b.p_ts, b.p_kind, b.p_classes
         l_id, l_label, l_ts = b.l_id, b.l_label, b.l_ts
@@ -182,7 +187,6 @@ class Join:
         slot_of = self._slot
         pids = self._pid
         new = self._new
-        new_get = new.get
         freed = self._freed
         done = self._done
         done_order = self._done_order
@@ -195,10 +199,6 @@ class Join:
         implicit = self.implicit is not None
         after = self.implicit.after if self.implicit is not None else ttl
         held = self._held
-        preds = kinds[lo:hi].count(PRED)
-        while len(self._free) < preds:
-            self._grow()
-        free_pop = self._free.pop
         next_deadline = self._next_deadline
         for i in range(lo, hi):
             k = kinds[i]
@@ -207,13 +207,13 @@ class Join:
                 ts = p_ts[p]
                 if ts > now:
                     now = ts
-                slot = slot_get(pid)
-                if slot is not None:
-                    if self._deadline(slot) > now:
+                v = slot_get(pid)
+                if v is not None:
+                    if self._deadline(v) > now:
                         ev.duplicate_predictions += 1
                         p += 1
                         continue
-                    self._finish(slot, pid)  # overdue: settle it as the sweep would have
+                    self._finish(v, pid)  # overdue: settle it as the sweep would have
                 if done:
                     d = done.get(pid)
                     if d is not None and d > now:
@@ -223,7 +223,6 @@ class Join:
                 kind = p_kind[p]
                 arrivals.append(p)
                 hold = implicit and kind < MULTICLASS
-                early: tuple[int, float] | None = None
                 if labels:
                     waiting = labels.pop(pid, None)
                     if waiting is not None:
@@ -233,7 +232,7 @@ class Join:
                         elif wl.label >= (2 if kind < MULTICLASS else p_classes[p]):
                             ev.rejected_labels.append(wl)
                         elif not hold:
-                            j_src.append(-p - 1)
+                            j_src.append(~p)
                             j_label.append(wl.label)
                             j_lts.append(NAN if wl.ts is None else wl.ts)
                             done[pid] = ts + ttl
@@ -241,76 +240,70 @@ class Join:
                             p += 1
                             continue
                         else:
-                            early = (wl.label, NAN if wl.ts is None else wl.ts)
-                slot = free_pop()
-                slot_of[pid] = slot
-                pids[slot] = pid
-                new[slot] = p
-                if early is not None:
-                    held[slot] = early
+                            held[~p] = (wl.label, NAN if wl.ts is None else wl.ts)
+                slot_of[pid] = ~p
+                new.append(p)
                 deadline = ts + (after if hold else ttl)
                 if deadline < next_deadline:
                     next_deadline = deadline
                 p += 1
             elif k == LABEL:
                 lid = l_id[q]
-                slot = slot_get(lid)
-                if slot is not None and now >= next_deadline and self._deadline(slot) <= now:
-                    self._next_deadline = next_deadline
-                    self._finish(slot, lid)
-                    slot = None
-                if slot is None:
+                v = slot_get(lid)
+                if v is not None and now >= next_deadline and self._deadline(v) <= now:
+                    self._finish(v, lid)
+                    v = None
+                if v is None:
                     self._wait(b, q, now)
                     q += 1
                     continue
                 lab = l_label[q]
-                pn = new_get(slot)
-                if lab >= 2 and lab >= self._classes(slot, pn, p_kind, p_classes):
+                if lab >= 2 and lab >= self._classes(v, p_kind, p_classes):
                     ev.out_of_range.append(q)
                     q += 1
                     continue
-                src = slot if pn is None else -pn - 1
-                met.append(src)
+                met.append(v)
                 if implicit:
-                    if slot in held:
+                    if v in held:
                         ev.duplicate_labels += 1
                         q += 1
                         continue
-                    if (p_kind[pn] if pn is not None else self._kind.item(slot)) < MULTICLASS:
+                    if (p_kind[~v] if v < 0 else self._kind.item(v)) < MULTICLASS:
                         # held until ts + after, so no window sees a positive before its
                         # negatives
                         lts = l_ts[q]
-                        held[slot] = (lab, NAN if lts is None else lts)
+                        held[v] = (lab, NAN if lts is None else lts)
                         q += 1
                         continue
                 lts = l_ts[q]
-                j_src.append(src)
+                j_src.append(v)
                 j_label.append(lab)
                 j_lts.append(NAN if lts is None else lts)
-                done[lid] = (ts_item(slot) if pn is None else p_ts[pn]) + ttl
+                if v < 0:
+                    done[lid] = p_ts[~v] + ttl
+                else:
+                    done[lid] = ts_item(v) + ttl
+                    pids[v] = None
+                    freed.append(v)
                 done_order.append(lid)
                 del slot_of[lid]
-                pids[slot] = None
-                freed.append(slot)
-                if pn is not None:
-                    del new[slot]
                 q += 1
         self._next_deadline = next_deadline
         return p, q, now
 
-    def _deadline(self, slot: int) -> float:
-        pn = self._new.get(slot)
-        if pn is None:
-            return float(self._ts.item(slot)) + self._after(self._kind.item(slot))
-        return float(self._batch.ts.item(pn)) + self._after(int(self._batch.kind.item(pn)))
+    def _deadline(self, v: int) -> float:
+        """The deadline of the pending prediction ``v`` (a slot, or ``~p``)."""
+        if v >= 0:
+            return float(self._ts.item(v)) + self._after(self._kind.item(v))
+        return float(self._batch.ts.item(~v)) + self._after(int(self._batch.kind.item(~v)))
 
-    def _classes(self, slot: int, pn: int | None, p_kind: list[int],
-                 p_classes: list[int]) -> int:
-        if pn is not None:
-            return 2 if p_kind[pn] < MULTICLASS else p_classes[pn]
-        if self._kind.item(slot) < MULTICLASS:
+    def _classes(self, v: int, p_kind: list[int], p_classes: list[int]) -> int:
+        """How many classes the pending prediction ``v`` has (2 for binary)."""
+        if v < 0:
+            return 2 if p_kind[~v] < MULTICLASS else p_classes[~v]
+        if self._kind.item(v) < MULTICLASS:
             return 2
-        return int(self._score.item(slot)) % ROW_SHIFT
+        return int(self._score.item(v)) % ROW_SHIFT
 
     def _wait(self, b: Parsed, q: int, now: float) -> None:
         """A label with no pending prediction: a duplicate of a joined one, or it waits."""
@@ -337,54 +330,47 @@ class Join:
         if deadline == INF:
             self._undated_labels = True
 
-    def _finish(self, slot: int, pid: str) -> None:
-        """Settle a pending prediction whose deadline passed: joined with its held label,
-        its implicit label, or expired by ttl. Frees the slot."""
-        pn = self._new.pop(slot, None)
-        src = slot if pn is None else -pn - 1
-        kind = self._kind.item(slot) if pn is None else int(self._batch.kind.item(pn))
-        early = self._held.pop(slot, None)
+    def _finish(self, v: int, pid: str) -> None:
+        """Settle a pending prediction (a slot, or ``~p``) whose deadline passed: joined
+        with its held label, its implicit label, or expired by ttl. Frees the slot."""
+        if v >= 0:
+            kind = self._kind.item(v)
+            ts = self._ts.item(v)
+        else:
+            kind = int(self._batch.kind.item(~v))
+            ts = self._batch.ts.item(~v)
+        early = self._held.pop(v, None)
         if early is None and self.implicit is not None and kind < MULTICLASS:
             early = (self.implicit.value, NAN)
         if early is None:
-            self._exp.append((src, "ttl"))
+            self._exp.append((v, "ttl"))
         else:
-            ts = self._ts.item(slot) if pn is None else self._batch.ts.item(pn)
-            self._j_src.append(src)
+            self._j_src.append(v)
             self._j_label.append(early[0])
             self._j_lts.append(early[1])
             self._done[pid] = ts + self.ttl
             self._done_order.append(pid)
         del self._slot[pid]
-        self._pid[slot] = None
-        self._freed.append(slot)
+        if v >= 0:
+            self._pid[v] = None
+            self._freed.append(v)
 
     # ------------------------------------------------------------ the batch's end
 
-    def prepare(self, cols: BatchColumns) -> None:
-        """The batch's prediction columns, before the first ``run``."""
+    def prepare(self, cols: BatchColumns, ids: list[str]) -> None:
+        """The batch's prediction columns and ids, before the first ``run``."""
         self._batch = cols
+        self._ids = ids
 
     def finish(self, now: float) -> JoinEvents:
-        """Gather what joined, write the pending predictions of this batch into their
-        slots, free what was freed, sweep; returns the batch's events."""
-        cols = self._batch
+        """Gather what joined, give the batch's still pending predictions their slots,
+        free what was freed, sweep; returns the batch's events."""
         ev = self.events
         ev.met = self._combos(np.asarray(self._met_src, np.int64))
         ev.joined = self._gather(self._j_src, self._j_label, self._j_lts)
         self._count_expired(ev)
         self._release(self._freed)
-        if self._new:  # this batch's predictions still pending: into their slots
-            slots = np.fromiter(self._new.keys(), np.int64, len(self._new))
-            ords = np.fromiter(self._new.values(), np.int64, len(self._new))
-            self._ts[slots] = cols.ts[ords]
-            self._combo[slots] = cols.combo[ords]
-            self._kind[slots] = cols.kind[ords]
-            self._score[slots] = cols.score[ords]
-            for slot, pn in self._new.items():
-                vec = cols.vectors.get(pn)
-                if vec is not None:
-                    self._score[slot] = self._vec_put(vec)
+        self._settle_new()
         self._begin()
         self.events = ev
         self._sweep(now)
@@ -393,7 +379,42 @@ class Join:
         self._release(self._freed)
         self._begin()
         self._batch = _NO_BATCH
+        self._ids = []
         return ev
+
+    def _settle_new(self) -> None:
+        """The batch's predictions still pending take a slot each, written as columns."""
+        get = self._slot.get
+        ids = self._ids
+        pend = [p for p in self._new if get(ids[p]) == ~p]
+        if not pend:
+            return
+        while len(self._free) < len(pend):
+            self._grow()
+        slots = self._free[-len(pend):][::-1]  # the order pop() would give
+        del self._free[-len(pend):]
+        slot_of, pids, held = self._slot, self._pid, self._held
+        for p, slot in zip(pend, slots):
+            pid = ids[p]
+            slot_of[pid] = slot
+            pids[slot] = pid
+        if held:
+            for p, slot in zip(pend, slots):
+                early = held.pop(~p, None)
+                if early is not None:
+                    held[slot] = early
+        cols = self._batch
+        at = np.asarray(slots, np.int64)
+        ords = np.asarray(pend, np.int64)
+        self._ts[at] = cols.ts[ords]
+        self._combo[at] = cols.combo[ords]
+        self._kind[at] = cols.kind[ords]
+        self._score[at] = cols.score[ords]
+        if cols.vectors:
+            for p, slot in zip(pend, slots):
+                vec = cols.vectors.get(p)
+                if vec is not None:
+                    self._score[slot] = self._vec_put(vec)
 
     def _count_expired(self, ev: JoinEvents) -> None:
         if self._exp:
@@ -405,7 +426,7 @@ class Join:
         out = np.empty(len(src), np.int64)
         old = src >= 0
         out[old] = self._combo[src[old]]
-        out[~old] = self._batch.combo[-src[~old] - 1]
+        out[~old] = self._batch.combo[~src[~old]]
         return out
 
     def _gather(self, src_list: list[int], label: list[int], lts: list[float]) -> Joined:
@@ -415,7 +436,7 @@ class Join:
         n = len(src)
         old = src >= 0
         slots = src[old]
-        ords = -src[~old] - 1
+        ords = ~src[~old]
         cols = self._batch
         ts = np.empty(n)
         kind = np.empty(n, np.int64)
@@ -435,7 +456,7 @@ class Join:
                     k = code % ROW_SHIFT
                     vec = self._mats[k][code // ROW_SHIFT]
                 else:
-                    vec = cols.vectors[-s - 1]
+                    vec = cols.vectors[~s]
                     k = len(vec)
                 rows, vecs = vectors.setdefault(k, ([], []))
                 rows.append(i)
