@@ -14,7 +14,8 @@ Prints, for binary (``prob``) and 10-class (``logits``) inputs:
   where per-batch costs weigh more);
 * joined samples/s of parse + engine (``Engine.feed`` on ``Raw`` JSON bytes);
 * baselines measured in the same rounds (a bare ``json.loads`` loop over the
-  same bytes, and ``Parser.parse`` alone), and the ratios engine rate / baseline;
+  same bytes, ``Parser.parse`` alone, and ``BatchParser.parse`` alone over batches
+  of ``--batch`` records), and the ratios engine rate / baseline;
 * bytes per pending prediction: N predictions fed with no labels, retained
   memory measured with tracemalloc (and as an RSS delta in a fresh process).
 
@@ -54,6 +55,7 @@ import numpy as np
 
 from calmon.config import Config
 from calmon.engine.engine import Engine
+from calmon.engine.fastparse import BatchParser
 from calmon.engine.parsed import Parsed
 from calmon.engine.records import Kind, Label, Parser, Prediction, Raw
 
@@ -152,6 +154,15 @@ def run_parser(raws: list[Raw], cfg: Config) -> float:
     return time.perf_counter() - t
 
 
+def run_batch_parser(chunks: list[list[Raw]], cfg: Config) -> float:
+    parse = BatchParser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits,
+                        cfg.kafka.max_clock_skew).parse
+    t = time.perf_counter()
+    for chunk in chunks:
+        parse(chunk)
+    return time.perf_counter() - t
+
+
 def run_engine(chunks: list[list], cfg: Config, parsed: bool, expect: int) -> tuple[float, float]:
     """One fresh engine fed every chunk: (wall seconds, CPU seconds of this process)."""
     eng = Engine(cfg)
@@ -192,12 +203,15 @@ def throughput(w: Workload, cfg: Config, repeat: int, batch: int,
     raw_chunks = batches(w.raws, batch)
     big_chunks = ([Parsed.from_records(c) for c in batches(parsed, big_batch)]
                   if big_batch else None)
-    best = {k: float("inf") for k in ("json", "parse", "alone", "alone_cpu", "full", "big")}
+    best = {k: float("inf")
+            for k in ("json", "parse", "batch_parse", "alone", "alone_cpu", "full", "big")}
     for _ in range(repeat):
         gc.collect()
         best["json"] = min(best["json"], run_json(values))
         gc.collect()
         best["parse"] = min(best["parse"], run_parser(w.raws, cfg))
+        gc.collect()
+        best["batch_parse"] = min(best["batch_parse"], run_batch_parser(raw_chunks, cfg))
         wall, cpu = run_engine(parsed_chunks, cfg, True, w.predictions)
         best["alone"] = min(best["alone"], wall)
         best["alone_cpu"] = min(best["alone_cpu"], cpu)
@@ -207,6 +221,7 @@ def throughput(w: Workload, cfg: Config, repeat: int, batch: int,
     return {
         "json_rps": records / best["json"],
         "parse_rps": records / best["parse"],
+        "batch_parse_rps": records / best["batch_parse"],
         "alone_sps": w.predictions / best["alone"],
         "alone_cpu_sps": w.predictions / best["alone_cpu"],
         "alone_rps": records / best["alone"],
@@ -372,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  baseline json.loads        {_fmt_rate(r['json_rps'])} records/s")
         print(f"  baseline Parser.parse      {_fmt_rate(r['parse_rps'])} records/s   "
               f"({r['parse_rps'] / r['json_rps']:.2f}x json.loads)")
+        print(f"  baseline BatchParser.parse {_fmt_rate(r['batch_parse_rps'])} records/s   "
+              f"({r['batch_parse_rps'] / r['json_rps']:.2f}x json.loads, "
+              f"{r['batch_parse_rps'] / r['parse_rps']:.2f}x Parser.parse)")
         target = ""
         if not multiclass:
             target = (f"   target > {TARGET_RATE:,} samples/s: "
