@@ -44,7 +44,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from calmon.config import Config
 from calmon.engine.engine import Engine
-from calmon.engine.records import Raw
+from calmon.engine.rawbatch import RawBatch
 from calmon.errors import ConfigError, StateError
 from calmon.io import reliability
 from calmon.io.calibrator_publisher import CalibratorPublisher
@@ -308,7 +308,7 @@ class Daemon:
                 log.error("%s; re-assigning from the last processed offsets", e)
                 self.assigned = False
                 continue
-            if batch.records and self.process(batch.records):
+            if len(batch) and self.process(batch.columns()):
                 self.positions.update(batch.positions)
                 self._publish()
             if time.monotonic() >= next_ckpt:
@@ -318,7 +318,7 @@ class Daemon:
     def _heartbeat(self) -> None:
         self._beat, self._beat_wall = time.monotonic(), time.time()
 
-    def process(self, records: list[Raw]) -> bool:
+    def process(self, records: RawBatch) -> bool:
         """One poll batch through the engine; rejected records to the dead-letter topic.
         Returns False when the engine raised and the state was rolled back instead."""
         careful = bool(self._suspect) and any(r.source in self._suspect for r in records)

@@ -29,15 +29,16 @@ from calmon.engine.buffer import Buffers, SampleSet
 from calmon.engine.classes import RESET_GUARD, ClassCounts
 from calmon.engine.delta import Delta
 from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
+from calmon.engine.fastparse import BatchParser
 from calmon.engine.join import BatchColumns, Join, Joined
 from calmon.engine.metrics import Stats
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
+from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import (
     MULTICLASS,
     SCORE_KINDS,
     Kind,
     Label,
-    Parser,
     Prediction,
     Raw,
     ScoreKind,
@@ -91,8 +92,6 @@ class Engine:
         self.cfg = cfg
         # live calibrators for the label-free estimates; set_calibrators() replaces them
         self.calibrators: LiveCalibrators = calibrators or {}
-        self.parser = Parser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits,
-                             cfg.kafka.max_clock_skew)
         self.max_models = cfg.limits.max_models
         self.index = SeriesIndex(cfg.segments.slices, cfg.segments.max_values)
         self.join = Join(cfg.join)
@@ -109,7 +108,8 @@ class Engine:
         self.buffers = Buffers(rc.buffer) if rc.enabled else None
         self.models: list[str] = []
         self._model_idx: dict[str, int] = {}
-        self.batch_parser = _RecordParser(self.parser)
+        self.batch_parser = BatchParser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits,
+                                        cfg.kafka.max_clock_skew)
         # per model counts of this batch's labels that met no prediction, with one more
         # slot at the end, [-1], for "model not known yet"
         self._batch_labels: list[int] = [0]
@@ -126,7 +126,8 @@ class Engine:
 
     # ------------------------------------------------------------ writing
 
-    def feed(self, batch: Iterable[Raw], not_after: float = math.inf) -> list[Rejected]:
+    def feed(self, batch: Iterable[Raw] | RawBatch,
+             not_after: float = math.inf) -> list[Rejected]:
         """Parse, join and count one batch. Returns the records that broke the
         contract (already counted), for the dead-letter topic. Never raises on data:
         a raise is a calmon bug, which the daemon isolates by rolling back to its last
@@ -134,7 +135,7 @@ class Engine:
 
         ``not_after``: event times past it are ``bad_ts`` (the daemon passes its wall
         clock + ``kafka.max_clock_skew``; the engine itself has no clock)."""
-        raws = batch if isinstance(batch, list) else list(batch)
+        raws = batch if isinstance(batch, RawBatch) else RawBatch.of(list(batch))
         self.batch_parser.not_after = not_after
         parsed = self.batch_parser.parse(raws)
         with self.lock:
@@ -156,7 +157,7 @@ class Engine:
             self.last_delta = Delta()
             return self._consume(parsed, None)
 
-    def _consume(self, b: Parsed, raws: list[Raw] | None) -> list[Rejected]:
+    def _consume(self, b: Parsed, raws: RawBatch | None) -> list[Rejected]:
         """One batch through admission and the join. The common batch (every model
         known, every class count as its model's) is one ``Join.run`` over all records;
         a batch that admits a model or meets another class count goes record by
@@ -164,7 +165,11 @@ class Engine:
         n_pred = len(b.p_id)
         get = self._model_idx.get
         classes = self.class_counts.classes
-        pm: list[int | None] = [get(m) for m in b.p_model]
+        models = b.p_model
+        if models and models.count(models[0]) == n_pred:  # one model: the common batch
+            pm: list[int | None] = [get(models[0])] * n_pred
+        else:
+            pm = [get(m) for m in models]
         combos = [-1] * n_pred
         cols = BatchColumns(np.array(b.p_ts, np.float64), np.array(b.p_kind, np.int64),
                             np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
@@ -189,7 +194,7 @@ class Engine:
         admitted = np.array([m for m in pm if m is not None], np.int64)
         return self._settle(b, raws, cols, admitted, pm, rejected)
 
-    def _one_by_one(self, b: Parsed, raws: list[Raw] | None, pm: list[int | None],
+    def _one_by_one(self, b: Parsed, raws: RawBatch | None, pm: list[int | None],
                     combos: list[int], rejected: list[tuple[int, Rejected]]) -> None:
         """The batch record by record: admission decided with the state as it is."""
         p = q = 0
@@ -224,7 +229,7 @@ class Engine:
             self._reset_classes(midx, classes, pm, b.p_ts)
         return None
 
-    def _rejected(self, b: Parsed, raws: list[Raw] | None, i: int, reason: str,
+    def _rejected(self, b: Parsed, raws: RawBatch | None, i: int, reason: str,
                   kind: Kind | None = None) -> Rejected:
         """Record i of the batch as rejected: counted, and what the dead-letter topic
         receives."""
@@ -300,7 +305,7 @@ class Engine:
                 total += c
         return total
 
-    def _settle(self, b: Parsed, raws: list[Raw] | None, cols: BatchColumns,
+    def _settle(self, b: Parsed, raws: RawBatch | None, cols: BatchColumns,
                 admitted: np.ndarray, pm: list[int | None],
                 pairs: list[tuple[int, Rejected]]) -> list[Rejected]:
         """Counters, the sweep, and the batch's joined samples and arrivals into the
@@ -783,25 +788,6 @@ class Engine:
                 for (s, _c), i in sorted(self._class_series.items(), key=lambda kv: kv[1]):
                     self._classes_of.setdefault(s, []).append(i)
             self.version += 1
-
-
-class _RecordParser:
-    """``Parser.parse`` record by record into columns (the reference the fast batch
-    parser is tested against)."""
-
-    def __init__(self, parser: Parser) -> None:
-        self.parser = parser
-
-    @property
-    def not_after(self) -> float:
-        return self.parser.not_after
-
-    @not_after.setter
-    def not_after(self, value: float) -> None:
-        self.parser.not_after = value
-
-    def parse(self, raws: list[Raw]) -> Parsed:
-        return Parsed.from_records([self.parser.parse(r) for r in raws])
 
 
 def _raw_probs(raw: np.ndarray, code: int) -> np.ndarray:

@@ -28,6 +28,7 @@ from orjson import loads as _orjson_loads
 
 from calmon.config import FieldsConfig, LimitsConfig
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
+from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import (
     _CONTROL,
     _GOOD_NAMES_CAP,
@@ -206,7 +207,7 @@ class BatchParser:
 
     # ------------------------------------------------------------------ the batch
 
-    def parse(self, raws: list[Raw]) -> Parsed:
+    def parse(self, raws: list[Raw] | RawBatch) -> Parsed:
         if not raws:
             return Parsed()
         self.parser.not_after = self.not_after
@@ -223,9 +224,16 @@ class BatchParser:
             if paused:
                 gc.enable()
 
-    def _parse(self, raws: list[Raw]) -> Parsed:
+    def _parse(self, raws: list[Raw] | RawBatch) -> Parsed:
         n = len(raws)
-        kinds, values, stamps, sources = zip(*raws)
+        kinds: Sequence[Kind]
+        values: Sequence[bytes | None]
+        stamps: Sequence[float | None]
+        sources: Sequence[str] | None
+        if isinstance(raws, RawBatch):  # a label's source is made when it is needed
+            kinds, values, stamps, sources = raws.kinds, raws.values, raws.stamps, None
+        else:
+            kinds, values, stamps, sources = zip(*raws)
         pre = self._guards(values)
         # Parser reads any kind but PREDICTION as a label; enums compare by identity
         # (an enum's hash is Python code)
@@ -242,7 +250,10 @@ class BatchParser:
         lcols, lslow2 = self._labels(lidx, lrecs, values, stamps, sources)
         slow += lslow + pslow + lslow2
         slow.sort()
-        return self._assemble(kinds, raws, slow, pidx, pcols, lidx, lcols)
+        out = self._assemble(kinds, raws, slow, pidx, pcols, lidx, lcols)
+        if sources is None:
+            out.source_of = raws.source  # type: ignore[union-attr]
+        return out
 
     def _guards(self, values: Sequence[bytes | None]) -> set[int]:
         """Records the slow path must decide whatever msgspec says: null values, invalid
@@ -501,7 +512,7 @@ class BatchParser:
                 classes[j] = k
 
     def _labels(self, idx: list[int], recs: list[Any], values: Sequence[bytes | None],
-                stamps: Sequence[float | None], sources: Sequence[str]
+                stamps: Sequence[float | None], sources: Sequence[str] | None
                 ) -> tuple[list[list[Any]], list[int]]:
         """Columns id, label, ts, model, raw, source of the decoded labels, and the batch
         indices that go slow."""
@@ -522,12 +533,13 @@ class BatchParser:
         if max(map(len, kept)) > LABEL_RAW_CAP:
             kept = [v if len(v) <= LABEL_RAW_CAP else None for v in kept]
         out: list[list[Any]] = [ids, labels, ts, list(hints), kept,
-                                list(sources) if every else [sources[i] for i in idx]]
+                                [None] * len(idx) if sources is None
+                                else list(sources) if every else [sources[i] for i in idx]]
         return out, [idx[j] for j in slow]
 
     # ------------------------------------------------------------------ assembly
 
-    def _assemble(self, kinds: Sequence[Kind], raws: list[Raw], slow: list[int],
+    def _assemble(self, kinds: Sequence[Kind], raws: list[Raw] | RawBatch, slow: list[int],
                   pidx: list[int], pcols: list[list[Any]], lidx: list[int],
                   lcols: list[list[Any]]) -> Parsed:
         out = Parsed()

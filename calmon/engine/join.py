@@ -144,6 +144,7 @@ class Join:
         """Per-batch bookkeeping, reset when the batch is finished."""
         self.events = JoinEvents()
         self._new: list[int] = []  # ordinals of this batch's predictions given ~p in _slot
+        self._gone: list[int] = []  # ... of those that left it again (joined or expired)
         self._freed: list[int] = []  # slots freed this batch: reusable from the next
         self._j_src: list[int] = []  # what joined: source, label, label ts
         self._j_label: list[int] = []
@@ -187,6 +188,7 @@ class Join:
         slot_of = self._slot
         pids = self._pid
         new = self._new
+        gone = self._gone
         freed = self._freed
         done = self._done
         done_order = self._done_order
@@ -281,6 +283,7 @@ class Join:
                 j_lts.append(NAN if lts is None else lts)
                 if v < 0:
                     done[lid] = p_ts[~v] + ttl
+                    gone.append(~v)
                 else:
                     done[lid] = ts_item(v) + ttl
                     pids[v] = None
@@ -354,6 +357,8 @@ class Join:
         if v >= 0:
             self._pid[v] = None
             self._freed.append(v)
+        else:
+            self._gone.append(~v)
 
     # ------------------------------------------------------------ the batch's end
 
@@ -384,11 +389,13 @@ class Join:
 
     def _settle_new(self) -> None:
         """The batch's predictions still pending take a slot each, written as columns."""
-        get = self._slot.get
         ids = self._ids
-        pend = [p for p in self._new if get(ids[p]) == ~p]
-        if not pend:
+        if len(self._gone) == len(self._new):
             return
+        left = np.zeros(len(ids), bool)
+        left[np.asarray(self._gone, np.int64)] = True
+        new = np.asarray(self._new, np.int64)
+        pend = new[~left[new]].tolist()
         while len(self._free) < len(pend):
             self._grow()
         slots = self._free[-len(pend):][::-1]  # the order pop() would give

@@ -9,7 +9,7 @@ still sees predictions and labels interleaved exactly as they arrived.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,7 +42,9 @@ class Parsed:
     l_ts: list[float | None] = field(default_factory=list)
     l_model: list[str | None] = field(default_factory=list)
     l_raw: list[bytes | None] = field(default_factory=list)
-    l_source: list[str] = field(default_factory=list)
+    l_source: list[str | None] = field(default_factory=list)  # None: ask source_of
+    # the source of record i of the batch, for labels whose source was not made up front
+    source_of: Callable[[int], str] | None = None
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -87,8 +89,21 @@ class Parsed:
 
     def label(self, q: int) -> Label:
         """Label ``q`` as an object (built only for labels that wait or are rejected)."""
+        source = self.l_source[q]
+        if source is None:
+            source = self.source_of(self._label_at(q)) if self.source_of is not None else ""
         return Label(self.l_id[q], self.l_label[q], self.l_ts[q], self.l_model[q],
-                     self.l_raw[q], self.l_source[q])
+                     self.l_raw[q], source)
+
+    def _label_at(self, q: int) -> int:
+        """The batch index of label ``q``."""
+        seen = -1
+        for i, k in enumerate(self.kinds):
+            if k == LABEL:
+                seen += 1
+                if seen == q:
+                    return i
+        raise IndexError(q)
 
     def same(self, other: Parsed) -> bool:
         """Equal records (segment keys aside: two parsers may spell them differently,

@@ -33,8 +33,9 @@ class SeriesIndex:
         self.combo_series: list[tuple[int, ...]] = []  # combo id -> series ids
         self._combo_ids: dict[tuple[str, tuple[str | None, ...]], int] = {}
         self._admitted: dict[tuple[str, str], set[str]] = {}  # (model, key) -> kept values
-        # (model, segment spelling) -> combo
-        self._fast: dict[tuple[str, Hashable], int] = {}
+        # model -> segment spelling -> combo
+        self._fast: dict[str, dict[Hashable, int]] = {}
+        self._fast_size = 0
         self._memo_cap = 4 * (max_values + 1) ** max(1, len(self.keys))
         # combo -> series as flat numpy arrays, rebuilt when combos are added
         self._flat = np.zeros(0, np.int64)
@@ -46,8 +47,12 @@ class SeriesIndex:
         """The combo ids of a batch's predictions, in order (a segment value is admitted
         first come, first served). ``keys``: each segment's spelling (``Parsed.p_segkey``)."""
         # hot path: a producer sends the same segment spelt the same way every time
-        get = self._fast.get
-        out = [get((m, k)) for m, k in zip(models, keys)]
+        if models and models.count(models[0]) == len(models):  # one model: one memo
+            get = self._fast.get(models[0], {}).get
+            out = [get(k) for k in keys]
+        else:
+            memo = self._fast
+            out = [memo[m].get(k) if m in memo else None for m, k in zip(models, keys)]
         if None in out:  # misses in order: they are what admits values
             for i, cid in enumerate(out):
                 if cid is None:
@@ -56,15 +61,17 @@ class SeriesIndex:
 
     def combo(self, model: str, segment: dict[str, str], key: Hashable = None) -> int:
         """The combo id of a prediction; admits or folds its segment values."""
-        fast = (model, tuple(segment.items()) if key is None else key)
-        cid = self._fast.get(fast)
+        fast = tuple(segment.items()) if key is None else key
+        memo = self._fast.setdefault(model, {})
+        cid = memo.get(fast)
         if cid is not None:
             return cid
         cid = self._combo_slow(model, segment)
         # memo only spellings made of configured keys: values are length-checked by the
         # parser, keys are not, and a memo must not hold what a producer makes up
-        if len(self._fast) < self._memo_cap and all(k in self._key_pos for k in segment):
-            self._fast[fast] = cid
+        if self._fast_size < self._memo_cap and all(k in self._key_pos for k in segment):
+            memo[fast] = cid
+            self._fast_size += 1
         return cid
 
     def _combo_slow(self, model: str, segment: dict[str, str]) -> int:

@@ -109,7 +109,7 @@ class ProcessSource:
             raise KafkaSourceError("the consumer process exited") from None
         if ends:
             self._end_offsets = ends
-        return to_batch(chunks, self._kinds)
+        return to_batch(chunks, self._kinds, columns=True)
 
     def end_offsets(self) -> dict[Position, int]:
         """The owned partitions' end offsets as the child last fetched them (for lag)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from calmon.config import KafkaConfig
+from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.errors import CalmonError
 
@@ -34,15 +35,30 @@ class KafkaSourceError(CalmonError):
 @dataclass(slots=True)
 class Batch:
     """What one poll returned, in poll order, and the next offset of every
-    partition that appears in it."""
+    partition that appears in it: as ``Raw`` records, or (``raw``) as the columns
+    the engine reads without building a record object each."""
 
     records: list[Raw] = field(default_factory=list)
     positions: dict[Position, int] = field(default_factory=dict)
+    raw: RawBatch | None = None
+
+    def __len__(self) -> int:
+        return len(self.raw) if self.raw is not None else len(self.records)
+
+    def columns(self) -> RawBatch:
+        return self.raw if self.raw is not None else RawBatch.of(self.records)
 
 
-def to_batch(chunks: list[Chunk], kinds: dict[str, Kind]) -> Batch:
-    """Chunks -> Raw records in poll order, and the next offset of each partition."""
+def to_batch(chunks: list[Chunk], kinds: dict[str, Kind], columns: bool = False) -> Batch:
+    """Chunks -> records in poll order (``Raw`` records, or with ``columns`` a
+    ``RawBatch``), and the next offset of each partition."""
     batch = Batch()
+    if columns:
+        raw = batch.raw = RawBatch()
+        for topic, partition, values, stamps, offsets in chunks:
+            raw.add_partition(kinds[topic], topic, partition, values, stamps, offsets)
+            batch.positions[(topic, partition)] = offsets[-1] + 1
+        return batch
     records = batch.records
     new = tuple.__new__  # Raw's own __new__, minus a Python-level call per record
     for topic, partition, values, stamps, offsets in chunks:

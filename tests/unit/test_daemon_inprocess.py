@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from calmon.config import from_dict
 from calmon.daemon import Daemon
 from calmon.engine.engine import Engine
+from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from tests.fakes import DeadLetterLog, ListSource, partitions_of
 from tests.oracle import T0, label_bytes, pred_bytes
@@ -87,14 +88,14 @@ def test_an_engine_bug_rolls_back_and_dead_letters_only_its_record(
     boom = pred_bytes("boom", T0 + 5, "m", prob=0.5)
     source = ListSource(partitions_of([*preds[:20], boom, *preds[20:]], labels), batch=7)
     d = daemon_over(tmp_path, source)
-    real_parse = d.engine.parser.parse
+    real_parse = d.engine.batch_parser.parse
 
-    def buggy(raw: Raw):  # a parser bug that only this record reaches
-        if raw.value is not None and b'"boom"' in raw.value:
+    def buggy(raws: RawBatch):  # a parser bug that only this record reaches
+        if any(v is not None and b'"boom"' in v for v in raws.values):
             raise RuntimeError("a bug")
-        return real_parse(raw)
+        return real_parse(raws)
 
-    monkeypatch.setattr(d.engine.parser, "parse", buggy)
+    monkeypatch.setattr(d.engine.batch_parser, "parse", buggy)
     total = source.total()
     with Running(d) as run:
         run.wait(lambda: sum(d.published_positions.values()) == total, "every record")

@@ -10,6 +10,7 @@ from prometheus_client.exposition import generate_latest
 
 from calmon import config as config_mod
 from calmon.daemon import Daemon
+from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from tests.conftest import TansuBroker, create_topics, unique_topic
 from tests.daemon_helpers import parse_metrics, wait_until, write_config
@@ -39,7 +40,7 @@ def test_checkpoint_waits_for_dead_letters_in_flight(tansu_broker: TansuBroker,
     daemon = Daemon(cfg, install_signals=False)
     try:
         # broker up: the dead letter is delivered, the checkpoint covers its offset
-        daemon.process([Raw(Kind.PREDICTION, b"not json", None, f"{preds}/0/0")])
+        daemon.process(RawBatch.of([Raw(Kind.PREDICTION, b"not json", None, f"{preds}/0/0")]))
         daemon.positions[(preds, 0)] = 1
         daemon.checkpoint()
         first = daemon.store.load("fail")
@@ -48,7 +49,7 @@ def test_checkpoint_waits_for_dead_letters_in_flight(tansu_broker: TansuBroker,
 
         # broker gone: the next dead letter stays in flight, so no checkpoint moves past it
         tansu_broker.stop()
-        daemon.process([Raw(Kind.PREDICTION, b"{broken", None, f"{preds}/0/1")])
+        daemon.process(RawBatch.of([Raw(Kind.PREDICTION, b"{broken", None, f"{preds}/0/1")]))
         daemon.positions[(preds, 0)] = 2
         assert daemon.dead_letters.in_flight == 1
         written_at = daemon.last_checkpoint

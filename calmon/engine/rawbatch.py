@@ -1,0 +1,70 @@
+"""One poll's records as they came off the topics, as columns, not yet decoded.
+
+Building a ``Raw`` (and its ``topic/partition/offset`` string) per record costs
+as much as parsing it; the engine needs the bytes, the kind and the Kafka time of
+every record, but the source only of the few it rejects. So a poll stays in
+columns, with its partitions' offsets, and a ``Raw`` is made only on demand.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+from calmon.engine.records import Kind, Raw
+
+
+class RawBatch:
+    __slots__ = ("_parts", "_starts", "kinds", "stamps", "values")
+
+    def __init__(self) -> None:
+        self.kinds: list[Kind] = []
+        self.values: list[bytes | None] = []
+        self.stamps: list[float | None] = []  # Kafka timestamps in seconds, if any
+        self._starts: list[int] = []  # first record index of each part
+        # each part: ("topic/partition/", its offsets), or (None, the records' sources)
+        self._parts: list[tuple[str | None, list[int] | list[str]]] = []
+
+    def add_partition(self, kind: Kind, topic: str, partition: int,
+                      values: list[bytes | None], stamps_ms: list[int | None],
+                      offsets: list[int]) -> None:
+        """One partition's records of a poll, offsets ascending."""
+        self._starts.append(len(self.values))
+        self._parts.append((f"{topic}/{partition}/", offsets))
+        self.kinds.extend([kind] * len(values))
+        self.values.extend(values)
+        self.stamps.extend([ts / 1000.0 if ts is not None and ts >= 0 else None
+                            for ts in stamps_ms])
+
+    def add_raws(self, raws: list[Raw]) -> None:
+        self._starts.append(len(self.values))
+        self._parts.append((None, [r.source for r in raws]))
+        self.kinds.extend([r.kind for r in raws])
+        self.values.extend([r.value for r in raws])
+        self.stamps.extend([r.timestamp for r in raws])
+
+    @classmethod
+    def of(cls, raws: list[Raw]) -> RawBatch:
+        out = cls()
+        out.add_raws(raws)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def source(self, i: int) -> str:
+        """``topic/partition/offset`` (or a file and line) of record i."""
+        part = bisect.bisect_right(self._starts, i) - 1
+        prefix, rest = self._parts[part]
+        at = rest[i - self._starts[part]]
+        return at if prefix is None else f"{prefix}{at}"  # type: ignore[return-value]
+
+    def __getitem__(self, i: int) -> Raw:
+        return self.raw(i)
+
+    def raw(self, i: int) -> Raw:
+        return Raw(self.kinds[i], self.values[i], self.stamps[i], self.source(i))
+
+    def __iter__(self) -> Iterator[Raw]:
+        return (self.raw(i) for i in range(len(self.values)))
+
