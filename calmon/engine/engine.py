@@ -114,6 +114,7 @@ class Engine:
         # slot at the end, [-1], for "model not known yet"
         self._batch_labels: list[int] = [0]
         self._combo_model = np.zeros(0, np.int64)  # combo -> model index
+        self._arrivals: list[int] = []  # a batch fed one by one: its arrivals so far
         self.now = -math.inf
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
         self.last_delta = Delta()  # what the last feed did (process counters add it up)
@@ -170,7 +171,6 @@ class Engine:
             pm: list[int | None] = [get(models[0])] * n_pred
         else:
             pm = [get(m) for m in models]
-        combos = [-1] * n_pred
         cols = BatchColumns(np.array(b.p_ts, np.float64), np.array(b.p_kind, np.int64),
                             np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
                             b.p_vec)
@@ -179,39 +179,50 @@ class Engine:
         now = self.now
         if None not in pm and [classes[m] for m in pm] == b.p_classes:  # type: ignore[index]
             combos = self.index.combo_ids(b.p_model, b.p_segkey, b.p_segment)
-            _, _, now = self.join.run(b, 0, len(b), 0, 0, combos, now)
+            cols.combo[:] = combos
+            _, _, now = self.join.run(b, 0, len(b), 0, 0, now)
             self.now = now
             self._count_waiting(b)
+            keep = np.ones(n_pred, bool)
+            keep[np.asarray(self.join.events.dups, np.int64)] = False
+            arrivals = np.flatnonzero(keep)
         else:
-            self._one_by_one(b, raws, pm, combos, rejected)
+            arrivals = np.asarray(self._one_by_one(b, raws, pm, cols.combo, rejected), np.int64)
         if b.reasons:
             r = 0
             for i, k in enumerate(b.kinds):
                 if k == REJECT:
                     rejected.append((i, self._rejected(b, raws, i, b.reasons[r])))
                     r += 1
-        cols.combo[:] = combos
         admitted = np.array([m for m in pm if m is not None], np.int64)
-        return self._settle(b, raws, cols, admitted, pm, rejected)
+        return self._settle(b, raws, cols, admitted, arrivals, pm, rejected)
 
     def _one_by_one(self, b: Parsed, raws: RawBatch | None, pm: list[int | None],
-                    combos: list[int], rejected: list[tuple[int, Rejected]]) -> None:
-        """The batch record by record: admission decided with the state as it is."""
+                    combos: np.ndarray, rejected: list[tuple[int, Rejected]]) -> list[int]:
+        """The batch record by record: admission decided with the state as it is.
+        Returns the ordinals of the predictions admitted and not duplicates."""
         p = q = 0
+        arrivals = self._arrivals = []
+        dups = self.join.events.dups
         for i, k in enumerate(b.kinds):
             if k == PRED:
                 reason = self._admit(b, p, pm)
                 if reason is None:
                     combos[p] = self.index.combo_ids([b.p_model[p]], [b.p_segkey[p]],
-                                                  [b.p_segment[p]])[0]
-                    p, q, self.now = self.join.run(b, i, i + 1, p, q, combos, self.now)
+                                                     [b.p_segment[p]])[0]
+                    seen = len(dups)
+                    p_next, q, self.now = self.join.run(b, i, i + 1, p, q, self.now)
+                    if len(dups) == seen:
+                        arrivals.append(p)
+                    p = p_next
                 else:
                     pm[p] = None
                     rejected.append((i, self._rejected(b, raws, i, reason, Kind.PREDICTION)))
                     p += 1
             elif k == LABEL:
-                p, q, self.now = self.join.run(b, i, i + 1, p, q, combos, self.now)
+                p, q, self.now = self.join.run(b, i, i + 1, p, q, self.now)
                 self._count_waiting(b)
+        return arrivals
 
     def _admit(self, b: Parsed, p: int, pm: list[int | None]) -> str | None:
         """Admit prediction p's model and class count, or say why not."""
@@ -224,7 +235,7 @@ class Engine:
         pm[p] = midx
         if self.class_counts.classes[midx] != classes:
             now = max(self.now, b.p_ts[p])
-            if self.class_counts.live(midx, now, self.join.events.arrivals, pm, b.p_ts):
+            if self.class_counts.live(midx, now, self._arrivals, pm, b.p_ts):
                 return "classes_mismatch"  # its live series have another K
             self._reset_classes(midx, classes, pm, b.p_ts)
         return None
@@ -262,8 +273,8 @@ class Engine:
         under the old count (window counts, score histograms, sample buffers) is
         forgotten. Old-count samples that join later count as joined, and nowhere else:
         the same state whichever of a prediction and its label came first."""
-        self.class_counts.reset(midx, classes, self.join.joined_so_far(),
-                                self.join.events.arrivals, pm, p_ts)
+        self.class_counts.reset(midx, classes, self.join.joined_so_far(), self._arrivals,
+                                pm, p_ts)
         self._stale_classes = True
         self.counters["class_resets"] += 1
         self.last_delta.class_resets[self.models[midx]] += 1
@@ -306,7 +317,7 @@ class Engine:
         return total
 
     def _settle(self, b: Parsed, raws: RawBatch | None, cols: BatchColumns,
-                admitted: np.ndarray, pm: list[int | None],
+                admitted: np.ndarray, arrivals: np.ndarray, pm: list[int | None],
                 pairs: list[tuple[int, Rejected]]) -> list[Rejected]:
         """Counters, the sweep, and the batch's joined samples and arrivals into the
         windows, histograms and buffers. Returns the rejected records, in batch order
@@ -314,7 +325,7 @@ class Engine:
         self.counters["predictions"] += self._count_models(
             self.last_delta.predictions, np.bincount(admitted, minlength=len(self.models)))
         marks = self.class_counts.marks  # before settle() clears them
-        ev = self.join.finish(self.now)
+        ev = self.join.finish(self.now, arrivals)
         met = np.bincount(self._models_of(ev.met), minlength=len(self.models))
         self.counters["labels"] += self._count_models(self.last_delta.labels, met)
         for midx, c in enumerate(self._batch_labels):
@@ -347,7 +358,6 @@ class Engine:
             self._invalid(Kind.LABEL, "label_out_of_range")
             rejected.append(Rejected(Kind.LABEL, lab.dead_letter_value(), lab.source,
                                      "label_out_of_range"))
-        arrivals = np.asarray(ev.arrivals, np.int64)
         if marks:  # admitted before their model's reset in this batch: forgotten with it
             pm_arr = np.array([-1 if m is None else m for m in pm], np.int64)
             keep = np.ones(len(arrivals), bool)
@@ -828,6 +838,7 @@ def _by_classes(vectors: dict[int, np.ndarray], ordinals: np.ndarray,
 def _softmax(z: np.ndarray) -> np.ndarray:
     # not calibrators.scores.softmax: that one clips logits to +-1e6 for safety, and the
     # contract's numbers are the plain softmax of whatever finite logits arrive
-    e = np.exp(z - z.max(axis=1, keepdims=True))
+    with np.errstate(over="ignore"):  # -1e308 - 1e308 is -inf, and exp(-inf) is 0: right
+        e = np.exp(z - z.max(axis=1, keepdims=True))
     out: np.ndarray = e / e.sum(axis=1, keepdims=True)
     return out

@@ -107,7 +107,9 @@ class JoinEvents:
     duplicate_labels: int = 0
     expired: Counter[tuple[int, str]] = field(default_factory=Counter)  # (combo, reason)
     labels_expired: int = 0
-    arrivals: list[int] = field(default_factory=list)  # ordinals of admitted predictions
+    dups: list[int] = field(default_factory=list)  # ordinals of duplicate predictions
+    # ordinals of admitted predictions that were not duplicates (set by ``finish``)
+    arrivals: np.ndarray = field(default_factory=lambda: _EI)
 
 
 class Join:
@@ -143,13 +145,15 @@ class Join:
     def _begin(self) -> None:
         """Per-batch bookkeeping, reset when the batch is finished."""
         self.events = JoinEvents()
-        self._new: list[int] = []  # ordinals of this batch's predictions given ~p in _slot
-        self._gone: list[int] = []  # ... of those that left it again (joined or expired)
+        # ordinals of this batch's predictions that arrived and never took ~p in _slot, or
+        # left it again (joined or expired)
+        self._gone: list[int] = []
         self._freed: list[int] = []  # slots freed this batch: reusable from the next
-        self._j_src: list[int] = []  # what joined: source, label, label ts
+        self._j_src: list[int] = []  # what joined: source, label, label ts (None: unknown)
         self._j_label: list[int] = []
-        self._j_lts: list[float] = []
-        self._met_src: list[int] = []
+        self._j_lts: list[float | None] = []
+        self._j_other: list[int] = []  # positions in _j_src of joins that no label made now
+        self._met_src: list[int] = []  # labels that met a prediction without joining it
         self._exp: list[tuple[int, str]] = []  # (src, reason)
 
     # ------------------------------------------------------------ queries
@@ -172,38 +176,38 @@ class Join:
 
     # ------------------------------------------------------------ the batch loop
 
-    def run(self, b: Parsed, lo: int, hi: int, p: int, q: int, combos: list[int],
-            now: float) -> tuple[int, int, float]:
-        """Records ``lo..hi-1`` of the batch, every prediction among them admitted
-        (``combos[p]`` is its combo); ``p``, ``q``: the ordinals of the range's first
-        prediction and label. Returns the ordinals after the range and the new now.
+    def run(self, b: Parsed, lo: int, hi: int, p: int, q: int, now: float
+            ) -> tuple[int, int, float]:
+        """Records ``lo..hi-1`` of the batch, every prediction among them admitted;
+        ``p``, ``q``: the ordinals of the range's first prediction and label. Returns the
+        ordinals after the range and the new now.
 
         A prediction of this batch is ``~p`` in the id dict until the batch ends (most
         join within their batch and never take a slot); older ones are their slot."""
-        kinds = b.kinds
+        kinds = b.kinds if lo == 0 and hi == len(b.kinds) else b.kinds[lo:hi]
         p_id, p_ts, p_kind, p_classes = b.p_id, b.p_ts, b.p_kind, b.p_classes
         l_id, l_label, l_ts = b.l_id, b.l_label, b.l_ts
         ev = self.events
         slot_get = self._slot.get
         slot_of = self._slot
         pids = self._pid
-        new = self._new
         gone = self._gone
         freed = self._freed
         done = self._done
         done_order = self._done_order
         labels = self._labels
         j_src, j_label, j_lts = self._j_src, self._j_label, self._j_lts
-        met = self._met_src
-        arrivals = ev.arrivals
         ts_item = self._ts.item
         ttl = self.ttl
         implicit = self.implicit is not None
         after = self.implicit.after if self.implicit is not None else ttl
-        held = self._held
+        preds = kinds.count(PRED)
+        if preds:  # a lower bound of the deadlines of this range's predictions is enough:
+            # the loop checks a pending prediction's own deadline only past it
+            self._next_deadline = min(self._next_deadline,
+                                      min(p_ts[p:p + preds]) + min(ttl, after))
         next_deadline = self._next_deadline
-        for i in range(lo, hi):
-            k = kinds[i]
+        for k in kinds:
             if k == PRED:
                 pid = p_id[p]
                 ts = p_ts[p]
@@ -213,6 +217,7 @@ class Join:
                 if v is not None:
                     if self._deadline(v) > now:
                         ev.duplicate_predictions += 1
+                        ev.dups.append(p)
                         p += 1
                         continue
                     self._finish(v, pid)  # overdue: settle it as the sweep would have
@@ -220,34 +225,13 @@ class Join:
                     d = done.get(pid)
                     if d is not None and d > now:
                         ev.duplicate_predictions += 1
+                        ev.dups.append(p)
                         p += 1
                         continue
-                kind = p_kind[p]
-                arrivals.append(p)
-                hold = implicit and kind < MULTICLASS
-                if labels:
-                    waiting = labels.pop(pid, None)
-                    if waiting is not None:
-                        wl, label_deadline = waiting
-                        if label_deadline <= now:
-                            ev.labels_expired += 1
-                        elif wl.label >= (2 if kind < MULTICLASS else p_classes[p]):
-                            ev.rejected_labels.append(wl)
-                        elif not hold:
-                            j_src.append(~p)
-                            j_label.append(wl.label)
-                            j_lts.append(NAN if wl.ts is None else wl.ts)
-                            done[pid] = ts + ttl
-                            done_order.append(pid)
-                            p += 1
-                            continue
-                        else:
-                            held[~p] = (wl.label, NAN if wl.ts is None else wl.ts)
+                if labels and pid in labels and self._meet_waiting(b, p, now):
+                    p += 1
+                    continue
                 slot_of[pid] = ~p
-                new.append(p)
-                deadline = ts + (after if hold else ttl)
-                if deadline < next_deadline:
-                    next_deadline = deadline
                 p += 1
             elif k == LABEL:
                 lid = l_id[q]
@@ -261,26 +245,15 @@ class Join:
                     continue
                 lab = l_label[q]
                 if lab >= 2 and lab >= self._classes(v, p_kind, p_classes):
-                    ev.out_of_range.append(q)
+                    self.events.out_of_range.append(q)
                     q += 1
                     continue
-                met.append(v)
-                if implicit:
-                    if v in held:
-                        ev.duplicate_labels += 1
-                        q += 1
-                        continue
-                    if (p_kind[~v] if v < 0 else self._kind.item(v)) < MULTICLASS:
-                        # held until ts + after, so no window sees a positive before its
-                        # negatives
-                        lts = l_ts[q]
-                        held[v] = (lab, NAN if lts is None else lts)
-                        q += 1
-                        continue
-                lts = l_ts[q]
+                if implicit and self._hold(v, lab, l_ts[q], p_kind):
+                    q += 1
+                    continue
                 j_src.append(v)
                 j_label.append(lab)
-                j_lts.append(NAN if lts is None else lts)
+                j_lts.append(l_ts[q])
                 if v < 0:
                     done[lid] = p_ts[~v] + ttl
                     gone.append(~v)
@@ -291,8 +264,49 @@ class Join:
                 done_order.append(lid)
                 del slot_of[lid]
                 q += 1
-        self._next_deadline = next_deadline
         return p, q, now
+
+    def _meet_waiting(self, b: Parsed, p: int, now: float) -> bool:
+        """Prediction p, whose label waits: True when they join at once (no slot)."""
+        pid = b.p_id[p]
+        kind = b.p_kind[p]
+        hold = self.implicit is not None and kind < MULTICLASS
+        wl, label_deadline = self._labels.pop(pid)
+        if label_deadline <= now:
+            self.events.labels_expired += 1
+        elif wl.label >= (2 if kind < MULTICLASS else b.p_classes[p]):
+            self.events.rejected_labels.append(wl)
+        elif not hold:
+            self._emit_other(~p, wl.label, wl.ts)
+            self._done[pid] = b.p_ts[p] + self.ttl
+            self._done_order.append(pid)
+            self._gone.append(p)
+            return True
+        else:
+            self._held[~p] = (wl.label, NAN if wl.ts is None else wl.ts)
+        return False
+
+    def _hold(self, v: int, label: int, label_ts: float | None, p_kind: list[int]) -> bool:
+        """Implicit negatives: a label that met a binary prediction before ts + after
+        waits with it (so no window sees a positive before its negatives), and a second
+        one is a duplicate. True when the label was taken care of so."""
+        if v in self._held:
+            self.events.duplicate_labels += 1
+            self._met_src.append(v)
+            return True
+        if (p_kind[~v] if v < 0 else self._kind.item(v)) < MULTICLASS:
+            self._held[v] = (label, NAN if label_ts is None else label_ts)
+            self._met_src.append(v)
+            return True
+        return False
+
+    def _emit_other(self, v: int, label: int, label_ts: float | None) -> None:
+        """A join no label made just now (a waiting label met its prediction, or a
+        deadline passed)."""
+        self._j_other.append(len(self._j_src))
+        self._j_src.append(v)
+        self._j_label.append(label)
+        self._j_lts.append(label_ts)
 
     def _deadline(self, v: int) -> float:
         """The deadline of the pending prediction ``v`` (a slot, or ``~p``)."""
@@ -348,9 +362,7 @@ class Join:
         if early is None:
             self._exp.append((v, "ttl"))
         else:
-            self._j_src.append(v)
-            self._j_label.append(early[0])
-            self._j_lts.append(early[1])
+            self._emit_other(v, early[0], early[1])
             self._done[pid] = ts + self.ttl
             self._done_order.append(pid)
         del self._slot[pid]
@@ -367,15 +379,20 @@ class Join:
         self._batch = cols
         self._ids = ids
 
-    def finish(self, now: float) -> JoinEvents:
+    def finish(self, now: float, arrivals: np.ndarray) -> JoinEvents:
         """Gather what joined, give the batch's still pending predictions their slots,
-        free what was freed, sweep; returns the batch's events."""
+        free what was freed, sweep; returns the batch's events. ``arrivals``: the
+        ordinals of the predictions admitted and not duplicates."""
         ev = self.events
-        ev.met = self._combos(np.asarray(self._met_src, np.int64))
+        ev.arrivals = arrivals
+        met = np.asarray(self._j_src, np.int64)
+        if self._j_other:
+            met = np.delete(met, self._j_other)
+        ev.met = self._combos(np.concatenate([met, np.asarray(self._met_src, np.int64)]))
         ev.joined = self._gather(self._j_src, self._j_label, self._j_lts)
         self._count_expired(ev)
         self._release(self._freed)
-        self._settle_new()
+        self._settle_new(arrivals)
         self._begin()
         self.events = ev
         self._sweep(now)
@@ -387,15 +404,16 @@ class Join:
         self._ids = []
         return ev
 
-    def _settle_new(self) -> None:
+    def _settle_new(self, arrivals: np.ndarray) -> None:
         """The batch's predictions still pending take a slot each, written as columns."""
         ids = self._ids
-        if len(self._gone) == len(self._new):
+        if len(self._gone) == len(arrivals):
             return
         left = np.zeros(len(ids), bool)
         left[np.asarray(self._gone, np.int64)] = True
-        new = np.asarray(self._new, np.int64)
-        pend = new[~left[new]].tolist()
+        pend = arrivals[~left[arrivals]].tolist()
+        if not pend:
+            return
         while len(self._free) < len(pend):
             self._grow()
         slots = self._free[-len(pend):][::-1]  # the order pop() would give
@@ -436,7 +454,8 @@ class Join:
         out[~old] = self._batch.combo[~src[~old]]
         return out
 
-    def _gather(self, src_list: list[int], label: list[int], lts: list[float]) -> Joined:
+    def _gather(self, src_list: list[int], label: list[int], lts: list[float | None]
+                ) -> Joined:
         if not src_list:
             return EMPTY
         src = np.asarray(src_list, np.int64)
@@ -470,7 +489,7 @@ class Join:
                 vecs.append(vec)
             score[multi] = 0.0
         return Joined(combo, ts, kind, score, np.asarray(label, np.int64),
-                      np.asarray(lts, np.float64),
+                      np.array(lts, np.float64),  # None -> NaN
                       {k: (np.asarray(r, np.int64), np.array(v, np.float64))
                        for k, (r, v) in vectors.items()})
 
