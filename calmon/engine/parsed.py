@@ -45,6 +45,7 @@ class Parsed:
     l_source: list[str | None] = field(default_factory=list)  # None: ask source_of
     # the source of record i of the batch, for labels whose source was not made up front
     source_of: Callable[[int], str] | None = None
+    _label_index: list[int] | None = None  # batch index of each label, made when needed
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -97,13 +98,9 @@ class Parsed:
 
     def _label_at(self, q: int) -> int:
         """The batch index of label ``q``."""
-        seen = -1
-        for i, k in enumerate(self.kinds):
-            if k == LABEL:
-                seen += 1
-                if seen == q:
-                    return i
-        raise IndexError(q)
+        if self._label_index is None:
+            self._label_index = [i for i, k in enumerate(self.kinds) if k == LABEL]
+        return self._label_index[q]
 
     def same(self, other: Parsed) -> bool:
         """Equal records (segment keys aside: two parsers may spell them differently,
