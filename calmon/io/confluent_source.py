@@ -71,6 +71,11 @@ class ConfluentSource(SourceBase):
             # a misspelt input topic must fail loudly, not be created empty
             "allow.auto.create.topics": False,
             "statistics.interval.ms": 1000,  # feeds connected()
+            # librdkafka (2.x) waits fetch.queue.backoff.ms, 1 s by default, before it
+            # fetches again once its queue is past queued.min.messages: a consumer that
+            # drains 5,000-record polls in milliseconds then stalls for most of a second
+            # (measured: 130k records/s through the consumer process instead of 440k)
+            "fetch.queue.backoff.ms": 10,
             "logger": LibrdkafkaLog(),
         }
         settings.update(librdkafka_settings(cfg.client, role="consumer"))
