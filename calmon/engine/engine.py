@@ -174,7 +174,8 @@ class Engine:
         cols = BatchColumns(np.array(b.p_ts, np.float64), np.array(b.p_kind, np.int64),
                             np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
                             b.p_vec)
-        self.join.prepare(cols, b.p_id)
+        self.join.prepare(cols, b.p_id, _int_column(b.l_label),
+                          np.array(b.l_ts, np.float64))  # None -> NaN
         rejected: list[tuple[int, Rejected]] = []
         now = self.now
         if None not in pm and [classes[m] for m in pm] == b.p_classes:  # type: ignore[index]
@@ -798,6 +799,15 @@ class Engine:
                 for (s, _c), i in sorted(self._class_series.items(), key=lambda kv: kv[1]):
                     self._classes_of.setdefault(s, []).append(i)
             self.version += 1
+
+
+def _int_column(values: list[int]) -> np.ndarray:
+    """Class indices as int64. One past int64 cannot join (it is out of range for every
+    prediction) and is kept as the largest int64."""
+    try:
+        return np.array(values, np.int64)
+    except OverflowError:
+        return np.array([min(v, 2**63 - 1) for v in values], np.int64)
 
 
 def _raw_probs(raw: np.ndarray, code: int) -> np.ndarray:

@@ -140,19 +140,19 @@ class Join:
         self._done_order: deque[str] = deque()
         self._batch = _NO_BATCH
         self._ids: list[str] = []
+        self._labels_of_batch = (_EI, _E)
         self._begin()
 
     def _begin(self) -> None:
         """Per-batch bookkeeping, reset when the batch is finished."""
         self.events = JoinEvents()
-        # ordinals of this batch's predictions that arrived and never took ~p in _slot, or
-        # left it again (joined or expired)
-        self._gone: list[int] = []
         self._freed: list[int] = []  # slots freed this batch: reusable from the next
-        self._j_src: list[int] = []  # what joined: source, label, label ts (None: unknown)
-        self._j_label: list[int] = []
-        self._j_lts: list[float | None] = []
-        self._j_other: list[int] = []  # positions in _j_src of joins that no label made now
+        # what joined: the prediction (source), and the batch's label ordinal that joined
+        # it, or ~i for the i-th join no label of the batch made (its label in _x_*)
+        self._j_src: list[int] = []
+        self._j_q: list[int] = []
+        self._x_label: list[int] = []
+        self._x_lts: list[float | None] = []
         self._met_src: list[int] = []  # labels that met a prediction without joining it
         self._exp: list[tuple[int, str]] = []  # (src, reason)
 
@@ -191,12 +191,11 @@ class Join:
         slot_get = self._slot.get
         slot_of = self._slot
         pids = self._pid
-        gone = self._gone
         freed = self._freed
         done = self._done
         done_order = self._done_order
         labels = self._labels
-        j_src, j_label, j_lts = self._j_src, self._j_label, self._j_lts
+        j_src, j_q = self._j_src, self._j_q
         ts_item = self._ts.item
         ttl = self.ttl
         implicit = self.implicit is not None
@@ -252,11 +251,9 @@ class Join:
                     q += 1
                     continue
                 j_src.append(v)
-                j_label.append(lab)
-                j_lts.append(l_ts[q])
+                j_q.append(q)
                 if v < 0:
                     done[lid] = p_ts[~v] + ttl
-                    gone.append(~v)
                 else:
                     done[lid] = ts_item(v) + ttl
                     pids[v] = None
@@ -280,7 +277,6 @@ class Join:
             self._emit_other(~p, wl.label, wl.ts)
             self._done[pid] = b.p_ts[p] + self.ttl
             self._done_order.append(pid)
-            self._gone.append(p)
             return True
         else:
             self._held[~p] = (wl.label, NAN if wl.ts is None else wl.ts)
@@ -303,10 +299,10 @@ class Join:
     def _emit_other(self, v: int, label: int, label_ts: float | None) -> None:
         """A join no label made just now (a waiting label met its prediction, or a
         deadline passed)."""
-        self._j_other.append(len(self._j_src))
+        self._j_q.append(~len(self._x_label))
         self._j_src.append(v)
-        self._j_label.append(label)
-        self._j_lts.append(label_ts)
+        self._x_label.append(label)
+        self._x_lts.append(label_ts)
 
     def _deadline(self, v: int) -> float:
         """The deadline of the pending prediction ``v`` (a slot, or ``~p``)."""
@@ -369,15 +365,16 @@ class Join:
         if v >= 0:
             self._pid[v] = None
             self._freed.append(v)
-        else:
-            self._gone.append(~v)
 
     # ------------------------------------------------------------ the batch's end
 
-    def prepare(self, cols: BatchColumns, ids: list[str]) -> None:
-        """The batch's prediction columns and ids, before the first ``run``."""
+    def prepare(self, cols: BatchColumns, ids: list[str], labels: np.ndarray,
+                label_ts: np.ndarray) -> None:
+        """The batch's prediction columns and ids, and its labels and their times (NaN
+        when unknown), before the first ``run``."""
         self._batch = cols
         self._ids = ids
+        self._labels_of_batch = (labels, label_ts)
 
     def finish(self, now: float, arrivals: np.ndarray) -> JoinEvents:
         """Gather what joined, give the batch's still pending predictions their slots,
@@ -385,32 +382,35 @@ class Join:
         ordinals of the predictions admitted and not duplicates."""
         ev = self.events
         ev.arrivals = arrivals
-        met = np.asarray(self._j_src, np.int64)
-        if self._j_other:
-            met = np.delete(met, self._j_other)
-        ev.met = self._combos(np.concatenate([met, np.asarray(self._met_src, np.int64)]))
-        ev.joined = self._gather(self._j_src, self._j_label, self._j_lts)
+        src = np.asarray(self._j_src, np.int64)
+        by_label = np.asarray(self._j_q, np.int64) >= 0
+        ev.met = self._combos(np.concatenate([src[by_label],
+                                              np.asarray(self._met_src, np.int64)]))
+        ev.joined = self._gather()
         self._count_expired(ev)
         self._release(self._freed)
-        self._settle_new(arrivals)
+        expired = np.array([v for v, _ in self._exp], np.int64)
+        self._settle_new(arrivals, np.concatenate([~src[src < 0], ~expired[expired < 0]]))
         self._begin()
         self.events = ev
         self._sweep(now)
-        ev.joined = concat([ev.joined, self._gather(self._j_src, self._j_label, self._j_lts)])
+        ev.joined = concat([ev.joined, self._gather()])
         self._count_expired(ev)
         self._release(self._freed)
         self._begin()
         self._batch = _NO_BATCH
         self._ids = []
+        self._labels_of_batch = (_EI, _E)
         return ev
 
-    def _settle_new(self, arrivals: np.ndarray) -> None:
-        """The batch's predictions still pending take a slot each, written as columns."""
+    def _settle_new(self, arrivals: np.ndarray, gone: np.ndarray) -> None:
+        """The batch's predictions still pending take a slot each, written as columns.
+        ``gone``: the ordinals of those that left (joined or expired) within the batch."""
         ids = self._ids
-        if len(self._gone) == len(arrivals):
+        if len(gone) == len(arrivals):
             return
         left = np.zeros(len(ids), bool)
-        left[np.asarray(self._gone, np.int64)] = True
+        left[gone] = True
         pend = arrivals[~left[arrivals]].tolist()
         if not pend:
             return
@@ -454,11 +454,22 @@ class Join:
         out[~old] = self._batch.combo[~src[~old]]
         return out
 
-    def _gather(self, src_list: list[int], label: list[int], lts: list[float | None]
-                ) -> Joined:
+    def _gather(self) -> Joined:
+        """What joined so far, as columns."""
+        src_list = self._j_src
         if not src_list:
             return EMPTY
         src = np.asarray(src_list, np.int64)
+        q = np.asarray(self._j_q, np.int64)
+        batch = q >= 0
+        labels, label_ts = self._labels_of_batch
+        label = np.empty(len(q), np.int64)
+        lts = np.empty(len(q))
+        label[batch] = labels[q[batch]]
+        lts[batch] = label_ts[q[batch]]
+        if not batch.all():
+            label[~batch] = np.asarray(self._x_label, np.int64)[~q[~batch]]
+            lts[~batch] = np.array(self._x_lts, np.float64)[~q[~batch]]  # None -> NaN
         n = len(src)
         old = src >= 0
         slots = src[old]
@@ -488,8 +499,7 @@ class Join:
                 rows.append(i)
                 vecs.append(vec)
             score[multi] = 0.0
-        return Joined(combo, ts, kind, score, np.asarray(label, np.int64),
-                      np.array(lts, np.float64),  # None -> NaN
+        return Joined(combo, ts, kind, score, label, lts,
                       {k: (np.asarray(r, np.int64), np.array(v, np.float64))
                        for k, (r, v) in vectors.items()})
 
