@@ -563,8 +563,12 @@ class Engine:
         if not known.any():
             return
         delay, models = delays[known], models[known]
-        for midx in np.unique(models).tolist():
-            self.last_delta.delays.append((self.models[midx], delay[models == midx]))
+        lo, hi = int(models.min()), int(models.max())
+        if lo == hi:  # one model: the common batch
+            self.last_delta.delays.append((self.models[lo], delay))
+            return
+        for midx in np.flatnonzero(np.bincount(models - lo)).tolist():
+            self.last_delta.delays.append((self.models[midx + lo], delay[models == midx + lo]))
 
     # ------------------------------------------------------------ reading
 

@@ -237,13 +237,17 @@ class BatchParser:
         pre = self._guards(values)
         # Parser reads any kind but PREDICTION as a label; enums compare by identity
         # (an enum's hash is Python code)
-        pidx = [i for i, k in enumerate(kinds) if k is _PREDICTION]
-        if len(pidx) == n:
-            lidx: list[int] = []
-        elif not pidx:
-            lidx = list(range(n))
+        lidx: list[int]
+        if isinstance(raws, RawBatch):  # a part per partition: index ranges, no scan
+            pidx, lidx = raws.indices(_PREDICTION), raws.indices(Kind.LABEL)
         else:
-            lidx = [i for i, k in enumerate(kinds) if k is not _PREDICTION]
+            pidx = [i for i, k in enumerate(kinds) if k is _PREDICTION]
+            if len(pidx) == n:
+                lidx = []
+            elif not pidx:
+                lidx = list(range(n))
+            else:
+                lidx = [i for i, k in enumerate(kinds) if k is not _PREDICTION]
         pidx, precs, slow = self._decode(self._pdec, pidx, values, pre)
         lidx, lrecs, lslow = self._decode(self._ldec, lidx, values, pre)
         pcols, pslow = self._predictions(pidx, precs, stamps)
@@ -543,7 +547,10 @@ class BatchParser:
                   pidx: list[int], pcols: list[list[Any]], lidx: list[int],
                   lcols: list[list[Any]]) -> Parsed:
         out = Parsed()
-        codes = [PRED if k is _PREDICTION else LABEL for k in kinds]
+        # the slow path below sets its records' codes itself
+        code_arr = np.full(len(kinds), LABEL, np.int64)
+        code_arr[pidx] = PRED
+        codes: list[int] = code_arr.tolist()
         slow_p: list[tuple[int, list[Any]]] = []
         slow_l: list[tuple[int, list[Any]]] = []
         if slow:

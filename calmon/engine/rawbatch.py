@@ -43,6 +43,17 @@ class RawBatch:
         self.values.extend([r.value for r in raws])
         self.stamps.extend([r.timestamp for r in raws])
 
+    def indices(self, kind: Kind) -> list[int]:
+        """The batch indices of the records of one kind, in order."""
+        if all(prefix is not None for prefix, _ in self._parts):  # a part per partition
+            out: list[int] = []
+            ends = [*self._starts[1:], len(self.values)]
+            for start, end in zip(self._starts, ends):
+                if end > start and self.kinds[start] is kind:
+                    out.extend(range(start, end))
+            return out
+        return [i for i, k in enumerate(self.kinds) if k is kind]
+
     @classmethod
     def of(cls, raws: list[Raw]) -> RawBatch:
         out = cls()
