@@ -418,11 +418,11 @@ class Join:
             self._grow()
         slots = self._free[-len(pend):][::-1]  # the order pop() would give
         del self._free[-len(pend):]
-        slot_of, pids, held = self._slot, self._pid, self._held
-        for p, slot in zip(pend, slots):
-            pid = ids[p]
-            slot_of[pid] = slot
-            pids[slot] = pid
+        held = self._held
+        pend_ids = [ids[p] for p in pend]
+        self._slot.update(zip(pend_ids, slots))
+        for _ in map(self._pid.__setitem__, slots, pend_ids):  # a C loop
+            pass
         if held:
             for p, slot in zip(pend, slots):
                 early = held.pop(~p, None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -177,6 +178,10 @@ class ConfluentSource(SourceBase):
                 self._trouble("broker unreachable")
             return []
         self._recovered()
+        # one C getter per field over the whole poll, then runs of a partition sliced
+        # out: a third of the per-message Python of a loop that appends field by field
+        if [m.error() for m in messages].count(None) == len(messages):
+            return _chunks(messages)
         # consume() interleaves partitions; group them, keeping offset order in each
         groups: dict[tuple[str, int], tuple[list[bytes | None], list[int | None], list[int]]] = {}
         for m in messages:
@@ -292,3 +297,26 @@ class ConfluentSource(SourceBase):
             log.warning("Kafka reachable again after %.0fs", time.monotonic() - self._down_since)
             self._down_since = None
             self._last_warning = -float("inf")
+
+
+def _chunks(messages: list[Any]) -> list[Chunk]:
+    """Error-free messages as per-partition columns, offset order kept in each."""
+    topics = [m.topic() for m in messages]
+    parts = [m.partition() for m in messages]
+    values = [m.value() for m in messages]
+    stamps = [ts if kind != _NO_TIMESTAMP else None for kind, ts in
+              [m.timestamp() for m in messages]]
+    offsets = [m.offset() for m in messages]
+    n = len(messages)
+    cuts = [0, *[i for i in range(1, n) if parts[i] != parts[i - 1] or topics[i] != topics[i - 1]],
+            n]
+    groups: dict[tuple[str, int], tuple[list[bytes | None], list[int | None], list[int]]] = {}
+    for a, b in pairwise(cuts):
+        cols = groups.get((topics[a], parts[a]))
+        if cols is None:
+            groups[(topics[a], parts[a])] = (values[a:b], stamps[a:b], offsets[a:b])
+        else:
+            cols[0].extend(values[a:b])
+            cols[1].extend(stamps[a:b])
+            cols[2].extend(offsets[a:b])
+    return [(t, p, vs, ss, os_) for (t, p), (vs, ss, os_) in groups.items()]
