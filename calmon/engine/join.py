@@ -19,6 +19,7 @@ row of one float64 matrix per K, found through the score column.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -141,6 +142,8 @@ class Join:
         self._batch = _NO_BATCH
         self._ids: list[str] = []
         self._labels_of_batch = (_EI, _E)
+        # pending predictions by deadline and by ts, kept only near join.max_pending
+        self._heaps: tuple[list[tuple[float, float, str]], list[tuple[float, str]]] | None = None
         self._begin()
 
     def _begin(self) -> None:
@@ -206,12 +209,21 @@ class Join:
             self._next_deadline = min(self._next_deadline,
                                       min(p_ts[p:p + preds]) + min(ttl, after))
         next_deadline = self._next_deadline
+        undated = self._undated_labels
+        # join.max_pending holds at every record, not just at the batch's end, so what
+        # is evicted never depends on how the input was cut into polls; checked per record
+        # only when this range could reach it
+        full = self._heaps is not None or preds > self.max_pending - len(slot_of)
+        done_full = len(kinds) > self.max_pending - len(done)
         for k in kinds:
             if k == PRED:
                 pid = p_id[p]
                 ts = p_ts[p]
                 if ts > now:
                     now = ts
+                if undated:  # the first prediction ever: its time starts their clocks
+                    self._date_labels(now)
+                    undated = False
                 v = slot_get(pid)
                 if v is not None:
                     if self._deadline(v) > now:
@@ -231,6 +243,8 @@ class Join:
                     p += 1
                     continue
                 slot_of[pid] = ~p
+                if full:
+                    self._make_room(pid, ts, ~p, now)
                 p += 1
             elif k == LABEL:
                 lid = l_id[q]
@@ -240,6 +254,7 @@ class Join:
                     v = None
                 if v is None:
                     self._wait(b, q, now)
+                    undated = self._undated_labels
                     q += 1
                     continue
                 lab = l_label[q]
@@ -260,8 +275,57 @@ class Join:
                     freed.append(v)
                 done_order.append(lid)
                 del slot_of[lid]
+                if done_full:
+                    self._trim_done()
                 q += 1
         return p, q, now
+
+    def _make_room(self, pid: str, ts: float, v: int, now: float) -> None:
+        """Prediction ``pid`` (at ``ts``, ``v``) just became pending. Past
+        ``join.max_pending``, what is overdue is settled first (it is no longer pending:
+        the sweep would have settled it), then the oldest pending prediction (ties: the
+        smallest id) is expired for capacity. Two heaps, of (deadline, ts, id) and of
+        (ts, id), are kept while pending predictions are near the bound; entries of
+        predictions that left are skipped when they surface."""
+        if self._heaps is None:
+            by_deadline = [(self._deadline(u), self._ts_of(u), i) for i, u in self._slot.items()]
+            by_ts = [(t, i) for _, t, i in by_deadline]
+            heapq.heapify(by_deadline)
+            heapq.heapify(by_ts)
+            self._heaps = (by_deadline, by_ts)
+        else:
+            by_deadline, by_ts = self._heaps
+            heapq.heappush(by_deadline, (self._deadline(v), ts, pid))
+            heapq.heappush(by_ts, (ts, pid))
+        if len(self._slot) <= self.max_pending:
+            return
+        while by_deadline and by_deadline[0][0] <= now:
+            _, old_ts, old = heapq.heappop(by_deadline)
+            u = self._slot.get(old)
+            if u is not None and self._ts_of(u) == old_ts:  # else it left: a stale entry
+                self._finish(u, old)
+        while len(self._slot) > self.max_pending:
+            old_ts, old = heapq.heappop(by_ts)
+            u = self._slot.get(old)
+            if u is None or self._ts_of(u) != old_ts:
+                continue  # it left (or came back later): a stale entry
+            self._exp.append((u, "capacity"))
+            self._held.pop(u, None)
+            del self._slot[old]
+            if u >= 0:
+                self._pid[u] = None
+                self._freed.append(u)
+        if max(len(by_deadline), len(by_ts)) > 2 * len(self._slot) + 1024:
+            self._heaps = None  # mostly stale entries: built afresh when next needed
+
+    def _ts_of(self, v: int) -> float:
+        return float(self._ts.item(v)) if v >= 0 else float(self._batch.ts.item(~v))
+
+    def _trim_done(self) -> None:
+        """Past ``join.max_pending`` joined ids, the oldest tombstones go."""
+        while len(self._done) > self.max_pending and self._done_order:
+            pid = self._done_order.popleft()
+            self._done.pop(pid, None)
 
     def _meet_waiting(self, b: Parsed, p: int, now: float) -> bool:
         """Prediction p, whose label waits: True when they join at once (no slot)."""
@@ -277,6 +341,7 @@ class Join:
             self._emit_other(~p, wl.label, wl.ts)
             self._done[pid] = b.p_ts[p] + self.ttl
             self._done_order.append(pid)
+            self._trim_done()
             return True
         else:
             self._held[~p] = (wl.label, NAN if wl.ts is None else wl.ts)
@@ -318,6 +383,15 @@ class Join:
             return 2
         return int(self._score.item(v)) % ROW_SHIFT
 
+    def _date_labels(self, now: float) -> None:
+        """Labels that came with no ts before any prediction: their label_ttl runs from
+        the first prediction's time, whichever batch it comes in."""
+        for lid, (lab, deadline) in list(self._labels.items()):
+            if deadline == INF:
+                self._labels[lid] = (lab, now + self.label_ttl)
+        self._next_label_deadline = min(self._next_label_deadline, now + self.label_ttl)
+        self._undated_labels = False
+
     def _wait(self, b: Parsed, q: int, now: float) -> None:
         """A label with no pending prediction: a duplicate of a joined one, or it waits."""
         lid = b.l_id[q]
@@ -333,6 +407,7 @@ class Join:
             return
         if waiting is not None:
             ev.labels_expired += 1
+            del self._labels[lid]  # a new arrival: the newest waiting label
         lab = b.label(q)
         base = lab.ts if lab.ts is not None else now
         # no ts and no prediction seen yet: the clock starts with the first prediction
@@ -342,6 +417,9 @@ class Join:
             self._next_label_deadline = deadline
         if deadline == INF:
             self._undated_labels = True
+        if len(self._labels) > self.max_pending:  # the oldest waiting label goes
+            del self._labels[next(iter(self._labels))]
+            ev.labels_expired += 1
 
     def _finish(self, v: int, pid: str) -> None:
         """Settle a pending prediction (a slot, or ``~p``) whose deadline passed: joined
@@ -361,6 +439,7 @@ class Join:
             self._emit_other(v, early[0], early[1])
             self._done[pid] = ts + self.ttl
             self._done_order.append(pid)
+            self._trim_done()
         del self._slot[pid]
         if v >= 0:
             self._pid[v] = None
@@ -595,27 +674,10 @@ class Join:
         self._enforce_capacity()
 
     def _enforce_capacity(self) -> None:
-        over = len(self._slot) - self.max_pending
-        if over > 0:
-            live = np.flatnonzero(np.isfinite(self._ts) & _not_in(len(self._ts), self._freed))
-            # oldest prediction ts first; ties by slot so the choice is repeatable
-            oldest = live[np.lexsort((live, self._ts[live]))[:over]]
-            for slot in oldest.tolist():
-                self._exp.append((slot, "capacity"))
-                self._held.pop(slot, None)
-                pid = self._pid[slot]
-                assert pid is not None  # a live slot always has its id
-                del self._slot[pid]
-                self._pid[slot] = None
-                self._freed.append(slot)
-            deadline = self._deadlines()
-            deadline[np.asarray(self._freed, np.int64)] = INF
-            self._next_deadline = float(deadline.min()) if len(deadline) else INF
-        over = len(self._labels) - self.max_pending
-        if over > 0:
-            for lid in list(self._labels)[:over]:
-                del self._labels[lid]
-                self.events.labels_expired += 1
+        """The bounds hold record by record (``_make_room``, ``_wait``, ``_trim_done``);
+        this only drops the heap once pending predictions are well below the bound."""
+        if self._heaps is not None and len(self._slot) < self.max_pending // 2:
+            self._heaps = None
 
     def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                dict[int, Any]]:
@@ -680,13 +742,6 @@ class Join:
         for pid, d in snap["done"]:
             self._done[pid] = d
             self._done_order.append(pid)
-
-
-def _not_in(n: int, slots: list[int]) -> np.ndarray:
-    mask = np.ones(n, bool)
-    if slots:
-        mask[np.asarray(slots, np.int64)] = False
-    return mask
 
 
 _NO_BATCH = BatchColumns(_E, _EI, _E, _EI, {})
