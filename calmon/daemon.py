@@ -44,7 +44,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from calmon.config import Config
 from calmon.engine.engine import Engine
-from calmon.engine.parsed import Parsed
 from calmon.engine.rawbatch import RawBatch
 from calmon.errors import ConfigError, StateError
 from calmon.io import reliability
@@ -103,8 +102,7 @@ class Daemon:
         self.engine = Engine(cfg)
         self.store = CheckpointStore(cfg.state.dir)
         self.source: Source = source if source is not None else ProcessSource(
-            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS,
-            parse=(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits, cfg.kafka.max_clock_skew))
+            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS)
         self.outbox = Outbox(cfg.kafka)  # the one producer: dead letters and calibrators
         self.dead_letters = DeadLetters(self.outbox)
         self.positions: dict[tuple[str, int], int] = {}
@@ -310,7 +308,7 @@ class Daemon:
                 log.error("%s; re-assigning from the last processed offsets", e)
                 self.assigned = False
                 continue
-            if len(batch) and self.process(batch.columns(), batch.parsed):
+            if len(batch) and self.process(batch.columns()):
                 self.positions.update(batch.positions)
                 self._publish()
             if time.monotonic() >= next_ckpt:
@@ -320,14 +318,13 @@ class Daemon:
     def _heartbeat(self) -> None:
         self._beat, self._beat_wall = time.monotonic(), time.time()
 
-    def process(self, records: RawBatch, parsed: Parsed | None = None) -> bool:
-        """One poll batch (``parsed`` already, or not) through the engine; rejected
-        records to the dead-letter topic. Returns False when the engine raised and the
-        state was rolled back instead."""
+    def process(self, records: RawBatch) -> bool:
+        """One poll batch through the engine; rejected records to the dead-letter topic.
+        Returns False when the engine raised and the state was rolled back instead."""
         careful = bool(self._suspect) and any(r.source in self._suspect for r in records)
         if not careful:
             try:
-                rejected = self.engine.feed(records, self._not_after(), parsed=parsed)
+                rejected = self.engine.feed(records, self._not_after())
                 self.totals.add(self.engine.last_delta)
             except Exception:
                 log.exception("the engine raised on a batch of %d records; rolling back to "

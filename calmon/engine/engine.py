@@ -127,22 +127,18 @@ class Engine:
 
     # ------------------------------------------------------------ writing
 
-    def feed(self, batch: Iterable[Raw] | RawBatch, not_after: float = math.inf, *,
-             parsed: Parsed | None = None) -> list[Rejected]:
+    def feed(self, batch: Iterable[Raw] | RawBatch,
+             not_after: float = math.inf) -> list[Rejected]:
         """Parse, join and count one batch. Returns the records that broke the
         contract (already counted), for the dead-letter topic. Never raises on data:
         a raise is a calmon bug, which the daemon isolates by rolling back to its last
         checkpoint and feeding the batch again one record at a time.
 
         ``not_after``: event times past it are ``bad_ts`` (the daemon passes its wall
-        clock + ``kafka.max_clock_skew``; the engine itself has no clock). ``parsed``:
-        the batch parsed already, by a ``BatchParser`` of the same settings."""
+        clock + ``kafka.max_clock_skew``; the engine itself has no clock)."""
         raws = batch if isinstance(batch, RawBatch) else RawBatch.of(list(batch))
-        if parsed is None:
-            self.batch_parser.not_after = not_after
-            parsed = self.batch_parser.parse(raws)
-        else:  # parsed by the consumer process, with its own clock for not_after
-            parsed.source_of = raws.source
+        self.batch_parser.not_after = not_after
+        parsed = self.batch_parser.parse(raws)
         with self.lock:
             self.last_delta = Delta()
             return self._consume(parsed, raws)

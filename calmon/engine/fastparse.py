@@ -134,10 +134,6 @@ def _columns(recs: list[Any], chains: dict[str, tuple[str, ...]]) -> dict[str, S
     return out
 
 
-# BatchParser's arguments: fields, max_record_bytes, limits, max_clock_skew
-ParseSettings = tuple[FieldsConfig, int, LimitsConfig, float]
-
-
 class BatchParser:
     """``Parser`` over a whole batch: ``parse(raws).same(Parsed.from_records(
     [Parser(...).parse(r) for r in raws]))`` for every input and setting."""

@@ -34,7 +34,6 @@ from typing import Any
 from calmon import secrets
 from calmon.children import die_with_parent
 from calmon.config import KafkaConfig
-from calmon.engine.fastparse import BatchParser, ParseSettings
 from calmon.engine.records import Kind
 from calmon.io.source import Batch, KafkaSourceError, Position, make_source, to_batch
 
@@ -49,11 +48,8 @@ class ProcessSource:
     """The daemon's ``Source``: the ``kafka.library`` source running in a child process."""
 
     def __init__(self, config: KafkaConfig, *, metadata_timeout_s: float = 30.0,
-                 max_records: int = 5000, parse: ParseSettings | None = None) -> None:
+                 max_records: int = 5000) -> None:
         self._config = config
-        # with librdkafka the child mostly waits, and parsing is a third of the parent's
-        # work: the child then parses each poll too (the pipeline's two stages balanced)
-        self._parse = parse if config.library == "confluent" else None
         self._metadata_timeout_s = metadata_timeout_s
         self._max_records = max_records
         self._kinds = {config.predictions_topic: Kind.PREDICTION, config.labels_topic: Kind.LABEL}
@@ -76,7 +72,7 @@ class ProcessSource:
         proc = ctx.Process(
             target=_child, name="calmon-consumer", daemon=True,
             args=(config, positions, from_checkpoint, self._metadata_timeout_s,
-                  self._max_records, data_child, cmd_child, level, self._parse))
+                  self._max_records, data_child, cmd_child, level))
         proc.start()
         self._proc = proc
         data_child.close()
@@ -107,15 +103,13 @@ class ProcessSource:
         try:
             if not self._data.poll(timeout_ms / 1000.0):
                 return Batch()
-            chunks, self._connected, ends, parsed = self._data.recv()
+            chunks, self._connected, ends = self._data.recv()
         except (EOFError, OSError):
             self.close()
             raise KafkaSourceError("the consumer process exited") from None
         if ends:
             self._end_offsets = ends
-        batch = to_batch(chunks, self._kinds, columns=True)
-        batch.parsed = parsed
-        return batch
+        return to_batch(chunks, self._kinds, columns=True)
 
     def end_offsets(self) -> dict[Position, int]:
         """The owned partitions' end offsets as the child last fetched them (for lag)."""
@@ -162,7 +156,7 @@ class ProcessSource:
 
 def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_checkpoint: bool,
            metadata_timeout_s: float, max_records: int, data: Connection, cmd: Connection,
-           level: int, parse: ParseSettings | None) -> None:
+           level: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent()  # and pipe EOF ends it where that is not available
@@ -172,8 +166,6 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
     secrets.install()
     secrets.register_config(dict(config.client))
     source = make_source(config, metadata_timeout_s=metadata_timeout_s)
-    parser = None if parse is None else BatchParser(*parse)
-    kinds = {config.predictions_topic: Kind.PREDICTION, config.labels_topic: Kind.LABEL}
     try:
         try:
             owned = source.assign(positions, from_checkpoint=from_checkpoint)
@@ -198,17 +190,9 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
             if time.monotonic() >= next_ends:
                 ends = source.end_offsets() if source.connected() else {}
                 next_ends = time.monotonic() + END_OFFSETS_INTERVAL_S
-            parsed = None
-            if parser is not None and chunks:
-                # the wall-clock ceiling the daemon would apply (Daemon._not_after)
-                parser.not_after = time.time() + config.max_clock_skew
-                raw = to_batch(chunks, kinds, columns=True).raw
-                assert raw is not None
-                parsed = parser.parse(raw)
-                parsed.source_of = None  # the parent's own RawBatch answers that
             while sender.is_alive():  # blocks while the parent is AHEAD batches behind
                 try:
-                    outbox.put((chunks, source.connected(), ends, parsed), timeout=0.5)
+                    outbox.put((chunks, source.connected(), ends), timeout=0.5)
                     break
                 except queue.Full:
                     continue

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from calmon.config import KafkaConfig
-from calmon.engine.parsed import Parsed
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.errors import CalmonError
@@ -42,7 +41,6 @@ class Batch:
     records: list[Raw] = field(default_factory=list)
     positions: dict[Position, int] = field(default_factory=dict)
     raw: RawBatch | None = None
-    parsed: Parsed | None = None  # ``raw`` parsed already (by the consumer process)
 
     def __len__(self) -> int:
         return len(self.raw) if self.raw is not None else len(self.records)
