@@ -143,7 +143,7 @@ class Join:
         self._ids: list[str] = []
         self._labels_of_batch = (_EI, _E)
         # pending predictions by deadline and by ts, kept only near join.max_pending
-        self._heaps: tuple[list[tuple[float, float, str]], list[tuple[float, str]]] | None = None
+        self._heaps: tuple[list[Any], list[tuple[float, str]]] | None = None
         self._begin()
 
     def _begin(self) -> None:
@@ -284,26 +284,30 @@ class Join:
         """Prediction ``pid`` (at ``ts``, ``v``) just became pending. Past
         ``join.max_pending``, what is overdue is settled first (it is no longer pending:
         the sweep would have settled it), then the oldest pending prediction (ties: the
-        smallest id) is expired for capacity. Two heaps, of (deadline, ts, id) and of
-        (ts, id), are kept while pending predictions are near the bound; entries of
-        predictions that left are skipped when they surface."""
+        smallest id) is expired for capacity. While pending predictions are near the
+        bound, a heap of (ts, id) is kept, and with implicit negatives (whose deadlines
+        are not in ts order) one of (deadline, ts, id) too; entries of predictions that
+        left are skipped when they surface."""
         if self._heaps is None:
-            by_deadline = [(self._deadline(u), self._ts_of(u), i) for i, u in self._slot.items()]
-            by_ts = [(t, i) for _, t, i in by_deadline]
-            heapq.heapify(by_deadline)
+            by_ts = [(self._ts_of(u), i) for i, u in self._slot.items()]
+            by_deadline = ([] if self.implicit is None else
+                           [(self._deadline(self._slot[i]), t, i) for t, i in by_ts])
             heapq.heapify(by_ts)
+            heapq.heapify(by_deadline)
             self._heaps = (by_deadline, by_ts)
         else:
             by_deadline, by_ts = self._heaps
-            heapq.heappush(by_deadline, (self._deadline(v), ts, pid))
             heapq.heappush(by_ts, (ts, pid))
+            if self.implicit is not None:
+                heapq.heappush(by_deadline, (self._deadline(v), ts, pid))
         if len(self._slot) <= self.max_pending:
             return
-        while by_deadline and by_deadline[0][0] <= now:
-            _, old_ts, old = heapq.heappop(by_deadline)
-            u = self._slot.get(old)
-            if u is not None and self._ts_of(u) == old_ts:  # else it left: a stale entry
-                self._finish(u, old)
+        if self.implicit is None:  # one ttl: the oldest is also the first due
+            while by_ts and by_ts[0][0] + self.ttl <= now:
+                self._settle_top(by_ts)
+        else:
+            while by_deadline and by_deadline[0][0] <= now:
+                self._settle_top(by_deadline)
         while len(self._slot) > self.max_pending:
             old_ts, old = heapq.heappop(by_ts)
             u = self._slot.get(old)
@@ -317,6 +321,14 @@ class Join:
                 self._freed.append(u)
         if max(len(by_deadline), len(by_ts)) > 2 * len(self._slot) + 1024:
             self._heaps = None  # mostly stale entries: built afresh when next needed
+
+    def _settle_top(self, heap: list[Any]) -> None:
+        """Settle the pending prediction at the top of a heap (its deadline passed)."""
+        entry = heapq.heappop(heap)
+        old_ts, old = entry[-2], entry[-1]
+        u = self._slot.get(old)
+        if u is not None and self._ts_of(u) == old_ts:  # else it left: a stale entry
+            self._finish(u, old)
 
     def _ts_of(self, v: int) -> float:
         return float(self._ts.item(v)) if v >= 0 else float(self._batch.ts.item(~v))
