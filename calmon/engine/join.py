@@ -2,8 +2,10 @@
 
 Event time drives everything (``now`` is the largest prediction ts seen), so a
 replay is deterministic. Deadlines are checked exactly on every lookup; the
-sweep that finalises or expires what nobody looked up is only garbage
-collection, which is why it can run once per batch.
+sweep that finalises or expires what nobody looked up runs once per batch. The
+bounds (``join.max_pending`` pending predictions, waiting labels, remembered
+joined ids) hold record by record, so what they evict never depends on where a
+poll ends.
 
 Columnar: ``run`` walks a range of one batch (``Parsed``) record by record, but
 does per record only what the join needs in order (the id lookups and the
@@ -12,9 +14,10 @@ per batch (``finish``), and what joined is read back as whole columns. Slots
 freed during a batch are reused only in the next one, so a joined sample's data
 stays where it was until it has been gathered.
 
-A pending prediction costs its id string, one dict entry and a slot number,
-plus 21 bytes of columns (ts, score, combo, kind): a K-class score vector is a
-row of one float64 matrix per K, found through the score column.
+A pending prediction costs its id string, one dict entry and a slot number, plus
+29 bytes of slot columns (ts, score, combo, kind, and the id's reference): a
+K-class score vector is a row of one float64 matrix per K, found through the
+score column.
 """
 
 from __future__ import annotations
