@@ -43,7 +43,7 @@ class SeriesIndex:
         self._len = np.zeros(0, np.int64)
 
     def combo_ids(self, models: list[str], keys: list[Hashable],
-               segments: list[dict[str, str]]) -> list[int]:
+                  segments: list[dict[str, str]]) -> list[int]:
         """The combo ids of a batch's predictions, in order (a segment value is admitted
         first come, first served). ``keys``: each segment's spelling (``Parsed.p_segkey``)."""
         # hot path: a producer sends the same segment spelt the same way every time
