@@ -27,6 +27,11 @@ from calmon.errors import ConfigError
 # ---------------------------------------------------------------- value kinds
 
 
+def _bound(x: float) -> str:
+    """A bound as written: 1048575, not 1.04858e+06."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
 @dataclass(frozen=True)
 class Range:
     """Annotated marker: numeric bounds (inclusive unless ``open_*``)."""
@@ -38,9 +43,9 @@ class Range:
 
     def check(self, v: float) -> str | None:
         if self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo):
-            return f"must be {'>' if self.open_lo else '>='} {self.lo:g}"
+            return f"must be {'>' if self.open_lo else '>='} {_bound(self.lo)}"
         if self.hi is not None and (v >= self.hi if self.open_hi else v > self.hi):
-            return f"must be {'<' if self.open_hi else '<='} {self.hi:g}"
+            return f"must be {'<' if self.open_hi else '<='} {_bound(self.hi)}"
         return None
 
 
@@ -106,7 +111,8 @@ class LimitsConfig:
     """Bounds on every map keyed by input, so no producer can grow memory without end."""
 
     max_models: Annotated[int, Range(1)] = 100
-    max_classes: Annotated[int, Range(2)] = 1000
+    # a pending K-class score is found as row * 2**20 + K (engine/join.py): K < 2**20
+    max_classes: Annotated[int, Range(2, 2**20 - 1)] = 1000
     max_id_bytes: Annotated[int, Range(1)] = 256
     max_name_bytes: Annotated[int, Range(1)] = 128
 

@@ -126,6 +126,7 @@ def test_unknown_top_level_key(capsys, tmp_path: Path) -> None:
      "join.missing_label.after"),
     ("segments:\n  max_values: -1\n", "segments.max_values"),
     ("state:\n  checkpoint_interval: soon\n", "state.checkpoint_interval"),
+    ("limits:\n  max_classes: 1048576\n", "limits.max_classes"),
 ])
 def test_single_errors_name_their_key(capsys, tmp_path: Path, text: str, key: str) -> None:
     rc, _, err = check(capsys, tmp_path, text)
@@ -215,6 +216,12 @@ recalibration:
     assert eff["join"]["missing_label"] == {"value": 0, "after": "30m"}
     assert eff["metrics"]["windows"] == ["90m", "24h"]
     assert eff["recalibration"]["interval"] == "500ms"
+
+
+def test_a_bound_is_written_as_configured(capsys, tmp_path: Path) -> None:
+    rc, _, err = check(capsys, tmp_path, "limits:\n  max_classes: 1048576\n")
+    assert rc == 2
+    assert "limits.max_classes: must be <= 1048575, got 1048576" in err
 
 
 def test_unreadable_file(capsys, tmp_path: Path) -> None:
