@@ -217,7 +217,8 @@ class Join:
         # is evicted never depends on how the input was cut into polls; checked per record
         # only when this range could reach it
         full = self._heaps is not None or preds > self.max_pending - len(slot_of)
-        done_full = len(kinds) > self.max_pending - len(done)
+        max_pending = self.max_pending
+        done_full = len(kinds) > max_pending - len(done)
         for k in kinds:
             if k == PRED:
                 pid = p_id[p]
@@ -278,8 +279,9 @@ class Join:
                     freed.append(v)
                 done_order.append(lid)
                 del slot_of[lid]
-                if done_full:
-                    self._trim_done()
+                if done_full:  # _trim_done, inline: once a join in a busy sidecar
+                    while len(done) > max_pending and done_order:
+                        done.pop(done_order.popleft(), None)
                 q += 1
         return p, q, now
 
