@@ -209,8 +209,7 @@ class Engine:
             if k == PRED:
                 reason = self._admit(b, p, pm)
                 if reason is None:
-                    combos[p] = self.index.combo_ids([b.p_model[p]], [b.p_segkey[p]],
-                                                     [b.p_segment[p]])[0]
+                    combos[p] = self.index.combo(b.p_model[p], b.p_segment[p], b.p_segkey[p])
                     seen = len(dups)
                     p_next, q, self.now = self.join.run(b, i, i + 1, p, q, self.now)
                     if len(dups) == seen:
@@ -345,10 +344,12 @@ class Engine:
             self.counters["duplicates"] += dup
             self.last_delta.duplicates["predictions"] += ev.duplicate_predictions
             self.last_delta.duplicates["labels"] += ev.duplicate_labels
-        for (combo, reason), n in ev.expired.items():
-            self.counters["expired"] += n
-            self.last_delta.expired[(self.models[int(self._models_of(
-                np.array([combo]))[0])], reason)] += n
+        if ev.expired:
+            expired = list(ev.expired.items())
+            models = self._models_of(np.array([combo for (combo, _), _ in expired])).tolist()
+            for ((_, reason), n), midx in zip(expired, models):
+                self.counters["expired"] += n
+                self.last_delta.expired[(self.models[midx], reason)] += n
         if ev.labels_expired:
             self.counters["labels_expired"] += ev.labels_expired
             self.last_delta.labels_expired += ev.labels_expired
@@ -818,7 +819,7 @@ def _raw_probs(raw: np.ndarray, code: int) -> np.ndarray:
     """Scores of kind ``SCORE_KINDS[code]`` as probabilities, as ``_add_joined`` reads them."""
     if code < MULTICLASS:
         return sigmoid(raw) if code == ScoreKind.LOGIT else raw
-    return _softmax(raw) if code == ScoreKind.LOGITS else raw / raw.sum(axis=1, keepdims=True)
+    return _probs(raw, np.full(len(raw), code))
 
 
 def _fixed_sum(x: np.ndarray) -> float:

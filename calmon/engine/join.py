@@ -147,11 +147,11 @@ class Join:
         self._labels_of_batch = (_EI, _E)
         # pending predictions by deadline and by ts, kept only near join.max_pending
         self._heaps: tuple[list[Any], list[tuple[float, str]]] | None = None
+        self.events = JoinEvents()
         self._begin()
 
     def _begin(self) -> None:
-        """Per-batch bookkeeping, reset when the batch is finished."""
-        self.events = JoinEvents()
+        """Per-batch bookkeeping, reset after each stage of a batch's end."""
         self._freed: list[int] = []  # slots freed this batch: reusable from the next
         # what joined: the prediction (source), and the batch's label ordinal that joined
         # it, or ~i for the i-th join no label of the batch made (its label in _x_*)
@@ -483,17 +483,16 @@ class Join:
         ev.met = self._combos(np.concatenate([src[by_label],
                                               np.asarray(self._met_src, np.int64)]))
         ev.joined = self._gather()
-        self._count_expired(ev)
+        expired = self._count_expired(ev)
         self._release(self._freed)
-        expired = np.array([v for v, _ in self._exp], np.int64)
         self._settle_new(arrivals, np.concatenate([~src[src < 0], ~expired[expired < 0]]))
         self._begin()
-        self.events = ev
         self._sweep(now)
         ev.joined = concat([ev.joined, self._gather()])
         self._count_expired(ev)
         self._release(self._freed)
         self._begin()
+        self.events = JoinEvents()
         self._batch = _NO_BATCH
         self._ids = []
         self._labels_of_batch = (_EI, _E)
@@ -537,11 +536,13 @@ class Join:
                 if vec is not None:
                     self._score[slot] = self._vec_put(vec)
 
-    def _count_expired(self, ev: JoinEvents) -> None:
+    def _count_expired(self, ev: JoinEvents) -> np.ndarray:
+        """Count what expired, by combo and reason; returns the sources that did."""
+        src = np.array([s for s, _ in self._exp], np.int64)
         if self._exp:
-            combos = self._combos(np.array([s for s, _ in self._exp], np.int64)).tolist()
-            for (_, reason), combo in zip(self._exp, combos):
+            for (_, reason), combo in zip(self._exp, self._combos(src).tolist()):
                 ev.expired[(combo, reason)] += 1
+        return src
 
     def _combos(self, src: np.ndarray) -> np.ndarray:
         out = np.empty(len(src), np.int64)
