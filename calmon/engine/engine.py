@@ -181,7 +181,7 @@ class Engine:
         if None not in pm and [classes[m] for m in pm] == b.p_classes:  # type: ignore[index]
             combos = self.index.combo_ids(b.p_model, b.p_segkey, b.p_segment)
             cols.combo[:] = combos
-            _, _, now = self.join.run(b, 0, len(b), 0, 0, now)
+            now = self.join.run_all(b, now)
             self.now = now
             self._count_waiting(b)
             keep = np.ones(n_pred, bool)

@@ -26,6 +26,7 @@ import heapq
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -284,6 +285,161 @@ class Join:
                         done.pop(done_order.popleft(), None)
                 q += 1
         return p, q, now
+
+    def run_all(self, b: Parsed, now: float) -> float:
+        """The whole batch, every prediction admitted; returns the new now. The same
+        result as ``run(b, 0, len(b), 0, 0, now)``, which it falls back to where the
+        batch is not plain (see ``_run_columns``)."""
+        out = self._run_columns(b, now)
+        if out is None:
+            return self.run(b, 0, len(b), 0, 0, now)[2]
+        return out
+
+    def _run_columns(self, b: Parsed, now0: float) -> float | None:
+        """``run`` over a whole batch, decided over columns where no decision depends on
+        another: each id at most once among the batch's predictions and once among its
+        labels, far from every bound, no implicit negatives. A record is "plain" when
+        its id has no state but a pending prediction of an earlier batch that its label
+        joins in time, or a prediction of this batch that its later label joins in time;
+        the others go through ``run`` one by one in batch order, with the now they would
+        have seen (ids are independent, so their order among plain records does not
+        matter), and what both did is merged in batch order. None: use ``run``."""
+        p_id, l_id = b.p_id, b.l_id
+        n_p, n_l = len(p_id), len(l_id)
+        slot_of, done, labels = self._slot, self._done, self._labels
+        cap = self.max_pending
+        if (self.implicit is not None or self._heaps is not None or self._undated_labels
+                or now0 == -INF or n_p + len(slot_of) > cap or len(labels) + n_l > cap
+                or len(b.kinds) > cap - len(done)):
+            return None
+        p_of = dict(zip(p_id, range(n_p)))
+        if len(p_of) != n_p or len(set(l_id)) != n_l:
+            return None
+        ttl = self.ttl
+        cols = self._batch
+        kinds = np.frombuffer(bytes(b.kinds), np.uint8)
+        p_pos = np.flatnonzero(kinds == PRED)
+        l_pos = np.flatnonzero(kinds == LABEL)
+        pts = cols.ts
+        if n_p:
+            now_p = np.maximum.accumulate(np.maximum(pts, now0))
+            self._next_deadline = min(self._next_deadline, float(pts.min()) + ttl)
+        else:
+            now_p = _E
+        before = np.searchsorted(p_pos, l_pos)  # predictions before each label
+        now_l = np.where(before > 0, now_p[before - 1] if n_p else now0, now0)
+        next_deadline = self._next_deadline
+        # the state of each id before the batch
+        pair = np.fromiter(map(p_of.get, l_id, repeat(-1)), np.int64, n_l)
+        old = (np.fromiter(map(slot_of.get, l_id, repeat(-1)), np.int64, n_l) if slot_of
+               else np.full(n_l, -1, np.int64))
+        odd_p = np.zeros(n_p, bool)  # predictions whose id has state: one by one
+        if slot_of:
+            odd_p |= np.fromiter(map(slot_of.__contains__, p_id), bool, n_p)
+        if done:
+            odd_p |= np.fromiter(map(done.__contains__, p_id), bool, n_p)
+        if labels:
+            odd_p |= np.fromiter(map(labels.__contains__, p_id), bool, n_p)
+        paired = pair >= 0
+        pp = pair[paired]
+        old_ts = self._ts[np.where(paired, 0, old)]  # old >= 0 wherever it is read
+        # a label joins in time: its prediction's deadline (ts + ttl) not yet passed
+        p_deadline = np.where(paired, pts[np.where(paired, pair, 0)] if n_p else 0.0,
+                              old_ts) + ttl
+        overdue = (now_l >= next_deadline) & (p_deadline <= now_l)
+        odd_l = np.where(paired, False, old < 0) | overdue
+        if len(pp):
+            odd_l[paired] |= odd_p[pp] | (p_pos[pp] > l_pos[paired])
+            odd_p[pp] |= odd_l[paired]
+        plain_l = ~odd_l
+        # the plain labels: joined, or out of the range of their prediction's classes
+        lab = self._labels_of_batch[0]
+        src = np.where(paired, ~pair, old)
+        kind_l = np.where(paired, cols.kind[np.where(paired, pair, 0)] if n_p else 0,
+                          self._kind[np.where(paired, 0, old)])
+        classes = np.full(n_l, 2, np.int64)
+        multi = plain_l & (kind_l >= MULTICLASS)
+        if multi.any():
+            classes[multi & paired] = np.asarray(b.p_classes, np.int64)[pair[multi & paired]]
+            codes = self._score[old[multi & ~paired]].astype(np.int64)
+            classes[multi & ~paired] = codes % ROW_SHIFT
+        wrong = plain_l & (lab >= 2) & (lab >= classes)
+        joins = np.flatnonzero(plain_l & ~wrong)
+        # the others, one by one, in batch order
+        odd = np.sort(np.concatenate([p_pos[odd_p], l_pos[odd_l]]))
+        if len(odd):
+            self._run_odd(b, odd.tolist(), p_pos, l_pos, now_p, now_l, now0)
+        ev = self.events
+        if wrong.any():
+            ev.out_of_range = sorted(ev.out_of_range + np.flatnonzero(wrong).tolist())
+        # what the plain labels joined, merged with what the others did in batch order
+        j_ids = list(map(l_id.__getitem__, joins.tolist()))
+        if len(j_ids):
+            self._merge_joins(src[joins], joins, l_pos[joins], p_pos, l_pos, j_ids,
+                              p_deadline[joins])
+            freed = old[joins][~paired[joins]].tolist()
+            if freed:
+                for pid in map(l_id.__getitem__, joins[~paired[joins]].tolist()):
+                    del slot_of[pid]
+                pids = self._pid
+                for _ in map(pids.__setitem__, freed, repeat(None)):  # a C loop
+                    pass
+                self._freed.extend(freed)
+        # plain predictions left pending: those no plain label joined
+        pend = ~odd_p
+        pend[pair[joins][paired[joins]]] = False
+        waiting = np.flatnonzero(pend).tolist()
+        if len(odd) and waiting:  # pending in batch order, as a whole-batch run leaves them
+            odd_left = [p for p in np.flatnonzero(odd_p).tolist() if slot_of.get(p_id[p]) == ~p]
+            if odd_left:
+                for p in odd_left:
+                    del slot_of[p_id[p]]
+                waiting = sorted(waiting + odd_left)
+        if waiting:
+            slot_of.update(zip(map(p_id.__getitem__, waiting), [~p for p in waiting]))
+        return float(now_p[-1]) if n_p else now0
+
+    def _run_odd(self, b: Parsed, odd: list[int], p_pos: np.ndarray, l_pos: np.ndarray,
+                 now_p: np.ndarray, now_l: np.ndarray, now0: float) -> None:
+        """Records ``odd`` (batch indices, in order) through ``run``, each with the now
+        it would have seen in a whole-batch ``run``."""
+        is_p = np.isin(odd, p_pos).tolist()
+        p_ord = np.searchsorted(p_pos, odd).tolist()  # predictions before: one's ordinal
+        l_ord = np.searchsorted(l_pos, odd).tolist()
+        run = self.run
+        for i, pred, p, q in zip(odd, is_p, p_ord, l_ord):
+            if pred:
+                run(b, i, i + 1, p, q, float(now_p[p - 1]) if p else now0)
+            else:
+                run(b, i, i + 1, p, q, float(now_l[q]))
+
+    def _merge_joins(self, src: np.ndarray, q: np.ndarray, pos: np.ndarray,
+                     p_pos: np.ndarray, l_pos: np.ndarray, ids: list[str],
+                     deadlines: np.ndarray) -> None:
+        """Add the plain joins (sources, label ordinals, batch indices, ids, tombstone
+        deadlines) to what the records run one by one joined, in batch order: the joined
+        samples and the remembered ids (each join made one) keep the order of a
+        whole-batch ``run``."""
+        done, done_order = self._done, self._done_order
+        done.update(zip(ids, deadlines.tolist()))
+        if not self._j_src:
+            self._j_src = src.tolist()
+            self._j_q = q.tolist()
+            done_order.extend(ids)
+            return
+        o_src = np.asarray(self._j_src, np.int64)
+        o_q = np.asarray(self._j_q, np.int64)
+        # a join by a label sits at the label; one made by a prediction that met its
+        # waiting label (o_q < 0: its label is in _x_*), at the prediction
+        by_label = o_q >= 0
+        o_pos = np.empty(len(o_q), np.int64)
+        o_pos[by_label] = l_pos[o_q[by_label]]
+        o_pos[~by_label] = p_pos[~o_src[~by_label]]
+        order = np.argsort(np.concatenate([o_pos, pos]), kind="stable")
+        self._j_src = np.concatenate([o_src, src])[order].tolist()
+        self._j_q = np.concatenate([o_q, q])[order].tolist()
+        tail = [done_order.pop() for _ in range(len(o_src))][::-1]  # theirs: one per join
+        done_order.extend([(tail + ids)[i] for i in order.tolist()])
 
     def _make_room(self, pid: str, ts: float, v: int, now: float) -> None:
         """Prediction ``pid`` (at ``ts``, ``v``) just became pending. Past

@@ -57,7 +57,7 @@ def plain(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return plain(x.tolist())
     if isinstance(x, dict):
-        return {plain(k): plain(v) for k, v in x.items()}
+        return {_key(k): plain(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
         return [plain(v) for v in x]
     if isinstance(x, np.generic):
@@ -65,6 +65,12 @@ def plain(x: Any) -> Any:
     if isinstance(x, float) and math.isnan(x):
         return "nan"
     return x
+
+
+def _key(k: Any) -> Any:
+    """A dict key through ``plain``, still hashable."""
+    out = plain(k)
+    return tuple(out) if isinstance(out, list) else out
 
 
 def _tables(part: list[dict[str, Any]]) -> list[list[Any]]:
