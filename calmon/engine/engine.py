@@ -174,7 +174,7 @@ class Engine:
         cols = BatchColumns(np.array(b.p_ts, np.float64), np.array(b.p_kind, np.int64),
                             np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
                             b.p_vec)
-        self.join.prepare(cols, b.p_id, _int_column(b.l_label),
+        self.join.prepare(cols, b.p_id, b.l_id, _int_column(b.l_label),
                           np.array(b.l_ts, np.float64))  # None -> NaN
         rejected: list[tuple[int, Rejected]] = []
         now = self.now

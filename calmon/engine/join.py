@@ -7,16 +7,20 @@ bounds (``join.max_pending`` pending predictions, waiting labels, remembered
 joined ids) hold record by record, so what they evict never depends on where a
 poll ends.
 
-Columnar: ``run`` walks a range of one batch (``Parsed``) record by record, but
-does per record only what the join needs in order (the id lookups and the
-decisions); what a pending prediction holds is written to the slot columns once
-per batch (``finish``), and what joined is read back as whole columns. Slots
-freed during a batch are reused only in the next one, so a joined sample's data
-stays where it was until it has been gathered.
+Columnar: ``run_all`` decides a batch over numpy columns where no decision
+depends on another (each id once per kind, far from every bound), and sends only
+the records whose id has a history (a label before its prediction, a duplicate,
+an id joined before) through ``run``, which walks records one by one and does
+per record only what the join needs in order (the id lookups and the decisions).
+What a pending prediction holds is written to the slot columns once per batch
+(``finish``), and what joined is read back as whole columns. Slots freed during
+a batch are reused only in the next one, so a joined sample's data stays where
+it was until it has been gathered.
 
-A pending prediction costs its id string, one dict entry and a slot number, plus
-29 bytes of slot columns (ts, score, combo, kind, and the id's reference): a
-K-class score vector is a row of one float64 matrix per K, found through the
+Pending predictions are found by id through ``IdIndex`` (numpy buckets, looked
+up a batch at a time), not a dict: one costs its id string plus ~50 bytes (its
+bucket, its id's hash and reference, and the ts, score, combo and kind columns);
+a K-class score vector is a row of one float64 matrix per K, found through the
 score column.
 """
 
@@ -32,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from calmon.config import JoinConfig
+from calmon.engine.idindex import IdIndex
 from calmon.engine.parsed import LABEL, PRED, Parsed
 from calmon.engine.records import MULTICLASS, Label
 
@@ -124,7 +129,12 @@ class Join:
         self.max_pending = cfg.max_pending
         self.implicit = cfg.missing_label
         n = max(16, min(capacity_hint, cfg.max_pending))
+        # pending predictions: those of earlier batches in the index (slot), and for
+        # the batch being run, its ids that were found there plus its own predictions
+        # pending so far (~p) in a small dict, which the per-record loop reads
+        self._index = IdIndex(n)
         self._slot: dict[str, int] = {}
+        self._fresh = 0  # the ~p entries of _slot
         self._pid: list[str | None] = [None] * n  # slot -> id
         self._ts = np.full(n, INF)  # INF marks a free slot (and makes its deadline INF)
         self._score = np.zeros(n)  # binary: as given; K-class: row * ROW_SHIFT + K
@@ -167,7 +177,8 @@ class Join:
 
     @property
     def pending(self) -> int:
-        return len(self._slot)
+        """Pending predictions, at any point of a batch."""
+        return self._index.used - len(self._freed) + self._fresh
 
     @property
     def pending_labels(self) -> int:
@@ -217,7 +228,7 @@ class Join:
         # join.max_pending holds at every record, not just at the batch's end, so what
         # is evicted never depends on how the input was cut into polls; checked per record
         # only when this range could reach it
-        full = self._heaps is not None or preds > self.max_pending - len(slot_of)
+        full = self._heaps is not None or preds > self.max_pending - self.pending
         max_pending = self.max_pending
         done_full = len(kinds) > max_pending - len(done)
         for k in kinds:
@@ -248,6 +259,7 @@ class Join:
                     p += 1
                     continue
                 slot_of[pid] = ~p
+                self._fresh += 1
                 if full:
                     self._make_room(pid, ts, ~p, now)
                 p += 1
@@ -274,6 +286,7 @@ class Join:
                 j_q.append(q)
                 if v < 0:
                     done[lid] = p_ts[~v] + ttl
+                    self._fresh -= 1
                 else:
                     done[lid] = ts_item(v) + ttl
                     pids[v] = None
@@ -309,7 +322,7 @@ class Join:
         slot_of, done, labels = self._slot, self._done, self._labels
         cap = self.max_pending
         if (self.implicit is not None or self._heaps is not None or self._undated_labels
-                or now0 == -INF or n_p + len(slot_of) > cap or len(labels) + n_l > cap
+                or now0 == -INF or n_p + self.pending > cap or len(labels) + n_l > cap
                 or len(b.kinds) > cap - len(done)):
             return None
         p_of = dict(zip(p_id, range(n_p)))
@@ -367,8 +380,8 @@ class Join:
         joins = np.flatnonzero(plain_l & ~wrong)
         # the others, one by one, in batch order
         odd = np.sort(np.concatenate([p_pos[odd_p], l_pos[odd_l]]))
-        if len(odd):
-            self._run_odd(b, odd.tolist(), p_pos, l_pos, now_p, now_l, now0)
+        odd_freed = (self._run_odd(b, odd.tolist(), p_pos, l_pos, now_p, now_l, now0)
+                     if len(odd) else [])
         ev = self.events
         if wrong.any():
             ev.out_of_range = sorted(ev.out_of_range + np.flatnonzero(wrong).tolist())
@@ -377,41 +390,45 @@ class Join:
         if len(j_ids):
             self._merge_joins(src[joins], joins, l_pos[joins], p_pos, l_pos, j_ids,
                               p_deadline[joins])
-            freed = old[joins][~paired[joins]].tolist()
+            by_old = joins[~paired[joins]]
+            freed = old[by_old].tolist()
             if freed:
-                for pid in map(l_id.__getitem__, joins[~paired[joins]].tolist()):
+                for pid in map(l_id.__getitem__, by_old.tolist()):
                     del slot_of[pid]
                 pids = self._pid
                 for _ in map(pids.__setitem__, freed, repeat(None)):  # a C loop
                     pass
-                self._freed.extend(freed)
+                if odd_freed:  # freed slots are reused in this order: batch order
+                    pos = l_pos[by_old].tolist()
+                    self._freed = [v for _, v in sorted(odd_freed + list(zip(pos, freed)))]
+                else:
+                    self._freed.extend(freed)
         # plain predictions left pending: those no plain label joined
         pend = ~odd_p
         pend[pair[joins][paired[joins]]] = False
-        waiting = np.flatnonzero(pend).tolist()
-        if len(odd) and waiting:  # pending in batch order, as a whole-batch run leaves them
-            odd_left = [p for p in np.flatnonzero(odd_p).tolist() if slot_of.get(p_id[p]) == ~p]
-            if odd_left:
-                for p in odd_left:
-                    del slot_of[p_id[p]]
-                waiting = sorted(waiting + odd_left)
-        if waiting:
-            slot_of.update(zip(map(p_id.__getitem__, waiting), [~p for p in waiting]))
+        # (no plain id is looked up again in this batch: finish gives them their slots)
+        self._fresh += int(np.count_nonzero(pend))
         return float(now_p[-1]) if n_p else now0
 
     def _run_odd(self, b: Parsed, odd: list[int], p_pos: np.ndarray, l_pos: np.ndarray,
-                 now_p: np.ndarray, now_l: np.ndarray, now0: float) -> None:
+                 now_p: np.ndarray, now_l: np.ndarray, now0: float) -> list[tuple[int, int]]:
         """Records ``odd`` (batch indices, in order) through ``run``, each with the now
-        it would have seen in a whole-batch ``run``."""
+        it would have seen in a whole-batch ``run``. Returns the slots they freed, with
+        the batch index of the record that did."""
         is_p = np.isin(odd, p_pos).tolist()
         p_ord = np.searchsorted(p_pos, odd).tolist()  # predictions before: one's ordinal
         l_ord = np.searchsorted(l_pos, odd).tolist()
         run = self.run
+        freed = self._freed
+        out = []
         for i, pred, p, q in zip(odd, is_p, p_ord, l_ord):
+            n = len(freed)
             if pred:
                 run(b, i, i + 1, p, q, float(now_p[p - 1]) if p else now0)
             else:
                 run(b, i, i + 1, p, q, float(now_l[q]))
+            out += [(i, v) for v in freed[n:]]
+        return out
 
     def _merge_joins(self, src: np.ndarray, q: np.ndarray, pos: np.ndarray,
                      p_pos: np.ndarray, l_pos: np.ndarray, ids: list[str],
@@ -450,9 +467,11 @@ class Join:
         are not in ts order) one of (deadline, ts, id) too; entries of predictions that
         left are skipped when they surface."""
         if self._heaps is None:
-            by_ts = [(self._ts_of(u), i) for i, u in self._slot.items()]
+            pending = [(u, i) for u, i in enumerate(self._pid) if i is not None]
+            pending += [(u, i) for i, u in self._slot.items() if u < 0]
+            by_ts = [(self._ts_of(u), i) for u, i in pending]
             by_deadline = ([] if self.implicit is None else
-                           [(self._deadline(self._slot[i]), t, i) for t, i in by_ts])
+                           [(self._deadline(u), t, i) for (u, _), (t, i) in zip(pending, by_ts)])
             heapq.heapify(by_ts)
             heapq.heapify(by_deadline)
             self._heaps = (by_deadline, by_ts)
@@ -461,7 +480,7 @@ class Join:
             heapq.heappush(by_ts, (ts, pid))
             if self.implicit is not None:
                 heapq.heappush(by_deadline, (self._deadline(v), ts, pid))
-        if len(self._slot) <= self.max_pending:
+        if self.pending <= self.max_pending:
             return
         if self.implicit is None:  # one ttl: the oldest is also the first due
             while by_ts and by_ts[0][0] + self.ttl <= now:
@@ -469,27 +488,38 @@ class Join:
         else:
             while by_deadline and by_deadline[0][0] <= now:
                 self._settle_top(by_deadline)
-        while len(self._slot) > self.max_pending:
+        while self.pending > self.max_pending:
             old_ts, old = heapq.heappop(by_ts)
-            u = self._slot.get(old)
+            u = self._lookup(old)
             if u is None or self._ts_of(u) != old_ts:
                 continue  # it left (or came back later): a stale entry
             self._exp.append((u, "capacity"))
             self._held.pop(u, None)
-            del self._slot[old]
-            if u >= 0:
+            self._slot.pop(old, None)
+            if u < 0:
+                self._fresh -= 1
+            else:
                 self._pid[u] = None
                 self._freed.append(u)
-        if max(len(by_deadline), len(by_ts)) > 2 * len(self._slot) + 1024:
+        if max(len(by_deadline), len(by_ts)) > 2 * self.pending + 1024:
             self._heaps = None  # mostly stale entries: built afresh when next needed
 
     def _settle_top(self, heap: list[Any]) -> None:
         """Settle the pending prediction at the top of a heap (its deadline passed)."""
         entry = heapq.heappop(heap)
         old_ts, old = entry[-2], entry[-1]
-        u = self._slot.get(old)
+        u = self._lookup(old)
         if u is not None and self._ts_of(u) == old_ts:  # else it left: a stale entry
             self._finish(u, old)
+
+    def _lookup(self, pid: str) -> int | None:
+        """Where the pending prediction ``pid`` is (a slot, or ``~p``), or None: for ids
+        the batch does not name (the heaps near join.max_pending)."""
+        v = self._slot.get(pid)
+        if v is None:
+            u = self._index.find_one(pid, self._pid)  # a slot freed this batch: no id
+            v = u if u >= 0 else None
+        return v
 
     def _ts_of(self, v: int) -> float:
         return float(self._ts.item(v)) if v >= 0 else float(self._batch.ts.item(~v))
@@ -613,20 +643,28 @@ class Join:
             self._done[pid] = ts + self.ttl
             self._done_order.append(pid)
             self._trim_done()
-        del self._slot[pid]
+        self._slot.pop(pid, None)  # the sweep settles ids the batch did not name
         if v >= 0:
             self._pid[v] = None
             self._freed.append(v)
+        else:
+            self._fresh -= 1
 
     # ------------------------------------------------------------ the batch's end
 
-    def prepare(self, cols: BatchColumns, ids: list[str], labels: np.ndarray,
-                label_ts: np.ndarray) -> None:
-        """The batch's prediction columns and ids, and its labels and their times (NaN
-        when unknown), before the first ``run``."""
+    def prepare(self, cols: BatchColumns, ids: list[str], l_ids: list[str],
+                labels: np.ndarray, label_ts: np.ndarray) -> None:
+        """The batch's prediction columns and ids, and its labels' ids, classes and times
+        (NaN when unknown), before the first ``run``. The batch's ids are looked up in
+        the index at once: the per-record loop needs only those it found."""
         self._batch = cols
         self._ids = ids
         self._labels_of_batch = (labels, label_ts)
+        if self._index.used:
+            names = ids + l_ids
+            slots = self._index.find(names, IdIndex.hashes(names), self._pid)
+            found = np.flatnonzero(slots >= 0)
+            self._slot = dict(zip(map(names.__getitem__, found.tolist()), slots[found].tolist()))
 
     def finish(self, now: float, arrivals: np.ndarray) -> JoinEvents:
         """Gather what joined, give the batch's still pending predictions their slots,
@@ -649,6 +687,8 @@ class Join:
         self._release(self._freed)
         self._begin()
         self.events = JoinEvents()
+        self._slot = {}
+        self._fresh = 0
         self._batch = _NO_BATCH
         self._ids = []
         self._labels_of_batch = (_EI, _E)
@@ -671,7 +711,8 @@ class Join:
         del self._free[-len(pend):]
         held = self._held
         pend_ids = [ids[p] for p in pend]
-        self._slot.update(zip(pend_ids, slots))
+        self._index.add(IdIndex.hashes(pend_ids), np.asarray(slots, np.int64))
+        self._fresh = 0
         for _ in map(self._pid.__setitem__, slots, pend_ids):  # a C loop
             pass
         if held:
@@ -762,6 +803,7 @@ class Join:
         if not slots:
             return
         idx = np.asarray(slots, np.int64)
+        self._index.remove(idx)
         multi = idx[self._kind[idx] >= MULTICLASS]
         for code in self._score[multi].astype(np.int64).tolist():
             self._mat_free[code % ROW_SHIFT].append(code // ROW_SHIFT)
@@ -781,6 +823,7 @@ class Join:
             new[:n] = old
             setattr(self, name, new)
         self._pid.extend([None] * (m - n))
+        self._index.grow_slots(m)
         self._free[:0] = range(m - 1, n - 1, -1)  # used after the slots free already
 
     def _vec_put(self, vec: np.ndarray) -> float:
@@ -850,14 +893,14 @@ class Join:
     def _enforce_capacity(self) -> None:
         """The bounds hold record by record (``_make_room``, ``_wait``, ``_trim_done``);
         this only drops the heap once pending predictions are well below the bound."""
-        if self._heaps is not None and len(self._slot) < self.max_pending // 2:
+        if self._heaps is not None and self.pending < self.max_pending // 2:
             self._heaps = None
 
     def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                dict[int, Any]]:
         """Pending predictions with no label yet, as columns: combo, ts, kind, binary
         score (as given), and {row: K-class scores} for the multiclass rows."""
-        slots = np.fromiter(self._slot.values(), np.int64, len(self._slot))
+        slots = self._index.slots()
         if self._held:
             slots = slots[~np.isin(slots, np.fromiter(self._held, np.int64, len(self._held)))]
         kind = self._kind[slots].astype(np.int64)
@@ -870,12 +913,11 @@ class Join:
     # ------------------------------------------------------------ checkpoints
 
     def snapshot(self) -> dict[str, Any]:
-        items = list(self._slot.items())
-        slots = np.fromiter((s for _, s in items), np.int64, len(items))
+        slots = self._index.slots()
         kind = self._kind[slots]
         held = [self._held.get(s) for s in slots.tolist()]
         return {
-            "ids": [pid for pid, _ in items],
+            "ids": [self._pid[s] for s in slots.tolist()],
             "ts": self._ts[slots],
             "score": np.where(kind >= MULTICLASS, 0.0, self._score[slots]),
             "combo": self._combo[slots].copy(),
@@ -893,9 +935,10 @@ class Join:
         ids = snap["ids"]
         while len(self._free) < len(ids):
             self._grow()
+        slots = []
         for i, pid in enumerate(ids):
             slot = self._free.pop()
-            self._slot[pid] = slot
+            slots.append(slot)
             self._pid[slot] = pid
             self._ts[slot] = snap["ts"][i]
             self._combo[slot] = int(snap["combo"][i])
@@ -905,8 +948,9 @@ class Join:
             label = int(snap["label"][i])
             if label != -1:
                 self._held[slot] = (label, float(snap["label_ts"][i]))
+        self._index.add(IdIndex.hashes(ids), np.asarray(slots, np.int64))
         for i, vec in snap["vectors"].items():
-            self._score[self._slot[ids[int(i)]]] = self._vec_put(np.asarray(vec, np.float64))
+            self._score[slots[int(i)]] = self._vec_put(np.asarray(vec, np.float64))
         deadline = self._deadlines()
         self._next_deadline = float(deadline.min()) if len(deadline) else INF
         for lid, label, ts, model, raw, source, d in snap["labels"]:

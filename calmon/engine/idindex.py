@@ -1,0 +1,159 @@
+"""Pending predictions by id: an open-addressing hash table over numpy, looked up a
+whole batch of ids at a time.
+
+A dict of a million id strings costs ~40 B an entry in its own tables and a
+28-byte int object for each value, and its lookups run one by one, each waiting
+on its cache misses. Here a bucket is 4 bytes (the slot, or EMPTY / GONE) in a
+table kept between a fifth and half full, and each slot keeps its id's 8-byte
+hash; a batch's lookups are a few numpy gathers, whose cache misses overlap.
+
+Ids are placed by Python's ``hash`` (salted per process), so the table is never
+persisted: a restore rebuilds it. A hash match is confirmed against the caller's
+``keys`` (slot -> id), so the table is exact even if two ids ever share a hash.
+"""
+
+from __future__ import annotations
+
+from operator import eq
+
+import numpy as np
+
+EMPTY, GONE = -1, -2  # a bucket never used; one whose id left (probes go on past it)
+MIN_BUCKETS = 64
+SHRINK_ABOVE = 2**16  # buckets (256 KB)
+
+
+class IdIndex:
+    """id -> slot for ids the caller keeps in ``keys[slot]``. ``add`` and ``remove``
+    take whole columns; callers add only ids that are absent and remove only slots
+    that are present."""
+
+    def __init__(self, slots: int = 16) -> None:
+        self._buckets = np.full(MIN_BUCKETS, EMPTY, np.int32)
+        self._mask = MIN_BUCKETS - 1
+        self._hash = np.zeros(slots, np.int64)  # slot -> hash of its id
+        self.used = 0  # slots indexed
+        self._filled = 0  # buckets not EMPTY: used + GONE
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._buckets.nbytes + self._hash.nbytes)
+
+    def grow_slots(self, n: int) -> None:
+        """Room for slots ``0..n-1``."""
+        if n > len(self._hash):
+            new = np.zeros(n, np.int64)
+            new[:len(self._hash)] = self._hash
+            self._hash = new
+
+    @staticmethod
+    def hashes(ids: list[str]) -> np.ndarray:
+        return np.fromiter(map(hash, ids), np.int64, len(ids))
+
+    # ------------------------------------------------------------ lookups
+
+    def find(self, ids: list[str], hashes: np.ndarray, keys: list[str | None]) -> np.ndarray:
+        """The slot of each id, or -1."""
+        out = np.full(len(ids), -1, np.int64)
+        if not self.used or not len(ids):
+            return out
+        buckets, mask, slot_hash = self._buckets, self._mask, self._hash
+        at = hashes & mask
+        todo = np.arange(len(ids))
+        h = hashes
+        while len(todo):
+            s = buckets[at].astype(np.int64)
+            hit = (s >= 0) & (slot_hash[np.maximum(s, 0)] == h)
+            out[todo[hit]] = s[hit]
+            more = (s != EMPTY) & ~hit
+            todo, at, h = todo[more], (at[more] + 1) & mask, h[more]
+        found = np.flatnonzero(out >= 0)
+        if len(found):  # a hash match is an id match, unless two ids share a hash
+            f = found.tolist()
+            same = list(map(eq, map(keys.__getitem__, out[found].tolist()),
+                            map(ids.__getitem__, f)))
+            if not all(same):
+                for i, ok in zip(f, same):
+                    if not ok:
+                        out[i] = self._probe(ids[i], int(hashes[i]), keys)
+        return out
+
+    def find_one(self, pid: str, keys: list[str | None]) -> int:
+        """The slot of one id, or -1."""
+        return self._probe(pid, hash(pid), keys) if self.used else -1
+
+    def _probe(self, pid: str, h: int, keys: list[str | None]) -> int:
+        at = h & self._mask
+        buckets = self._buckets
+        while True:
+            s = int(buckets[at])
+            if s == EMPTY:
+                return -1
+            if s >= 0 and int(self._hash[s]) == h and keys[s] == pid:
+                return s
+            at = (at + 1) & self._mask
+
+    def slots(self) -> np.ndarray:
+        """The indexed slots, ascending."""
+        b = self._buckets
+        return np.sort(b[b >= 0]).astype(np.int64)
+
+    # ------------------------------------------------------------ changes
+
+    def add(self, hashes: np.ndarray, slots: np.ndarray) -> None:
+        """Index ``slots`` under ``hashes`` (ids not indexed yet)."""
+        n = len(slots)
+        if not n:
+            return
+        self._hash[slots] = hashes
+        if 2 * (self._filled + n) > len(self._buckets):
+            self._rebuild(self.used + n)
+        buckets, mask = self._buckets, self._mask
+        at = hashes & mask
+        todo = np.arange(n)
+        while len(todo):
+            s = buckets[at]
+            free = np.flatnonzero(s < 0)
+            # ids of this batch that want the same free bucket: the first one takes it
+            _, first = np.unique(at[free], return_index=True)
+            win = free[first]
+            self._filled += int(np.count_nonzero(s[win] == EMPTY))
+            buckets[at[win]] = slots[todo[win]]
+            more = np.ones(len(todo), bool)
+            more[win] = False
+            # the others found their bucket taken (before, or by a winner): next one
+            todo, at = todo[more], (at[more] + 1) & mask
+        self.used += n
+
+    def remove(self, slots: np.ndarray) -> None:
+        """Unindex ``slots`` (each indexed)."""
+        if not len(slots):
+            return
+        buckets, mask = self._buckets, self._mask
+        slots = np.asarray(slots, np.int64)
+        at = self._hash[slots] & mask
+        todo = slots
+        while len(todo):
+            hit = buckets[at] == todo
+            buckets[at[hit]] = GONE
+            todo, at = todo[~hit], (at[~hit] + 1) & mask
+        self.used -= len(slots)
+        # shrinks only a large table that emptied: small ones would rebuild every batch
+        if self._filled > len(buckets) // 2 or (len(buckets) > SHRINK_ABOVE
+                                                and 32 * self.used < len(buckets)):
+            self._rebuild(self.used)
+
+    def _rebuild(self, n: int) -> None:
+        """A fresh table for ``n`` ids, at most 40% full: GONE buckets dropped."""
+        live = self.slots()
+        size = MIN_BUCKETS
+        while 5 * n > 2 * size:
+            size *= 2
+        self._buckets = np.full(size, EMPTY, np.int32)
+        self._mask = size - 1
+        self._filled = 0
+        used, self.used = self.used, 0
+        if len(live):
+            self.add(self._hash[live], live)
+        assert self.used == used
+
