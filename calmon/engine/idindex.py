@@ -4,7 +4,7 @@ whole batch of ids at a time.
 A dict of a million id strings costs ~40 B an entry in its own tables and a
 28-byte int object for each value, and its lookups run one by one, each waiting
 on its cache misses. Here a bucket is 4 bytes (the slot, or EMPTY / GONE) in a
-table kept between a fifth and half full, and each slot keeps its id's 8-byte
+table kept between 15% and 40% full, and each slot keeps its id's 8-byte
 hash; a batch's lookups are a few numpy gathers, whose cache misses overlap.
 
 Ids are placed by Python's ``hash`` (salted per process), so the table is never
@@ -20,6 +20,8 @@ import numpy as np
 
 EMPTY, GONE = -1, -2  # a bucket never used; one whose id left (probes go on past it)
 MIN_BUCKETS = 64
+LOAD_NUM, LOAD_DEN = 2, 5  # at most 40% of the buckets used (or GONE): short probes
+SCALAR_BELOW = 8  # ids still probing when a vectorised round stops paying
 SHRINK_ABOVE = 2**16  # buckets (256 KB)
 
 
@@ -61,12 +63,14 @@ class IdIndex:
         at = hashes & mask
         todo = np.arange(len(ids))
         h = hashes
-        while len(todo):
+        while len(todo) > SCALAR_BELOW:
             s = buckets[at].astype(np.int64)
             hit = (s >= 0) & (slot_hash[np.maximum(s, 0)] == h)
             out[todo[hit]] = s[hit]
             more = (s != EMPTY) & ~hit
             todo, at, h = todo[more], (at[more] + 1) & mask, h[more]
+        for i in todo.tolist():  # the last long probes: one by one is cheaper than a round
+            out[i] = self._probe(ids[i], int(hashes[i]), keys)
         found = np.flatnonzero(out >= 0)
         if len(found):  # a hash match is an id match, unless two ids share a hash
             f = found.tolist()
@@ -106,19 +110,18 @@ class IdIndex:
         if not n:
             return
         self._hash[slots] = hashes
-        if 2 * (self._filled + n) > len(self._buckets):
+        if (self._filled + n) * LOAD_DEN > LOAD_NUM * len(self._buckets):
             self._rebuild(self.used + n)
         buckets, mask = self._buckets, self._mask
         at = hashes & mask
-        todo = np.arange(n)
+        todo = np.asarray(slots, np.int32)
         while len(todo):
             s = buckets[at]
             free = np.flatnonzero(s < 0)
-            # ids of this batch that want the same free bucket: the first one takes it
-            _, first = np.unique(at[free], return_index=True)
-            win = free[first]
+            # ids of this batch that want the same free bucket: one write wins
+            buckets[at[free]] = todo[free]
+            win = free[buckets[at[free]] == todo[free]]
             self._filled += int(np.count_nonzero(s[win] == EMPTY))
-            buckets[at[win]] = slots[todo[win]]
             more = np.ones(len(todo), bool)
             more[win] = False
             # the others found their bucket taken (before, or by a winner): next one
@@ -139,15 +142,15 @@ class IdIndex:
             todo, at = todo[~hit], (at[~hit] + 1) & mask
         self.used -= len(slots)
         # shrinks only a large table that emptied: small ones would rebuild every batch
-        if self._filled > len(buckets) // 2 or (len(buckets) > SHRINK_ABOVE
+        if self._filled * LOAD_DEN > LOAD_NUM * len(buckets) or (len(buckets) > SHRINK_ABOVE
                                                 and 32 * self.used < len(buckets)):
             self._rebuild(self.used)
 
     def _rebuild(self, n: int) -> None:
-        """A fresh table for ``n`` ids, at most 40% full: GONE buckets dropped."""
+        """A fresh table for ``n`` ids, at most 30% full: GONE buckets dropped."""
         live = self.slots()
         size = MIN_BUCKETS
-        while 5 * n > 2 * size:
+        while 10 * n > 3 * size:
             size *= 2
         self._buckets = np.full(size, EMPTY, np.int32)
         self._mask = size - 1

@@ -64,14 +64,14 @@ def test_it_maps_ids_as_a_dict_does(ops: list[tuple[str, list[str]]], how: str) 
                 assert [index.find_one(i, keys) for i in ids] == got
         assert index.used == len(want)
         assert index.slots().tolist() == sorted(want.values())
-        # at most half full, counting the buckets of ids that left
-        assert index._filled <= max(MIN_BUCKETS, len(index._buckets)) // 2
+        # at most 40% full, counting the buckets of ids that left
+        assert index._filled <= 0.4 * len(index._buckets)
 
 
 @pytest.mark.parametrize("n", [1000, 100_000])
 def test_it_stays_small_and_shrinks(n: int) -> None:
-    """At most ~20 B a bucket table entry per id (4 B a bucket, at least a fifth
-    full once grown), and a table that emptied shrinks back."""
+    """At most ~27 B of buckets per id (4 B a bucket, at least 15% full once grown),
+    and a table that emptied shrinks back."""
     ids = [f"req-{k:08d}" for k in range(n)]
     index = IdIndex(n)
     keys: list[str | None] = list(ids)
@@ -79,6 +79,6 @@ def test_it_stays_small_and_shrinks(n: int) -> None:
         chunk = ids[lo:lo + 5000]
         index.add(IdIndex.hashes(chunk), np.arange(lo, lo + len(chunk)))
     assert index.find(ids, IdIndex.hashes(ids), keys).tolist() == list(range(n))
-    assert index._buckets.nbytes <= max(MIN_BUCKETS * 4, 20 * n)
+    assert index._buckets.nbytes <= max(MIN_BUCKETS * 4, 27 * n)
     index.remove(np.arange(n))
     assert index.used == 0 and len(index._buckets) <= max(SHRINK_ABOVE, MIN_BUCKETS)
