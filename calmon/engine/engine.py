@@ -167,10 +167,13 @@ class Engine:
         get = self._model_idx.get
         classes = self.class_counts.classes
         models = b.p_model
-        if models and models.count(models[0]) == n_pred:  # one model: the common batch
-            pm: list[int | None] = [get(models[0])] * n_pred
+        one = get(models[0]) if models and models.count(models[0]) == n_pred else None
+        if one is not None:  # one known model: the common batch
+            pm: list[int | None] = [one] * n_pred
+            plain = b.p_classes.count(classes[one]) == n_pred
         else:
-            pm = [get(m) for m in models]
+            pm = list(map(get, models))
+            plain = None not in pm and [classes[m] for m in pm] == b.p_classes  # type: ignore[index]
         cols = BatchColumns(np.array(b.p_ts, np.float64), np.array(b.p_kind, np.int64),
                             np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
                             b.p_vec)
@@ -178,7 +181,7 @@ class Engine:
                           np.array(b.l_ts, np.float64))  # None -> NaN
         rejected: list[tuple[int, Rejected]] = []
         now = self.now
-        if None not in pm and [classes[m] for m in pm] == b.p_classes:  # type: ignore[index]
+        if plain:
             combos = self.index.combo_ids(b.p_model, b.p_segkey, b.p_segment)
             cols.combo[:] = combos
             now = self.join.run_all(b, now)
@@ -195,7 +198,8 @@ class Engine:
                 if k == REJECT:
                     rejected.append((i, self._rejected(b, raws, i, b.reasons[r])))
                     r += 1
-        admitted = np.array([m for m in pm if m is not None], np.int64)
+        admitted = (np.full(n_pred, one, np.int64) if one is not None and plain else
+                    np.array([m for m in pm if m is not None], np.int64))
         return self._settle(b, raws, cols, admitted, arrivals, pm, rejected)
 
     def _one_by_one(self, b: Parsed, raws: RawBatch | None, pm: list[int | None],

@@ -48,8 +48,7 @@ class SeriesIndex:
         first come, first served). ``keys``: each segment's spelling (``Parsed.p_segkey``)."""
         # hot path: a producer sends the same segment spelt the same way every time
         if models and models.count(models[0]) == len(models):  # one model: one memo
-            get = self._fast.get(models[0], {}).get
-            out = [get(k) for k in keys]
+            out = list(map(self._fast.get(models[0], {}).get, keys))
         else:
             memo = self._fast
             out = [memo[m].get(k) if m in memo else None for m, k in zip(models, keys)]
