@@ -1,11 +1,12 @@
-"""Pending predictions by id: an open-addressing hash table over numpy, looked up a
-whole batch of ids at a time.
+"""Pending predictions by id (id -> slot), looked up a whole batch of ids at a time.
 
-A dict of a million id strings costs ~40 B an entry in its own tables and a
-28-byte int object for each value, and its lookups run one by one, each waiting
-on its cache misses. Here a bucket is 4 bytes (the slot, or EMPTY / GONE) in a
-table kept between 15% and 40% full, and each slot keeps its id's 8-byte
-hash; a batch's lookups are a few numpy gathers, whose cache misses overlap.
+While it is small, a dict: fastest while it fits in the CPU's caches. Past
+``SMALL`` ids, where a dict's cost is memory (~40 B an entry in its own tables
+and a 28-byte int object for each value), an open-addressing hash table over
+numpy (``Buckets``): a bucket is 4 bytes (the slot, or EMPTY / GONE) in a table
+kept between 15% and 40% full, and each slot keeps its id's 8-byte hash; a
+batch's lookups are a few numpy gathers, whose cache misses overlap. It goes
+back to a dict once it shrinks well below ``SMALL``.
 
 Ids are placed by Python's ``hash`` (salted per process), so the table is never
 persisted: a restore rebuilds it. A hash match is confirmed against the caller's
@@ -14,6 +15,7 @@ persisted: a restore rebuilds it. A hash match is confirmed against the caller's
 
 from __future__ import annotations
 
+from itertools import repeat
 from operator import eq
 
 import numpy as np
@@ -23,12 +25,80 @@ MIN_BUCKETS = 64
 LOAD_NUM, LOAD_DEN = 2, 5  # at most 40% of the buckets used (or GONE): short probes
 SCALAR_BELOW = 8  # ids still probing when a vectorised round stops paying
 SHRINK_ABOVE = 2**16  # buckets (256 KB)
+SMALL = 2**16  # ids: a dict up to this many, Buckets past it
 
 
 class IdIndex:
-    """id -> slot for ids the caller keeps in ``keys[slot]``. ``add`` and ``remove``
-    take whole columns; callers add only ids that are absent and remove only slots
-    that are present."""
+    """id -> slot for ids the caller keeps in ``keys[slot]`` (a list it grows and
+    clears in place). ``add`` and ``remove`` take whole columns of slots: callers add
+    only slots whose id is absent, and remove only slots that are present (their
+    ``keys`` entry may already be cleared). ``find_one`` does not find a slot whose
+    ``keys`` entry was cleared."""
+
+    def __init__(self, keys: list[str | None], small: int | None = None) -> None:
+        self._keys = keys
+        self._small = SMALL if small is None else small
+        self._dict: dict[str, int] | None = {}
+        self._ids: dict[int, str] = {}  # dict mode: slot -> id, for remove
+        self._table: Buckets | None = None
+
+    @property
+    def used(self) -> int:
+        return len(self._dict) if self._dict is not None else self._table.used  # type: ignore[union-attr]
+
+    def find(self, ids: list[str]) -> np.ndarray:
+        """The slot of each id, or -1."""
+        if self._dict is not None:
+            return np.fromiter(map(self._dict.get, ids, repeat(-1)), np.int64, len(ids))
+        assert self._table is not None
+        return self._table.find(ids, Buckets.hashes(ids), self._keys)
+
+    def find_one(self, pid: str) -> int:
+        if self._dict is not None:
+            s = self._dict.get(pid, -1)
+            return s if s >= 0 and self._keys[s] == pid else -1
+        assert self._table is not None
+        return self._table.find_one(pid, self._keys)
+
+    def slots(self) -> np.ndarray:
+        """The indexed slots, ascending."""
+        if self._dict is not None:
+            return np.sort(np.fromiter(self._dict.values(), np.int64, len(self._dict)))
+        assert self._table is not None
+        return self._table.slots()
+
+    def add(self, slots: list[int]) -> None:
+        ids = list(map(self._keys.__getitem__, slots))
+        if self._dict is not None and len(self._dict) + len(slots) <= self._small:
+            self._dict.update(zip(ids, slots))  # type: ignore[arg-type]
+            self._ids.update(zip(slots, ids))  # type: ignore[arg-type]
+            return
+        if self._dict is not None:  # past SMALL: the dict's ids move to buckets
+            self._table = Buckets(len(self._keys))
+            self._table.add(Buckets.hashes(list(self._dict)),
+                            np.fromiter(self._dict.values(), np.int64, len(self._dict)))
+            self._dict, self._ids = None, {}
+        assert self._table is not None
+        self._table.grow_slots(len(self._keys))
+        self._table.add(Buckets.hashes(ids), np.asarray(slots, np.int64))  # type: ignore[arg-type]
+
+    def remove(self, slots: list[int]) -> None:
+        if self._dict is not None:
+            for slot in slots:
+                del self._dict[self._ids.pop(slot)]
+            return
+        assert self._table is not None
+        self._table.remove(np.asarray(slots, np.int64))
+        if self._table.used * 4 < self._small:  # well below SMALL again: a dict
+            live = self._table.slots().tolist()
+            ids = list(map(self._keys.__getitem__, live))
+            self._dict = dict(zip(ids, live))  # type: ignore[arg-type]
+            self._ids = dict(zip(live, ids))  # type: ignore[arg-type]
+            self._table = None
+
+
+class Buckets:
+    """id -> slot as numpy buckets, for ids the caller keeps in ``keys[slot]``."""
 
     def __init__(self, slots: int = 16) -> None:
         self._buckets = np.full(MIN_BUCKETS, EMPTY, np.int32)

@@ -17,9 +17,10 @@ What a pending prediction holds is written to the slot columns once per batch
 a batch are reused only in the next one, so a joined sample's data stays where
 it was until it has been gathered.
 
-Pending predictions are found by id through ``IdIndex`` (numpy buckets, looked
-up a batch at a time), not a dict: one costs its id string plus ~50 bytes (its
-bucket, its id's hash and reference, and the ts, score, combo and kind columns);
+Pending predictions are found by id through ``IdIndex`` (a dict while small,
+numpy buckets looked up a batch at a time past 65,536): one costs its id string
+plus ~50 bytes (its bucket, its id's hash and reference, and the ts, score,
+combo and kind columns);
 a K-class score vector is a row of one float64 matrix per K, found through the
 score column.
 """
@@ -132,10 +133,10 @@ class Join:
         # pending predictions: those of earlier batches in the index (slot), and for
         # the batch being run, its ids that were found there plus its own predictions
         # pending so far (~p) in a small dict, which the per-record loop reads
-        self._index = IdIndex(n)
+        self._pid: list[str | None] = [None] * n  # slot -> id
+        self._index = IdIndex(self._pid)
         self._slot: dict[str, int] = {}
         self._fresh = 0  # the ~p entries of _slot
-        self._pid: list[str | None] = [None] * n  # slot -> id
         self._ts = np.full(n, INF)  # INF marks a free slot (and makes its deadline INF)
         self._score = np.zeros(n)  # binary: as given; K-class: row * ROW_SHIFT + K
         self._combo = np.zeros(n, np.int32)
@@ -517,7 +518,7 @@ class Join:
         the batch does not name (the heaps near join.max_pending)."""
         v = self._slot.get(pid)
         if v is None:
-            u = self._index.find_one(pid, self._pid)  # a slot freed this batch: no id
+            u = self._index.find_one(pid)  # a slot freed this batch has no id: not found
             v = u if u >= 0 else None
         return v
 
@@ -662,7 +663,7 @@ class Join:
         self._labels_of_batch = (labels, label_ts)
         if self._index.used:
             names = ids + l_ids
-            slots = self._index.find(names, IdIndex.hashes(names), self._pid)
+            slots = self._index.find(names)
             found = np.flatnonzero(slots >= 0)
             self._slot = dict(zip(map(names.__getitem__, found.tolist()), slots[found].tolist()))
 
@@ -711,10 +712,10 @@ class Join:
         del self._free[-len(pend):]
         held = self._held
         pend_ids = [ids[p] for p in pend]
-        self._index.add(IdIndex.hashes(pend_ids), np.asarray(slots, np.int64))
-        self._fresh = 0
         for _ in map(self._pid.__setitem__, slots, pend_ids):  # a C loop
             pass
+        self._index.add(slots)  # (which reads the ids from _pid)
+        self._fresh = 0
         if held:
             for p, slot in zip(pend, slots):
                 early = held.pop(~p, None)
@@ -803,7 +804,7 @@ class Join:
         if not slots:
             return
         idx = np.asarray(slots, np.int64)
-        self._index.remove(idx)
+        self._index.remove(slots)
         multi = idx[self._kind[idx] >= MULTICLASS]
         for code in self._score[multi].astype(np.int64).tolist():
             self._mat_free[code % ROW_SHIFT].append(code // ROW_SHIFT)
@@ -823,7 +824,6 @@ class Join:
             new[:n] = old
             setattr(self, name, new)
         self._pid.extend([None] * (m - n))
-        self._index.grow_slots(m)
         self._free[:0] = range(m - 1, n - 1, -1)  # used after the slots free already
 
     def _vec_put(self, vec: np.ndarray) -> float:
@@ -948,7 +948,7 @@ class Join:
             label = int(snap["label"][i])
             if label != -1:
                 self._held[slot] = (label, float(snap["label_ts"][i]))
-        self._index.add(IdIndex.hashes(ids), np.asarray(slots, np.int64))
+        self._index.add(slots)
         for i, vec in snap["vectors"].items():
             self._score[slots[int(i)]] = self._vec_put(np.asarray(vec, np.float64))
         deadline = self._deadlines()

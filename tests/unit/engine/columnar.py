@@ -11,15 +11,32 @@ compared exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from calmon.engine import idindex
 from calmon.engine.engine import Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 
 TOPIC = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
+INDEX_MODES = {"dict": None, "buckets": 0}  # idindex.SMALL: as shipped, or buckets always
+
+
+@contextmanager
+def index_mode(small: int | None) -> Iterator[None]:
+    """Joins made inside find pending predictions through a dict (None: as shipped,
+    while there are few) or through numpy buckets from the first one (0)."""
+    saved = idindex.SMALL
+    if small is not None:
+        idindex.SMALL = small
+    try:
+        yield
+    finally:
+        idindex.SMALL = saved
 
 
 def raw(kind: Kind, value: bytes | None, partition: int, offset: int,

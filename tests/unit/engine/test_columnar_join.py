@@ -31,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,7 +39,7 @@ from calmon.config import Config, from_dict
 from calmon.engine.engine import Engine, Rejected
 from calmon.engine.records import Kind, Raw
 from tests.oracle import T0
-from tests.unit.engine.columnar import as_rawbatch, outcome, raw
+from tests.unit.engine.columnar import INDEX_MODES, as_rawbatch, index_mode, outcome, raw
 
 SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -186,10 +187,17 @@ def summary(fed: Fed) -> dict[str, Any]:
 JOIN_SETTINGS = [(False, 1000), (True, 1000), (False, 1), (False, 2), (False, 3)]
 
 
+@pytest.mark.parametrize("mode", sorted(INDEX_MODES))
 @SETTINGS
 @given(streams, st.sampled_from(JOIN_SETTINGS))
-def test_batching_and_columns_do_not_change_the_outcome(events: list[Event],
+def test_batching_and_columns_do_not_change_the_outcome(mode: str, events: list[Event],
                                                         join: tuple[bool, int]) -> None:
+    with index_mode(INDEX_MODES[mode]):
+        batching_and_columns_do_not_change_the_outcome(events, join)
+
+
+def batching_and_columns_do_not_change_the_outcome(events: list[Event],
+                                                   join: tuple[bool, int]) -> None:
     implicit, max_pending = join
     cfg = config(implicit, max_pending)
     raws = render(events)
@@ -324,13 +332,15 @@ def joined_pairs(e: Engine) -> Counter[tuple[int, int]]:
     return out
 
 
+@pytest.mark.parametrize("mode", sorted(INDEX_MODES))
 @SETTINGS
 @given(streams)
-def test_the_join_equals_a_plain_reference(events: list[Event]) -> None:
+def test_the_join_equals_a_plain_reference(mode: str, events: list[Event]) -> None:
     ref = reference(events)
     raws = render(events)
     for size in (1, len(raws)):
-        e = feed(config(), raws, size).engine
+        with index_mode(INDEX_MODES[mode]):
+            e = feed(config(), raws, size).engine
         counters = {k: v for k, v in e.counters.items() if v}
         assert counters == {k: v for k, v in ref.counters.items() if v}, f"batches of {size}"
         assert (e.join.pending, e.join.pending_labels) == (ref.pending, ref.pending_labels)

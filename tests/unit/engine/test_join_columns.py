@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from calmon.engine.engine import Engine
 from calmon.engine.join import Join
 from calmon.engine.records import Kind
-from tests.unit.engine.columnar import plain
+from tests.unit.engine.columnar import INDEX_MODES, index_mode, plain
 from tests.unit.engine.test_columnar_join import (
     CLASSES,
     Junk,
@@ -112,11 +112,13 @@ def same_after_every_batch(events: list[Any], size: int | list[int],
     assert a.counters == b.counters
 
 
+@pytest.mark.parametrize("mode", sorted(INDEX_MODES))
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(streams(), st.sampled_from([5, 17, 40, 120]))
-def test_columns_equal_one_by_one(events: list[Any], size: int) -> None:
-    same_after_every_batch(events, [1] + [size] * -(-len(events) // size))
+def test_columns_equal_one_by_one(mode: str, events: list[Any], size: int) -> None:
+    with index_mode(INDEX_MODES[mode]):
+        same_after_every_batch(events, [1] + [size] * -(-len(events) // size))
 
 
 @pytest.mark.parametrize("max_pending", [3, 40])
