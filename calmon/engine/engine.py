@@ -160,7 +160,7 @@ class Engine:
 
     def _consume(self, b: Parsed, raws: RawBatch | None) -> list[Rejected]:
         """One batch through admission and the join. The common batch (every model
-        known, every class count as its model's) is one ``Join.run`` over all records;
+        known, every class count as its model's) is one ``Join.run_all`` over all records;
         a batch that admits a model or meets another class count goes record by
         record, since each decision changes the next."""
         n_pred = len(b.p_id)

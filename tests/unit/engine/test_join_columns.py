@@ -100,6 +100,7 @@ def same_after_every_batch(events: list[Any], size: int | list[int],
     raws = render(events)
     sizes = size if isinstance(size, list) else [size] * -(-len(raws) // size)
     a, b = Engine(cfg), one_by_one(Engine(cfg))
+    a.join.columns_from = 0  # however small the batch
     i = 0
     for n in sizes:
         ra = a.feed(raws[i:i + n])

@@ -137,7 +137,7 @@ W_LABEL = label_bytes("w", 5, T0 + 50, model="mc")  # waits; out of range for "m
 W2_LABEL = label_bytes("w2", 3)  # waits (no ts); out of range for "mc" later
 
 # Three polls: the first admits the models (the engine goes record by record), the
-# second meets only known models (one Join.run over the batch), the third admits a
+# second meets only known models (one Join.run_all over the batch), the third admits a
 # new model again. Each poll's partitions in order; offsets ascending per partition.
 POLLS: list[list[Raw]] = [
     [raw(PRED, pv("a", T0, prob=0.8, segment={"country": "US"}), 0, 0),
@@ -207,7 +207,7 @@ def test_a_rawbatch_of_partitions_feeds_as_the_same_raw_list() -> None:
 
 def test_a_waiting_labels_dead_letter_names_its_own_offset_on_the_fast_path() -> None:
     """The label waits in one poll and is found out of range in a later poll in which
-    every model is known (one Join.run over the batch); records the parser rejects come
+    every model is known (one Join.run_all over the batch); records the parser rejects come
     before it in its poll, so a label's ordinal is not its batch index."""
     e = Engine(config())
     e.feed(as_rawbatch([raw(PRED, pv("warm", T0, "mc", probs=[0.5, 0.25, 0.25]), 0, 0)]))
@@ -236,7 +236,7 @@ def test_a_huge_label_is_out_of_range_and_the_batch_goes_on(huge: int, label_fir
     must be out of range for a binary (and a K-class) prediction, in either order, on
     the record-by-record path (models new) and on the one-run path (models known)."""
     e = Engine(config())
-    if warm:  # both models admitted: the next batch goes through one Join.run
+    if warm:  # both models admitted: the next batch goes through one Join.run_all
         e.feed(as_rawbatch([raw(PRED, pv("w0", T0, prob=0.5), 0, 0),
                             raw(PRED, pv("w1", T0, "mc", probs=[0.5, 0.25, 0.25]), 0, 1)]))
     preds = [raw(PRED, pv("h", T0 + 1, prob=0.7), 1, 0),
