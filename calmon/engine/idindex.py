@@ -39,7 +39,8 @@ class IdIndex:
         self._keys = keys
         self._small = SMALL if small is None else small
         self._dict: dict[str, int] | None = {}
-        self._ids: dict[int, str] = {}  # dict mode: slot -> id, for remove
+        # dict mode: slot -> id, for remove (the caller may have cleared keys[slot])
+        self._ids: list[str | None] = []
         self._table: Buckets | None = None
 
     @property
@@ -71,21 +72,23 @@ class IdIndex:
         ids = list(map(self._keys.__getitem__, slots))
         if self._dict is not None and len(self._dict) + len(slots) <= self._small:
             self._dict.update(zip(ids, slots))  # type: ignore[arg-type]
-            self._ids.update(zip(slots, ids))  # type: ignore[arg-type]
+            self._own(slots, ids)
             return
         if self._dict is not None:  # past SMALL: the dict's ids move to buckets
             self._table = Buckets(len(self._keys))
             self._table.add(Buckets.hashes(list(self._dict)),
                             np.fromiter(self._dict.values(), np.int64, len(self._dict)))
-            self._dict, self._ids = None, {}
+            self._dict, self._ids = None, []
         assert self._table is not None
         self._table.grow_slots(len(self._keys))
         self._table.add(Buckets.hashes(ids), np.asarray(slots, np.int64))  # type: ignore[arg-type]
 
     def remove(self, slots: list[int]) -> None:
         if self._dict is not None:
+            ids = self._ids
             for slot in slots:
-                del self._dict[self._ids.pop(slot)]
+                del self._dict[ids[slot]]  # type: ignore[arg-type]
+                ids[slot] = None  # the id string goes with its prediction
             return
         assert self._table is not None
         self._table.remove(np.asarray(slots, np.int64))
@@ -93,8 +96,15 @@ class IdIndex:
             live = self._table.slots().tolist()
             ids = list(map(self._keys.__getitem__, live))
             self._dict = dict(zip(ids, live))  # type: ignore[arg-type]
-            self._ids = dict(zip(live, ids))  # type: ignore[arg-type]
+            self._own(live, ids)
             self._table = None
+
+    def _own(self, slots: list[int], ids: list[str | None]) -> None:
+        """Dict mode: remember each slot's id."""
+        if len(self._ids) < len(self._keys):
+            self._ids.extend([None] * (len(self._keys) - len(self._ids)))
+        for _ in map(self._ids.__setitem__, slots, ids):  # a C loop
+            pass
 
 
 class Buckets:
