@@ -117,10 +117,6 @@ class Buckets:
         self.used = 0  # slots indexed
         self._filled = 0  # buckets not EMPTY: used + GONE
 
-    @property
-    def nbytes(self) -> int:
-        return int(self._buckets.nbytes + self._hash.nbytes)
-
     def grow_slots(self, n: int) -> None:
         """Room for slots ``0..n-1``."""
         if n > len(self._hash):

@@ -139,6 +139,7 @@ class Join:
         self._index = IdIndex(self._pid)
         self._slot: dict[str, int] = {}
         self._fresh = 0  # the ~p entries of _slot
+        self._found = _EI  # prepare's slot of each prediction id, then label id (-1: none)
         self._ts = np.full(n, INF)  # INF marks a free slot (and makes its deadline INF)
         self._score = np.zeros(n)  # binary: as given; K-class: row * ROW_SHIFT + K
         self._combo = np.zeros(n, np.int32)
@@ -347,13 +348,10 @@ class Join:
         before = np.searchsorted(p_pos, l_pos)  # predictions before each label
         now_l = np.where(before > 0, now_p[before - 1] if n_p else now0, now0)
         next_deadline = self._next_deadline
-        # the state of each id before the batch
+        # the state of each id before the batch (its slot: what prepare found)
         pair = np.fromiter(map(p_of.get, l_id, repeat(-1)), np.int64, n_l)
-        old = (np.fromiter(map(slot_of.get, l_id, repeat(-1)), np.int64, n_l) if slot_of
-               else np.full(n_l, -1, np.int64))
-        odd_p = np.zeros(n_p, bool)  # predictions whose id has state: one by one
-        if slot_of:
-            odd_p |= np.fromiter(map(slot_of.__contains__, p_id), bool, n_p)
+        old = self._found[n_p:]
+        odd_p = self._found[:n_p] >= 0  # predictions whose id has state: one by one
         if done:
             odd_p |= np.fromiter(map(done.__contains__, p_id), bool, n_p)
         if labels:
@@ -665,9 +663,10 @@ class Join:
         self._batch = cols
         self._ids = ids
         self._labels_of_batch = (labels, label_ts)
+        self._found = np.full(len(ids) + len(l_ids), -1, np.int64)
         if self._index.used:
             names = ids + l_ids
-            slots = self._index.find(names)
+            slots = self._found = self._index.find(names)
             found = np.flatnonzero(slots >= 0)
             self._slot = dict(zip(map(names.__getitem__, found.tolist()), slots[found].tolist()))
 
@@ -693,6 +692,7 @@ class Join:
         self._begin()
         self.events = JoinEvents()
         self._slot = {}
+        self._found = _EI
         self._fresh = 0
         self._batch = _NO_BATCH
         self._ids = []
