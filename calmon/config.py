@@ -70,6 +70,34 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+class _SizeMarker:
+    """Annotated marker: a size in bytes (``1048576``, ``512MiB``, ``2GiB``, ``1GB``)."""
+
+
+SIZE = _SizeMarker()
+Size = Annotated[int, SIZE]  # bytes, > 0
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9,
+               "gb": 10**9, "t": 10**12, "tb": 10**12, "ki": 2**10, "kib": 2**10,
+               "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """``'2GiB'`` -> 2147483648. Raises ValueError when the text is not a positive size."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise ValueError(f"must be a positive size, got {text!r}")
+        return text
+    m = _SIZE_RE.match(str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _SIZE_UNITS:
+        raise ValueError(f"expected a size like 512MiB, 2GiB or a number of bytes, got {text!r}")
+    n = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    if n <= 0:
+        raise ValueError(f"must be a positive size, got {text!r}")
+    return n
+
+
 def format_duration(seconds: float) -> str:
     """The shortest exact spelling: 86400 -> '1d', 5400 -> '90m', 0.5 -> '500ms'."""
     for unit in ("d", "h", "m", "s"):
@@ -104,6 +132,8 @@ class KafkaConfig:
     # a record ts further than this past its Kafka timestamp is bad_ts: one record from the
     # far future would otherwise move event-time "now" and expire everything after it
     max_clock_skew: Duration = 3600.0
+    # v3: joined samples keyed by model, for one owner per model's recalibration (§7)
+    joined_topic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +145,21 @@ class LimitsConfig:
     max_classes: Annotated[int, Range(2, 2**20 - 1)] = 1000
     max_id_bytes: Annotated[int, Range(1)] = 256
     max_name_bytes: Annotated[int, Range(1)] = 128
+    # v3: (model, segment) series per instance; past it a new segment folds into __other__
+    max_series: Annotated[int, Range(1, 10_000_000)] = 5000
+    # v3: the budget check-config compares the worst case with; None = the cgroup limit
+    memory: Size | None = None
+
+
+@dataclass(frozen=True)
+class LabelFields:
+    """The labels topic's own paths where they differ; None falls back to ``fields.*``."""
+
+    id: str | None = None
+    model: str | None = None
+    ts: str | None = None
+    segment: str | None = None
+    label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +175,7 @@ class FieldsConfig:
     logit: str = "logit"
     probs: str = "probs"
     logits: str = "logits"
+    labels: LabelFields | None = None  # v3
 
 
 @dataclass(frozen=True)
@@ -155,6 +201,18 @@ class Window:
 
 
 @dataclass(frozen=True)
+class ExportConfig:
+    """v3: what /metrics carries (the series budget)."""
+
+    windows: tuple[str, ...] | None = None  # None = every window of metrics.windows
+    bins: Literal["all", "models", "none"] = "models"
+    families: tuple[str, ...] | None = None  # None = every family for each model's __all__
+    segment_families: tuple[str, ...] | None = (
+        "ece", "ece_lower", "ece_upper", "window_samples", "calibrated_ece",
+        "observed_over_expected")
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     bins: Annotated[int, Range(1, 1000)] = 15
     fine_bins: Annotated[int, Range(1, 100_000)] = 1000
@@ -166,6 +224,8 @@ class MetricsConfig:
     classwise: bool = False
     mce_min_samples: Annotated[int, Range(1)] = 30  # sparser bins are left out of MCE
     interval_level: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.9
+    refresh: Duration = 30.0  # v3: how often the expensive statistics are recomputed
+    export: ExportConfig = field(default_factory=ExportConfig)  # v3
 
 
 @dataclass(frozen=True)
@@ -179,6 +239,7 @@ class Triggers:
     ece_above: Annotated[float, Range(0, 1)] | None = 0.05
     ece_increase: Annotated[float, Range(0, 1)] | None = 0.02
     observed_over_expected: tuple[float, float] | None = (0.9, 1.1)
+    classwise_ece_above: Annotated[float, Range(0, 1)] | None = None  # v3
 
 
 @dataclass(frozen=True)
@@ -191,10 +252,26 @@ class RecalibrationConfig:
     buffer: Annotated[int, Range(10)] = 50_000
     holdout_fraction: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.3
     cooldown: Duration = 3600.0
+    retry_after: Duration = 6 * 3600.0  # v3: a rejected refit is retried at the latest after this
     alpha: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.01
     window: str = "24h"
     triggers: Triggers = field(default_factory=Triggers)
     output_dir: str = "./calibrators"
+
+
+@dataclass(frozen=True)
+class VerifyKey:
+    id: str
+    public_key: str  # base64 of the raw 32 bytes, or PEM
+
+
+@dataclass(frozen=True)
+class CalibratorsConfig:
+    """v3: signing of published calibrator documents (Ed25519)."""
+
+    signing_key: str | None = None  # base64 of the raw 32-byte private key, or PEM
+    key_id: str | None = None
+    verify_keys: tuple[VerifyKey, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -206,6 +283,7 @@ class AlertsConfig:
 class ServerConfig:
     host: str = "0.0.0.0"
     port: Annotated[int, Range(0, 65535)] = 9108
+    web_config_file: str | None = None  # v3: exporter-toolkit web config (TLS, basic auth)
 
 
 @dataclass(frozen=True)
@@ -213,6 +291,14 @@ class StateConfig:
     dir: str = "./state"
     checkpoint_interval: Duration = 10.0
     on_corrupt: Literal["fail", "reset"] = "fail"
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """v3. CALMON_LOG_LEVEL overrides ``level``."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
 
 
 @dataclass(frozen=True)
@@ -224,8 +310,10 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
     recalibration: RecalibrationConfig = field(default_factory=RecalibrationConfig)
+    calibrators: CalibratorsConfig = field(default_factory=CalibratorsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     state: StateConfig = field(default_factory=StateConfig)
 
     def window(self, name: str) -> Window:
@@ -352,6 +440,16 @@ def _cross_checks(cfg: Config, errors: list[str]) -> None:
     if cfg.recalibration.window not in names:
         errors.append(f"recalibration.window: must be one of metrics.windows {names}, "
                       f"got {cfg.recalibration.window!r}")
+    for i, wname in enumerate(cfg.metrics.export.windows or ()):
+        if wname not in names:
+            errors.append(f"metrics.export.windows[{i}]: must be one of metrics.windows "
+                          f"{names}, got {wname!r}")
+    cal = cfg.calibrators
+    if cal.key_id is not None and cal.signing_key is None:
+        errors.append("calibrators.key_id: needs calibrators.signing_key")
+    ids = [k.id for k in cal.verify_keys]
+    if len(set(ids)) != len(ids):
+        errors.append("calibrators.verify_keys: key ids must be distinct")
     band = cfg.recalibration.triggers.observed_over_expected
     if band is not None and not (0 < band[0] < band[1]):
         errors.append("recalibration.triggers.observed_over_expected: need 0 < low < high")
@@ -391,6 +489,15 @@ def _convert(v: Any, tp: Any, path: str, errors: list[str]) -> Any:
                 return None
             try:
                 return parse_duration(v)
+            except ValueError as e:
+                errors.append(f"{here}: {e}")
+                return None
+        if SIZE in marks:
+            if isinstance(v, bool) or not isinstance(v, int | str):
+                errors.append(f"{here}: expected a size like 512MiB or 2GiB, got {_describe(v)}")
+                return None
+            try:
+                return parse_size(v)
             except ValueError as e:
                 errors.append(f"{here}: {e}")
                 return None
