@@ -153,8 +153,8 @@ class BatchParser:
         self._segments: dict[bytes, dict[str, str]] = dict(_SEGMENTS_ALWAYS)  # spelling -> segment
 
         max_id, max_name, max_k = limits.max_id_bytes, limits.max_name_bytes, limits.max_classes
-        id_t = (Annotated[str, Meta(min_length=1, max_length=max_id)]
-                | Annotated[int, Meta(gt=-(10**18), lt=10**18)])
+        # an integer id of any length msgspec reads (4,300 digits); _ids checks its digits
+        id_t = Annotated[str, Meta(min_length=1, max_length=max_id)] | int
         name_t = Annotated[str, Meta(min_length=1, max_length=max_name)]
         ts_t = Annotated[float, Meta(ge=TS_MIN, le=TS_MAX)] | None
         finite = Annotated[float, Meta(ge=-_BIG, le=_BIG)]
@@ -333,8 +333,8 @@ class BatchParser:
         lim = self.max_id_bytes // 4  # this many code points fit in the byte limit
         if ids and max(map(len, ids)) > lim:
             slow.update(j for j, (s, o) in enumerate(zip(ids, raw))
-                        if len(s) > lim and type(o) is str
-                        and len(s.encode("utf-8")) > self.max_id_bytes)
+                        if len(s) > lim and (len(s) > self.max_id_bytes if type(o) is int
+                                             else len(s.encode("utf-8")) > self.max_id_bytes))
         return ids
 
     def _name(self, v: str) -> bool:

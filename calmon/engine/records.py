@@ -143,6 +143,15 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _GOOD_NAMES_CAP = 1024
 
 
+def _exact_id(value: bytes, path: str | tuple[str, ...]) -> Any:
+    """The id of a record whose fast decoder read it as a float, read again exactly: an
+    integer (the stdlib reads every digit), or what makes it a bad one."""
+    try:
+        return _dig(json.loads(value), path)
+    except (ValueError, RecursionError):  # over 4,300 digits, among others
+        return None
+
+
 def _name_ok(v: str, max_bytes: int) -> bool:
     """A model name or segment value calmon can store, export and log safely. Lone
     surrogates never get here: decoding rejects them as not_utf8."""
@@ -325,16 +334,20 @@ class Parser:
             raise _Invalid("not_object")
         return obj
 
-    def _common_id(self, obj: dict[str, Any]) -> str:
+    def _common_id(self, obj: dict[str, Any], value: bytes | None) -> str:
         path = self._id
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if type(v) is str and v and len(v) <= self.max_id_bytes // 4:  # the common case
             return v
         if v is _MISSING or v is None:
             raise _Invalid("missing_id")
+        if type(v) is float and value:  # orjson reads integers past 64 bits as floats
+            v = _exact_id(value, path)
         if isinstance(v, int) and not isinstance(v, bool):
-            if -(10**18) < v < 10**18:
-                return str(v)  # beyond that, str() of a huge int is slow and long
+            # an integer id is its decimal string (contract §1), of up to max_id_bytes digits
+            s = str(v)  # at most 4,300 digits: Python refuses to read longer ones
+            if len(s) <= self.max_id_bytes:
+                return s
             raise _Invalid("bad_id")
         if (isinstance(v, str) and v and len(v) <= self.max_id_bytes
                 and len(v.encode("utf-8")) <= self.max_id_bytes):
@@ -361,7 +374,7 @@ class Parser:
         return ts
 
     def _prediction(self, obj: dict[str, Any], raw: Raw) -> Prediction:
-        pid = self._common_id(obj)
+        pid = self._common_id(obj, raw.value)
         path = self._model
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if model is _MISSING or model is None:
@@ -420,7 +433,7 @@ class Parser:
         return Prediction(pid, model, ts, segment, kind, score, raw.source)
 
     def _label_record(self, obj: dict[str, Any], raw: Raw) -> Label:
-        lid = self._common_id(obj)
+        lid = self._common_id(obj, raw.value)
         path = self._label
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if v is _MISSING or v is None:

@@ -100,7 +100,7 @@ PARSER_CASES: list[tuple[str, Kind, bytes | None, float | None]] = [
     # v2: names and ids bounded in bytes, no control characters, no lone surrogates
     ("bad_id", Kind.PREDICTION, pred(id="i" * 33), None),
     ("bad_id", Kind.LABEL, json.dumps({"id": "é" * 17, "label": 1}).encode(), None),
-    ("bad_id", Kind.PREDICTION, pred(id=10**30), None),
+    ("bad_id", Kind.PREDICTION, pred(id=10**32), None),  # 33 digits
     ("bad_model", Kind.PREDICTION, pred(model="m" * 17), None),
     ("bad_model", Kind.PREDICTION, pred(model="ü" * 9), None),  # 18 bytes in UTF-8
     ("bad_model", Kind.PREDICTION, pred(model="m\nINFO forged"), None),
@@ -347,6 +347,31 @@ def test_integer_and_string_ids_join() -> None:
     e = Engine(from_dict({}))
     assert e.feed([P(91, T0, prob=0.5), L("91", 1), P("92", T0, prob=0.5), L(92, 0)]) == []
     assert e.view().counters["joined"] == 2
+
+
+@pytest.mark.parametrize("big", [10**18, 2**63, 2**64 - 1, 2**64, 2**100, -(2**100)])
+def test_integer_ids_of_64_and_100_bits_join_as_their_decimal_string(big: int) -> None:
+    # snowflake ids are 64-bit; orjson reads integers past 64 bits as floats, the
+    # msgspec fast path reads them exactly: both must give the same decimal string
+    e = Engine(from_dict({}))
+    preds = [Raw(Kind.PREDICTION, json.dumps({"id": big + i, "model": "m", "ts": T0,
+                                              "prob": 0.5}).encode()) for i in range(3)]
+    labels = [Raw(Kind.LABEL, json.dumps({"id": str(big + i) if i % 2 else big + i,
+                                          "label": 1}).encode()) for i in range(3)]
+    assert e.feed(preds + labels) == []
+    assert e.view().counters["joined"] == 3
+    assert e.join.pending == 0
+    parsed = PARSER.parse(preds[0])
+    assert isinstance(parsed, Prediction) and parsed.id == str(big)
+
+
+def test_integer_ids_longer_than_max_id_bytes_digits_are_bad_ids() -> None:
+    assert PARSER.parse(Raw(Kind.PREDICTION, pred(id=10**31))).id == "1" + "0" * 31
+    for v in (10**32, -(10**31), 10**5000):
+        value = b'{"id":' + str(v).encode() if v != 10**5000 else b'{"id":1' + b"0" * 5000
+        value += b',"model":"m","ts":1764460800,"prob":0.5}'
+        out = PARSER.parse(Raw(Kind.PREDICTION, value))
+        assert isinstance(out, Reject) and out.reason in ("bad_id", "oversize"), v
 
 
 def test_configurable_dotted_field_paths() -> None:
