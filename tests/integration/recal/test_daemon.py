@@ -195,8 +195,10 @@ def test_drift_is_recalibrated_within_three_runs(
             bias = docs["bin"]["params"]["bias"]
             np.testing.assert_allclose(watcher.apply("bin", z), expit(z / tb + bias),
                                        atol=1e-12)
+            bias_mc = np.asarray(docs["mc5"]["params"]["bias"])  # K class biases
             np.testing.assert_allclose(watcher.apply("mc5", zz),
-                                       np.exp(log_softmax(zz / tm, axis=1)), atol=1e-12)
+                                       np.exp(log_softmax(zz / tm + bias_mc, axis=1)),
+                                       atol=1e-12)
         finally:
             watcher.close()
 

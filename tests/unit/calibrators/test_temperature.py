@@ -1,5 +1,6 @@
-"""Temperature scaling: recovery of a known temperature, NLL never worse than T = 1, and
-agreement with scipy's bounded scalar minimiser of an independently written NLL."""
+"""Temperature scaling (with a bias, binary, or K class biases, multiclass): recovery of a
+known temperature and prior shift, NLL never worse than the identity, and agreement with
+scipy's minimiser of an independently written (penalised) NLL."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import minimize, minimize_scalar
+from scipy.optimize import minimize
 from scipy.special import expit, log_expit, log_softmax, softmax
 
 from calmon.calibrators import TemperatureCalibrator, fit
@@ -17,17 +18,6 @@ from tests.unit.calibrators.conftest import binary_data, multiclass_data
 def binary_nll(logits: np.ndarray, y: np.ndarray, t: float) -> float:
     z = logits / t
     return float(-np.mean(y * log_expit(z) + (1 - y) * log_expit(-z)))
-
-
-def multiclass_nll(logits: np.ndarray, y: np.ndarray, t: float) -> float:
-    return float(-np.mean(log_softmax(logits / t, axis=1)[np.arange(len(y)), y]))
-
-
-def scipy_temperature(nll, lo: float = -9.0, hi: float = 9.0) -> float:
-    res = minimize_scalar(
-        lambda u: nll(np.exp(u)), bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}
-    )
-    return float(np.exp(res.x))
 
 
 def binary_nll_ab(z: np.ndarray, y: np.ndarray, a: float, b: float) -> float:
@@ -63,27 +53,89 @@ def test_recovers_binary_temperature_and_bias(rng: np.random.Generator, s: float
     assert cal_p.bias == pytest.approx(cal.bias, abs=1e-6)
 
 
+SHRINK = 5.0  # the documented ridge weight on the class biases (calmon: BIAS_SHRINK)
+
+
+def penalised(z: np.ndarray, y: np.ndarray, s: float, b: np.ndarray) -> float:
+    """sum_i -log softmax(s z_i + b)[y_i] + 5/2 |b|^2, written with scipy's log_softmax."""
+    return float(-log_softmax(s * z + b, axis=1)[np.arange(len(y)), y].sum()
+                 + 0.5 * SHRINK * b @ b)
+
+
+def scipy_temperature_bias(z: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    k = z.shape[1]
+    res = minimize(lambda w: penalised(z, y, w[0], w[1:]) / len(y),
+                   x0=np.concatenate(([1.0], np.zeros(k))), method="BFGS",
+                   options={"gtol": 1e-10})
+    return float(res.x[0]), res.x[1:]
+
+
 @pytest.mark.parametrize("s", [0.5, 2.0, 3.0])
 def test_recovers_multiclass_temperature(rng: np.random.Generator, s: float) -> None:
     z, y = multiclass_data(rng, 20_000, 10, scale=2.0)
     cal = fit("temperature", z * s, y, "logits")
     assert cal.temperature == pytest.approx(s, rel=0.02)
-    assert cal.temperature == pytest.approx(
-        scipy_temperature(lambda t: multiclass_nll(z * s, y, t)), rel=1e-6
-    )
+    # priors did not move: the biases stay at noise level (and sum to ~0, the ridge optimum)
+    assert cal.class_bias is not None and np.abs(cal.class_bias).max() < 0.1
+    assert abs(cal.class_bias.sum()) < 1e-6
+    a, b = scipy_temperature_bias(z * s, y)
+    assert 1 / cal.temperature == pytest.approx(a, rel=1e-5)
+    np.testing.assert_allclose(cal.class_bias, b, atol=1e-5)
     np.testing.assert_allclose(
-        cal.apply(z * s), softmax(z * s / cal.temperature, axis=1), rtol=1e-10, atol=1e-300
-    )
-    # probs input: logits = log(clipped probs), a per-row shift of z * s, so T is the same.
+        cal.apply(z * s), softmax(z * s / cal.temperature + cal.class_bias, axis=1),
+        rtol=1e-10, atol=1e-300)
+    # probs input: logits = log(clipped probs), a per-row shift of z * s, so the map is
+    # the same on those logits.
     probs = softmax(z * s, axis=1)
     cal_p = fit("temperature", probs, y, "probs")
     logp = np.log(np.clip(probs, 1e-15, 1 - 1e-15))
-    assert cal_p.temperature == pytest.approx(
-        scipy_temperature(lambda t: multiclass_nll(logp, y, t)), rel=1e-6
-    )
+    assert cal_p.temperature == pytest.approx(cal.temperature, rel=1e-6)
     np.testing.assert_allclose(
-        cal_p.apply(probs), softmax(logp / cal_p.temperature, axis=1), rtol=1e-10, atol=1e-300
-    )
+        cal_p.apply(probs), softmax(logp / cal_p.temperature + cal_p.class_bias, axis=1),
+        rtol=1e-10, atol=1e-300)
+
+
+@pytest.mark.parametrize(("k", "cls", "shift", "s"), [(5, 2, 2.0, 1.0), (5, 0, -1.5, 1.0),
+                                                      (4, 3, 1.0, 2.0)])
+def test_multiclass_biases_undo_a_prior_shift(rng: np.random.Generator, k: int, cls: int,
+                                               shift: float, s: float) -> None:
+    """Truth softmax(z + shift e_cls); the model reports z * s: T = s and b = shift e_cls
+    (up to a constant, which softmax ignores) undo it."""
+    z = rng.normal(0.0, 1.5, (30_000, k))
+    truth = softmax(z + shift * np.eye(k)[cls], axis=1)
+    u = rng.random(len(z))
+    y = np.minimum((np.cumsum(truth, axis=1) < u[:, None]).sum(axis=1), k - 1)
+    cal = fit("temperature", z * s, y, "logits")
+    assert cal.temperature == pytest.approx(s, rel=0.05)
+    b = cal.class_bias
+    assert b is not None
+    gaps = b - np.delete(b, cls).mean()
+    assert gaps[cls] == pytest.approx(shift, abs=0.12)
+    assert np.abs(np.delete(gaps, cls)).max() < 0.12
+    served = cal.apply(z * s)
+    assert np.abs(served - truth).mean() < 0.02
+    assert np.abs(softmax(z * s, axis=1) - truth).mean() > 0.04
+
+
+def test_multiclass_bias_documents_round_trip_and_are_checked(
+        rng: np.random.Generator) -> None:
+    from calmon.calibrators import load
+    from calmon.errors import CalibratorError
+
+    z, y = multiclass_data(rng, 2_000, 3)
+    cal = fit("temperature", z, y, "logits")
+    doc = cal.to_json(model="m", segment="__all__", version=1)
+    assert isinstance(doc["params"]["bias"], list) and len(doc["params"]["bias"]) == 3
+    again = load(doc)
+    np.testing.assert_array_equal(again.apply(z), cal.apply(z))
+    # a document without biases still loads: pure temperature, any K
+    plain = load({"method": "temperature", "params": {"temperature": 2.0}, "input": "logits"})
+    np.testing.assert_allclose(plain.apply(z), softmax(z / 2.0, axis=1), rtol=1e-12)
+    for bad in (0.5, [0.1], [0.1, "x", 0.2], [0.0, float("nan"), 0.0], True):
+        with pytest.raises(CalibratorError):
+            load({**doc, "params": {"temperature": 1.0, "bias": bad}})
+    with pytest.raises(CalibratorError):  # 3 biases, 4 classes
+        cal.apply(rng.normal(size=(5, 4)))
 
 
 def test_uninformative_scores_give_the_base_rate() -> None:
@@ -131,11 +183,13 @@ def test_never_raises_fit_nll(seed: int, n: int, scale: float, kind: str) -> Non
         if kind == "probs":
             z = np.log(np.clip(scores, 1e-15, 1 - 1e-15))
 
-        def nll(t: float) -> float:
-            return multiclass_nll(z, y, t)
-
-    t = fit("temperature", scores, y, kind).temperature
+    cal = fit("temperature", scores, y, kind)
+    t, b = cal.temperature, cal.class_bias
+    assert b is not None and np.isfinite(b).all() and np.abs(b).max() <= 50
     assert 1e-4 * (1 - 1e-12) <= t <= 1e4 * (1 + 1e-12)
-    assert nll(t) <= nll(1.0) + 1e-12
-    # and it is the optimum over the allowed range, to the solver's tolerance
-    assert nll(t) <= nll(scipy_temperature(nll, np.log(1e-4), np.log(1e4))) + 1e-9
+    mine = penalised(z, y, 1 / t, b)
+    assert mine <= penalised(z, y, 1.0, np.zeros(4)) + 1e-9
+    # and the optimum, where scipy's unbounded one lies inside the allowed range
+    a, b_ref = scipy_temperature_bias(z, y)
+    if 1e-4 <= a <= 1e4 and np.abs(b_ref).max() <= 50:
+        assert mine <= penalised(z, y, a, b_ref) + 1e-6 * n

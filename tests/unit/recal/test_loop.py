@@ -56,11 +56,11 @@ def nonzero(counts: dict) -> dict:
 
 
 def probs_of(doc: dict, z: np.ndarray) -> np.ndarray:
-    """A temperature document applied with scipy: sigmoid(z/T + b) or softmax(z/T)."""
+    """A temperature document applied with scipy: sigmoid(z/T + b) or softmax(z/T + b)."""
     t = doc["params"]["temperature"]
     if z.ndim == 1:
         return expit(z / t + doc["params"]["bias"])
-    return np.exp(log_softmax(z / t, axis=1))
+    return np.exp(log_softmax(z / t + np.asarray(doc["params"].get("bias", 0.0)), axis=1))
 
 
 def test_drift_is_refit_on_post_change_samples_through_the_gate(tmp_path: Path) -> None:
