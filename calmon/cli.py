@@ -1,12 +1,15 @@
-"""``calmon`` command line: each subcommand calls one function elsewhere."""
+"""calmon: an online calibration monitor for ML classifiers (Kafka in, Prometheus out).
+
+Start with `calmon demo`, then point `calmon run` at your own topics. Every
+subcommand takes -h for its options and an example."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import sys
+from collections import Counter
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import yaml
@@ -23,20 +26,26 @@ def _load_config(path: str | None) -> config_mod.Config:
     return config_mod.load(path)
 
 
-def setup_logging() -> None:
-    level = os.environ.get("CALMON_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    secrets.install()  # every line: secrets masked, control characters escaped
-    if level != "DEBUG":
-        # kafka-python logs every reconnect attempt at ERROR; calmon says it once a minute
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+def package_version() -> str:
+    try:
+        return version("calmon")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from calmon import __version__
+
+        return __version__
+
+
+def setup_logging(cfg: config_mod.LoggingConfig | None = None) -> None:
+    from calmon import logs
+
+    logs.setup(cfg or config_mod.LoggingConfig())
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from calmon.daemon import Daemon
 
     cfg = _load_config(args.config)
-    setup_logging()
+    setup_logging(cfg.logging)
     secrets.register_config(config_mod.to_dict(cfg))  # masked in every log line
     return Daemon(cfg).run()
 
@@ -56,34 +65,52 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from calmon import replay
+    from calmon import hints, replay
 
     cfg = _load_config(args.config)
     for p in (args.predictions, args.labels):
         if not Path(p).is_file():
             print(f"calmon replay: no such file: {p}", file=sys.stderr)
             return EXIT_CONFIG
-    if args.recalibrate:
-        bt = replay.replay_recalibrate(cfg, Path(args.predictions), Path(args.labels),
-                                       None if args.output_dir is None else Path(args.output_dir))
-        if args.json:
-            json.dump(replay.to_json(bt.view, cfg.metrics.classwise, bt), sys.stdout,
-                      allow_nan=False)
-            sys.stdout.write("\n")
-        else:
-            replay.print_table(bt.view, sys.stdout)
-            replay.print_events(bt.events, sys.stdout)
-        return 0
-    if args.output_dir is not None:
+    if args.output_dir is not None and not args.recalibrate:
         print("calmon replay: --output-dir needs --recalibrate", file=sys.stderr)
         return EXIT_CONFIG
-    view = replay.replay(cfg, Path(args.predictions), Path(args.labels))
+    invalid: Counter[tuple[str, str]] = Counter()
+    bt = None
+    if args.recalibrate:
+        bt = replay.replay_recalibrate(cfg, Path(args.predictions), Path(args.labels),
+                                       None if args.output_dir is None else Path(args.output_dir),
+                                       invalid=invalid)
+        view, engine = bt.view, bt.engine
+    else:
+        engine = replay.run(cfg, Path(args.predictions), Path(args.labels), invalid=invalid)
+        view = engine.view()
     if args.json:
-        json.dump(replay.to_json(view, cfg.metrics.classwise), sys.stdout, allow_nan=False)
+        out = replay.to_json(view, cfg.metrics.classwise, bt)
+        out["invalid_reasons"] = replay.invalid_reasons(invalid)
+        json.dump(out, sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
     else:
         replay.print_table(view, sys.stdout)
-    return 0
+        if bt is not None:
+            replay.print_events(bt.events, sys.stdout)
+    # the reasons go to stderr (stdout stays the table or the one JSON object)
+    for line in hints.summary(cfg, invalid):
+        print(f"calmon replay: {line}", file=sys.stderr)
+    if args.html and engine is not None:
+        from calmon.report import write_report
+
+        write_report(cfg, engine, Path(args.html), None if bt is None else bt.calibrators,
+                     title=f"calmon replay of {Path(args.predictions).name}")
+        print(f"calmon replay: report written to {args.html}", file=sys.stderr)
+    empty = [(path, topic) for path, topic, key in
+             ((args.predictions, "predictions", "predictions"), (args.labels, "labels", "labels"))
+             if view.counters.get(key, 0) == 0]
+    for path, topic in empty:
+        print(f"calmon replay: {path} holds no valid {topic[:-1]} record"
+              + (" (see the reasons above)" if any(t == topic for t, _ in invalid) else ""),
+              file=sys.stderr)
+    return 1 if empty else 0
 
 
 def cmd_calibrators_list(args: argparse.Namespace) -> int:
@@ -125,30 +152,55 @@ def cmd_calibrators_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+EXAMPLES = {
+    "run": "calmon run -c config.yaml          # metrics on :9108/metrics, SIGTERM stops",
+    "demo": "calmon demo --duration 120         # broker, drifting traffic, daemon; Ctrl+C stops",
+    "check-config": "calmon check-config -c config.yaml # effective config, or every error",
+    "replay": ("calmon replay --predictions p.jsonl --labels l.jsonl --json\n"
+               "  calmon replay --predictions p.jsonl --labels l.jsonl --recalibrate "
+               "--html report.html"),
+    "calibrators": ("calmon calibrators list -c config.yaml\n"
+                    "  calmon calibrators rollback --model ctr --to 3 -c config.yaml"),
+}
+
+
+def _example(name: str) -> str:
+    return f"example:\n  {EXAMPLES[name]}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="calmon", description=__doc__)
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="calmon", description=__doc__, formatter_class=fmt,
+        epilog="examples:\n" + "\n".join(f"  {e}" for e in EXAMPLES.values())
+        + "\n\nenvironment: CALMON_LOG_LEVEL (debug|info|warning|error) overrides logging.level")
+    p.add_argument("--version", action="version", version=f"calmon {package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp: argparse.ArgumentParser, default: str | None = None) -> None:
         sp.add_argument("-c", "--config", default=default,
                         help="config.yaml (default: %(default)s)")
 
-    sp = sub.add_parser("run", help="the daemon: Kafka in, Prometheus out")
+    sp = sub.add_parser("run", formatter_class=fmt, epilog=_example("run"),
+                        help="the daemon: Kafka in, Prometheus out")
     with_config(sp, "config.yaml")
     sp.set_defaults(func=cmd_run)
 
-    sp = sub.add_parser("demo", help="broker, drifting traffic and the daemon, no setup")
+    sp = sub.add_parser("demo", formatter_class=fmt, epilog=_example("demo"),
+                        help="broker, drifting traffic and the daemon, no setup")
     sp.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                     help="stop after this many seconds (default: until Ctrl+C)")
     sp.add_argument("--rate", type=float, default=300.0, help="predictions per second")
     sp.add_argument("--port", type=int, default=9108, help="HTTP port for /metrics")
     sp.set_defaults(func=cmd_demo)
 
-    sp = sub.add_parser("check-config", help="validate a config and print the effective one")
+    sp = sub.add_parser("check-config", formatter_class=fmt, epilog=_example("check-config"),
+                        help="validate a config and print the effective one")
     with_config(sp, "config.yaml")
     sp.set_defaults(func=cmd_check_config)
 
-    sp = sub.add_parser("replay", help="run the engine over JSONL files, no Kafka")
+    sp = sub.add_parser("replay", formatter_class=fmt, epilog=_example("replay"),
+                        help="run the engine over JSONL files, no Kafka")
     sp.add_argument("--predictions", required=True, help="predictions, one JSON record a line")
     sp.add_argument("--labels", required=True, help="labels, one JSON record a line")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -156,10 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="backtest the recalibration policy in event time (adds events)")
     sp.add_argument("--output-dir", default=None, metavar="DIR",
                     help="with --recalibrate: write published calibrators here")
+    sp.add_argument("--html", default=None, metavar="FILE",
+                    help="also write a self-contained HTML report (reliability diagrams, "
+                         "confidence histograms, estimated vs realized accuracy)")
     with_config(sp)
     sp.set_defaults(func=cmd_replay)
 
-    cal = sub.add_parser("calibrators", help="list or roll back published calibrators")
+    cal = sub.add_parser("calibrators", formatter_class=fmt, epilog=_example("calibrators"),
+                        help="list or roll back published calibrators")
     calsub = cal.add_subparsers(dest="action", required=True)
     sp = calsub.add_parser("list", help="every model/segment with its live version")
     sp.add_argument("--json", action="store_true")

@@ -177,6 +177,13 @@ class FieldsConfig:
     logits: str = "logits"
     labels: LabelFields | None = None  # v3
 
+    def for_labels(self) -> FieldsConfig:
+        """The paths the labels topic is read with: ``labels.*`` where set, else ours."""
+        if self.labels is None:
+            return self
+        own = {k: v for k, v in dataclasses.asdict(self.labels).items() if v is not None}
+        return dataclasses.replace(self, **own, labels=None)
+
 
 @dataclass(frozen=True)
 class MissingLabel:

@@ -42,9 +42,11 @@ from typing import Any, Protocol
 from prometheus_client import PlatformCollector, ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
+from calmon import hints
 from calmon.config import Config
-from calmon.engine.engine import Engine
+from calmon.engine.engine import TOPICS, Engine
 from calmon.engine.rawbatch import RawBatch
+from calmon.engine.records import Kind
 from calmon.errors import ConfigError, StateError
 from calmon.io import reliability
 from calmon.io.calibrator_publisher import CalibratorPublisher
@@ -120,7 +122,8 @@ class Daemon:
         self._stop = threading.Event()
         self._signals = 0
         self._install_signals = install_signals
-        self._invalid_logged: dict[str, float] = {}  # reason -> monotonic time last logged
+        # (topic, reason) -> monotonic time last logged
+        self._invalid_logged: dict[tuple[str, str], float] = {}
         self._written: tuple[Any, ...] | None = None  # what the last checkpoint held
         self.totals = ProcessTotals()  # Prometheus _total counters: each feed's delta added
         self._totals_at_checkpoint = ProcessTotals()
@@ -349,7 +352,7 @@ class Daemon:
                     self._roll_back()
                     return False
         for rej in rejected:
-            self._log_invalid(rej.reason, rej.source)
+            self._log_invalid(rej.kind, rej.reason, rej.source)
             self.dead_letters.send(rej.value, rej.reason, rej.source)
         return True
 
@@ -375,14 +378,19 @@ class Daemon:
         self.assigned = False  # the loop assigns again at these positions
         self._written = None
 
-    def _log_invalid(self, reason: str, source: str) -> None:
+    def _log_invalid(self, kind: Kind, reason: str, source: str) -> None:
+        """The first invalid record per (topic, reason) a minute, with what to fix: a
+        wrong ``fields:`` mapping of one topic must not hide behind the other's."""
         now = time.monotonic()
-        last = self._invalid_logged.get(reason)
+        topic = TOPICS[kind]
+        last = self._invalid_logged.get((topic, reason))
         if last is None or now - last >= INVALID_LOG_INTERVAL_S:
-            self._invalid_logged[reason] = now
-            log.warning("invalid record (%s) at %s; counted in calmon_invalid_records_total, "
-                        "not logged again for this reason for %.0fs", reason, source,
-                        INVALID_LOG_INTERVAL_S)
+            self._invalid_logged[(topic, reason)] = now
+            tip = hints.hint(self.cfg, topic, reason)
+            log.warning("invalid %s record (%s) at %s%s; counted in "
+                        "calmon_invalid_records_total, not logged again for this topic and "
+                        "reason for %.0fs", topic[:-1], reason, source,
+                        f": {tip}" if tip else "", INVALID_LOG_INTERVAL_S)
 
     def checkpoint(self) -> None:
         """Between two batches: (1) flush dead letters, so nothing counted is lost past the

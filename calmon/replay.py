@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,16 +56,39 @@ def _ts_of(value: bytes, parts: list[str]) -> float:
 def _sorted(cfg: Config, predictions: Path,
             labels: Path) -> list[tuple[tuple[float, int, bytes], Raw]]:
     return sorted([*read_records(predictions, Kind.PREDICTION, cfg.fields.ts),
-                   *read_records(labels, Kind.LABEL, cfg.fields.ts)], key=lambda kr: kr[0])
+                   *read_records(labels, Kind.LABEL, cfg.fields.for_labels().ts)],
+                  key=lambda kr: kr[0])
 
 
-def replay(cfg: Config, predictions: Path, labels: Path) -> View:
-    """Feed both files through a fresh engine; return its final view."""
+def _feed(engine: Engine, raws: Iterable[Raw], invalid: Counter[tuple[str, str]] | None) -> None:
+    engine.feed(raws)
+    if invalid is not None:
+        invalid.update(engine.last_delta.invalid)
+
+
+def run(cfg: Config, predictions: Path, labels: Path, *,
+        invalid: Counter[tuple[str, str]] | None = None) -> Engine:
+    """Feed both files through a fresh engine and return it. ``invalid``, when given,
+    receives the count of rejected records by (topic, reason)."""
     engine = Engine(cfg)
     records = _sorted(cfg, predictions, labels)
     for i in range(0, len(records), BATCH):
-        engine.feed(raw for _, raw in records[i:i + BATCH])
-    return engine.view()
+        _feed(engine, (raw for _, raw in records[i:i + BATCH]), invalid)
+    return engine
+
+
+def replay(cfg: Config, predictions: Path, labels: Path, *,
+           invalid: Counter[tuple[str, str]] | None = None) -> View:
+    """Feed both files through a fresh engine; return its final view."""
+    return run(cfg, predictions, labels, invalid=invalid).view()
+
+
+def invalid_reasons(invalid: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """{topic: {reason: n}}, as ``replay --json`` prints it."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, reason), n in sorted(invalid.items()):
+        out.setdefault(topic, {})[reason] = n
+    return out
 
 
 @dataclass
@@ -72,10 +96,15 @@ class Backtest:
     view: View
     events: list[Event]
     calibrated: list[tuple[str, str, str, float | None, int]]
+    engine: Engine | None = None
+    # (model, segment) -> (apply(scores, kinds), fitted_at event time) live at the end
+    calibrators: dict[tuple[str, str], tuple[Any, float | None]] = dataclasses.field(
+        default_factory=dict)
 
 
 def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
-                       output_dir: Path | None = None) -> Backtest:
+                       output_dir: Path | None = None, *,
+                       invalid: Counter[tuple[str, str]] | None = None) -> Backtest:
     """The recalibration backtest: the daemon's policy (calmon.recal.policy) checked
     every ``recalibration.interval`` of event time while the files are fed in timestamp
     order. Checks fall on multiples of the interval: a check at time t sees every record
@@ -83,7 +112,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     seen), exactly as the daemon's job reads it. Published calibrators go to
     ``output_dir`` (memory when None) and apply to everything the policy scores after
     them, as they would live."""
-    from calmon.recal.policy import Policy, live_calibrators
+    from calmon.recal.policy import Policy, live_calibrators, parse_iso
     from calmon.recal.registry import Registry
 
     if not cfg.recalibration.enabled:
@@ -104,7 +133,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
             if not math.isfinite(next_check):
                 next_check = (math.floor(ts / interval) + 1) * interval
             while ts >= next_check:
-                engine.feed(batch)
+                _feed(engine, batch, invalid)
                 batch = []
                 events += policy.check(engine.now, series(), engine.samples)
                 # skip idle stretches in one step: nothing changes between empty checks
@@ -113,17 +142,21 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
                                  math.floor(ts / interval) * interval)
         batch.append(raw)
         if len(batch) >= BATCH:
-            engine.feed(batch)
+            _feed(engine, batch, invalid)
             batch = []
-    engine.feed(batch)  # the rest, then one last check
+    _feed(engine, batch, invalid)  # the rest, then one last check
     if math.isfinite(engine.now):
         events += policy.check(engine.now, series(), engine.samples)
     now = engine.now
     calibrated = policy.calibrated(now, series(), engine.samples) if math.isfinite(now) else []
     # the label-free estimates and score PSI of the rows read the calibrators live now
-    engine.set_calibrators({k: (v[0], v[1])
-                            for k, v in live_calibrators(policy.registry).items()})
-    return Backtest(engine.view(), events, calibrated)
+    live = live_calibrators(policy.registry)
+    engine.set_calibrators({k: (v[0], v[1]) for k, v in live.items()})
+    cals: dict[tuple[str, str], tuple[Any, float | None]] = {}
+    for (m, s), (apply, _, _) in live.items():
+        doc = policy.registry.live(m, s)
+        cals[(m, s)] = (apply, None if doc is None else parse_iso(doc.doc.get("fitted_at")))
+    return Backtest(engine.view(), events, calibrated, engine, cals)
 
 
 def to_json(view: View, classwise: bool = False,

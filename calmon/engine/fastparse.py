@@ -174,12 +174,13 @@ class BatchParser:
         }
         for k in SCORE_KINDS:
             pred[k] = (getattr(fields, k), _Leaf(k, score_t[k], False))
+        lf = fields.for_labels()  # the labels topic's own paths (fields.labels)
         label: dict[str, tuple[str, _Leaf]] = {
-            "id": (fields.id, _Leaf("id", id_t, True)),
-            "label": (fields.label, _Leaf("label", Annotated[int, Meta(ge=0, le=2**63 - 1)] | bool,
+            "id": (lf.id, _Leaf("id", id_t, True)),
+            "label": (lf.label, _Leaf("label", Annotated[int, Meta(ge=0, le=2**63 - 1)] | bool,
                                           True)),
-            "model": (fields.model, _Leaf("model", str | None, False)),
-            "ts": (fields.ts, _Leaf("ts", ts_t, False)),
+            "model": (lf.model, _Leaf("model", str | None, False)),
+            "ts": (lf.ts, _Leaf("ts", ts_t, False)),
         }
         self._pstruct = _build_struct("FastPrediction", pred)
         self._lstruct = _build_struct("FastLabel", label)

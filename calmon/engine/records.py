@@ -294,7 +294,9 @@ class Parser:
         self._model = _path(fields.model)
         self._ts = _path(fields.ts)
         self._segment = _path(fields.segment)
-        self._label = _path(fields.label)
+        lf = fields.for_labels()  # the labels topic's own paths (fields.labels)
+        self._lid, self._lts, self._lmodel = _path(lf.id), _path(lf.ts), _path(lf.model)
+        self._label = _path(lf.label)
         self._scores = tuple((k, _path(getattr(fields, k))) for k in SCORE_KINDS)
         plain = all(type(p) is str for _, p in self._scores)
         self._score_kind: dict[str, str] = (
@@ -334,8 +336,8 @@ class Parser:
             raise _Invalid("not_object")
         return obj
 
-    def _common_id(self, obj: dict[str, Any], value: bytes | None) -> str:
-        path = self._id
+    def _common_id(self, obj: dict[str, Any], value: bytes | None, path: Any = None) -> str:
+        path = self._id if path is None else path
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if type(v) is str and v and len(v) <= self.max_id_bytes // 4:  # the common case
             return v
@@ -354,8 +356,9 @@ class Parser:
             return v
         raise _Invalid("bad_id")
 
-    def _time(self, obj: dict[str, Any], raw: Raw, required: bool) -> float | None:
-        path = self._ts
+    def _time(self, obj: dict[str, Any], raw: Raw, required: bool,
+              path: Any = None) -> float | None:
+        path = self._ts if path is None else path
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if v is _MISSING or v is None:
             if raw.timestamp is not None:
@@ -433,7 +436,7 @@ class Parser:
         return Prediction(pid, model, ts, segment, kind, score, raw.source)
 
     def _label_record(self, obj: dict[str, Any], raw: Raw) -> Label:
-        lid = self._common_id(obj, raw.value)
+        lid = self._common_id(obj, raw.value, self._lid)
         path = self._label
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if v is _MISSING or v is None:
@@ -448,12 +451,12 @@ class Parser:
             raise _Invalid("bad_label")
         if label < 0:
             raise _Invalid("label_out_of_range")
-        path = self._model
+        path = self._lmodel
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         # a hint only (a label never creates a model), and kept only when it is a safe name
         model = model if isinstance(model, str) and model and _name_ok(
             model, self.max_name_bytes) else None
-        ts = self._time(obj, raw, required=False)
+        ts = self._time(obj, raw, required=False, path=self._lts)
         # a waiting label keeps its bytes for a later dead letter, unless they are large:
         # up to join.max_pending labels wait, and their memory must stay small
         kept = raw.value if raw.value is not None and len(raw.value) <= LABEL_RAW_CAP else None

@@ -31,7 +31,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from calmon import secrets
+from calmon import logs, secrets
 from calmon.children import die_with_parent
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
@@ -161,9 +161,7 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent()  # and pipe EOF ends it where that is not available
     parent = os.getppid()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the source logs what matters
-    secrets.install()
+    logs.setup_child(level)  # the parent's format (text or JSON), secrets masked
     secrets.register_config(dict(config.client))
     source = make_source(config, metadata_timeout_s=metadata_timeout_s)
     try:

@@ -5,6 +5,7 @@ forwards every invalid record unchanged to the dead-letter topic with the
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -126,11 +127,11 @@ def test_invalid_records_are_counted_and_dead_lettered(
     samples = series(sc, "calmon_window_samples", "model", "segment", "window")
     assert sum(v for (_, s, w), v in samples.items() if s == "__all__" and w == "7d") == N_VALID
 
-    # logged, but at most once per reason per minute
-    logged = Counter(line.split("invalid record (", 1)[1].split(")", 1)[0]
-                     for line in daemon.log.read_text().splitlines()
-                     if "invalid record (" in line)
-    assert logged == Counter({reason: 1 for _, reason in want_reasons})
+    # logged, but at most once per topic and reason per minute
+    pattern = re.compile(r"invalid (prediction|label) record \(([a-z0-9_]+)\)")
+    logged = Counter((m.group(1)[0], m.group(2)) for line in daemon.log.read_text().splitlines()
+                     if (m := pattern.search(line)))
+    assert logged == Counter({(k, reason): 1 for k, reason in want_reasons})
 
     # the dead-letter topic holds exactly the 1,000, unchanged, with their headers
     where = {}

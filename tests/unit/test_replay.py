@@ -108,8 +108,9 @@ def run_json(capsys, p: Path, lab: Path, cfg: Path) -> tuple[str, dict]:
 def test_json_output_has_the_contract_keys_and_values(capsys, files) -> None:
     p, lab, cfg, _, _, truth = files
     _, doc = run_json(capsys, p, lab, cfg)
-    assert set(doc) == {"rows", "counters"}
+    assert set(doc) == {"rows", "counters", "invalid_reasons"}
     assert set(doc["counters"]) == COUNTER_KEYS
+    assert sum(n for by in doc["invalid_reasons"].values() for n in by.values()) == 2
     assert doc["counters"] == {"predictions": 402, "labels": 401, "joined": 400,
                                "invalid": 2, "expired": 1, "duplicates": 1}
     assert doc["rows"]

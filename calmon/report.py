@@ -1,0 +1,229 @@
+"""``calmon replay --html FILE``: a self-contained report of a replay (no scripts, no links).
+
+Per model: the reliability diagram of its raw scores and, after a
+``--recalibrate`` backtest, of the calibrator live at the end (on samples
+predicted after its fit only), each over a histogram of the confidences; the
+estimated accuracy (what the model's own confidence, after the calibrator live
+then, promises) against the realized accuracy over event time; and its
+segments, worst first. Inline SVG, so the file opens anywhere and can be
+attached to a ticket.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calmon.config import Config
+from calmon.engine.buffer import SampleSet
+from calmon.engine.engine import Engine, Row
+from calmon.engine.metrics import bins_from_samples, confidence_and_correct, ece
+
+W, H, PAD = 260, 260, 34  # a diagram's plot area and margin, in px
+HIST_H = 60
+SERIES_PER_MODEL = 12  # segments shown per model, worst ECE first
+TIME_BUCKETS = 24
+Apply = Callable[[np.ndarray, str], np.ndarray]  # (scores, score kind) -> probabilities
+
+
+@dataclass(frozen=True)
+class Curve:
+    count: np.ndarray
+    conf: np.ndarray
+    correct: np.ndarray
+
+    @property
+    def ece(self) -> float | None:
+        return ece(self.count, self.conf, self.correct) if self.count.sum() > 0 else None
+
+
+def write_report(cfg: Config, engine: Engine, out: Path,
+                 calibrators: dict[tuple[str, str], tuple[Apply, float | None]] | None = None,
+                 title: str = "calmon replay") -> None:
+    """Write the report of ``engine``'s final state to ``out``. ``calibrators``:
+    (model, segment) -> (apply, fitted_at event time) of the calibrators live at the end."""
+    view = engine.view()
+    calibrators = calibrators or {}
+    largest = max(cfg.metrics.windows, key=lambda w: w.seconds).name
+    rows = [r for r in view.rows if r.window == largest and r.stats.samples > 0]
+    models = sorted({r.model for r in rows})
+    parts = [_HEAD.format(title=html.escape(title)),
+             f"<h1>{html.escape(title)}</h1>",
+             f"<p class=note>Window {html.escape(largest)}; "
+             f"{view.counters.get('joined', 0)} joined samples, "
+             f"{view.counters.get('invalid', 0)} invalid records. Bins: {cfg.metrics.bins} "
+             "equal-width, right-closed. Estimated accuracy assumes the calibrator holds "
+             "(exact under covariate shift, wrong under concept shift).</p>"]
+    if not models:
+        parts.append("<p>No joined samples.</p>")
+    for model in models:
+        mine = [r for r in rows if r.model == model]
+        parts.append(_model_section(cfg, engine, model, mine, calibrators.get((model, "__all__"))))
+    parts.append("</body></html>\n")
+    out.write_text("\n".join(parts), encoding="utf-8")
+
+
+def _model_section(cfg: Config, engine: Engine, model: str, rows: list[Row],
+                   cal: tuple[Apply, float | None] | None) -> str:
+    bins = cfg.metrics.bins
+    top = next((r for r in rows if r.segment == "__all__"), rows[0])
+    raw = Curve(top.stats.bins.count, top.stats.bins.conf, top.stats.bins.correct)
+    out = [f"<section><h2>{html.escape(model)}</h2>",
+           f"<p>{top.stats.samples} samples; ECE {_f(top.stats.ece)} "
+           f"(noise floor {_f(top.stats.noise_floor)}), interval "
+           f"[{_f(top.stats.ece_lower)}, {_f(top.stats.ece_upper)}]</p><div class=row>",
+           _diagram("raw scores", raw)]
+    samples = engine.samples(model, "__all__")
+    if cal is not None and samples is not None and len(samples):
+        apply, fitted = cal
+        after = samples if fitted is None else samples.select(samples.ts > fitted)
+        if len(after):
+            conf, correct = confidence_and_correct(_apply(apply, after), after.label)
+            b = bins_from_samples(conf, correct, bins)
+            out.append(_diagram(f"calibrated ({len(after)} samples after its fit)",
+                                Curve(b.count, b.conf, b.correct)))
+    else:
+        out.append("<figure class=empty><figcaption>no calibrator (run with --recalibrate "
+                   "to backtest one)</figcaption></figure>")
+    if samples is not None and len(samples) >= 2:
+        out.append(_accuracy_over_time(samples, cal))
+    out.append("</div>")
+    segs = sorted((r for r in rows if r.segment != "__all__"),
+                  key=lambda r: -(r.stats.ece or 0.0))[:SERIES_PER_MODEL]
+    if segs:
+        out.append("<h3>Segments, worst ECE first</h3><div class=row>")
+        for r in segs:
+            out.append(_diagram(f"{r.segment}: n={r.stats.samples}, ECE {_f(r.stats.ece)}",
+                                Curve(r.stats.bins.count, r.stats.bins.conf,
+                                      r.stats.bins.correct)))
+        out.append("</div>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _diagram(caption: str, c: Curve) -> str:
+    """Reliability diagram (bars: accuracy per bin, line: the diagonal) over a histogram."""
+    b = len(c.count)
+    n = c.count.sum()
+    bw = W / b
+    parts = [f'<svg width="{W + 2 * PAD}" height="{H + HIST_H + 2 * PAD + 10}" '
+             f'role="img" aria-label="{html.escape(caption)}">',
+             f'<g transform="translate({PAD},{PAD})">',
+             f'<rect width="{W}" height="{H}" class=frame />',
+             f'<line x1="0" y1="{H}" x2="{W}" y2="0" class=diag />']
+    peak = max(float(c.count.max()), 1.0)
+    for i in range(b):
+        if c.count[i] <= 0:
+            continue
+        acc = c.correct[i] / c.count[i]
+        conf = c.conf[i] / c.count[i]
+        x = i * bw
+        parts.append(f'<rect x="{x:.1f}" y="{H * (1 - acc):.1f}" width="{bw - 1:.1f}" '
+                     f'height="{H * acc:.1f}" class=bar><title>bin {i}: n={int(c.count[i])}, '
+                     f'confidence {conf:.3f}, accuracy {acc:.3f}</title></rect>')
+        parts.append(f'<circle cx="{W * conf:.1f}" cy="{H * (1 - acc):.1f}" r="2.5" class=pt />')
+        hh = HIST_H * c.count[i] / peak
+        parts.append(f'<rect x="{x:.1f}" y="{H + 10 + HIST_H - hh:.1f}" width="{bw - 1:.1f}" '
+                     f'height="{hh:.1f}" class=hist />')
+    parts += [f'<text x="0" y="-8">{html.escape(caption)}</text>',
+              f'<text x="{W}" y="{H + HIST_H + 26}" text-anchor="end">confidence '
+              f'(n={int(n)}, ECE {_f(c.ece)})</text>',
+              f'<text x="-6" y="{H}" text-anchor="end">0</text>',
+              '<text x="-6" y="10" text-anchor="end">1</text>',
+              "</g></svg>"]
+    return f"<figure>{''.join(parts)}</figure>"
+
+
+def _accuracy_over_time(s: SampleSet, cal: tuple[Apply, float | None] | None) -> str:
+    """Realized accuracy per time bucket against the accuracy the model's own confidence
+    promises for its predicted class, after the calibrator from its fit on (raw before:
+    what calmon estimated live)."""
+    raw_probs = _probs(s.score, s.kind)
+    probs = raw_probs
+    if cal is not None:
+        after = s.ts > (cal[1] if cal[1] is not None else -math.inf)
+        probs = np.where(after if raw_probs.ndim == 1 else after[:, None],
+                         _apply(cal[0], s), raw_probs)
+    if raw_probs.ndim == 1:
+        pred = (raw_probs >= 0.5).astype(np.int64)
+        est = np.where(pred == 1, probs, 1.0 - probs)
+    else:
+        pred = raw_probs.argmax(axis=1)
+        est = probs[np.arange(len(pred)), pred]
+    real = (pred == s.label).astype(np.float64)
+    lo, hi = float(s.ts.min()), float(s.ts.max())
+    edges = np.linspace(lo, hi if hi > lo else lo + 1.0, TIME_BUCKETS + 1)
+    idx = np.clip(np.searchsorted(edges, s.ts, side="right") - 1, 0, TIME_BUCKETS - 1)
+    n = np.bincount(idx, minlength=TIME_BUCKETS)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e = np.bincount(idx, est, minlength=TIME_BUCKETS) / n
+        r = np.bincount(idx, real, minlength=TIME_BUCKETS) / n
+    vals = np.concatenate([e[n > 0], r[n > 0]])
+    ymin, ymax = float(np.floor(vals.min() * 20) / 20), float(np.ceil(vals.max() * 20) / 20)
+    ymax = ymax if ymax > ymin else ymin + 0.05
+
+    def line(y: np.ndarray, cls: str) -> str:
+        pts = " ".join(f"{W * (i + 0.5) / TIME_BUCKETS:.1f},"
+                       f"{H * (1 - (y[i] - ymin) / (ymax - ymin)):.1f}"
+                       for i in range(TIME_BUCKETS) if n[i] > 0)
+        return f'<polyline points="{pts}" class={cls} />'
+
+    start = datetime.fromtimestamp(lo, UTC).strftime("%Y-%m-%d %H:%M")
+    end = datetime.fromtimestamp(hi, UTC).strftime("%Y-%m-%d %H:%M")
+    cap = "accuracy over time: estimated (dashed) vs realized"
+    return (f'<figure><svg width="{W + 2 * PAD}" height="{H + 2 * PAD + 10}" role="img" '
+            f'aria-label="{cap}"><g transform="translate({PAD},{PAD})">'
+            f'<rect width="{W}" height="{H}" class=frame />{line(r, "real")}{line(e, "est")}'
+            f'<text x="0" y="-8">{cap}</text>'
+            f'<text x="-6" y="{H}" text-anchor="end">{ymin:.2f}</text>'
+            f'<text x="-6" y="10" text-anchor="end">{ymax:.2f}</text>'
+            f'<text x="0" y="{H + 16}">{start}</text>'
+            f'<text x="{W}" y="{H + 16}" text-anchor="end">{end}</text></g></svg></figure>')
+
+
+def _apply(apply: Apply, s: SampleSet) -> np.ndarray:
+    """``apply`` over samples of mixed score kinds, one call per kind."""
+    from calmon.engine.records import SCORE_KINDS
+
+    out = np.zeros(s.score.shape)
+    for k in np.unique(s.kind):
+        rows = s.kind == k
+        out[rows] = apply(s.score[rows], SCORE_KINDS[int(k)])
+    return out
+
+
+def _probs(score: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """The model's own probabilities (sigmoid / softmax of logits)."""
+    from calmon.engine.records import ScoreKind
+
+    if score.ndim == 1:
+        return np.where(kind == int(ScoreKind.LOGIT), 1 / (1 + np.exp(-np.clip(score, -500, 500))),
+                        score)
+    z = np.exp(score - score.max(axis=1, keepdims=True))
+    soft = z / z.sum(axis=1, keepdims=True)
+    return np.where((kind == int(ScoreKind.LOGITS))[:, None], soft, score)
+
+
+def _f(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
+
+
+_HEAD = """<!doctype html><html lang=en><head><meta charset=utf-8>
+<title>{title}</title><style>
+body{{font:14px system-ui,sans-serif;margin:24px;color:#222}}
+section{{border-top:1px solid #ccc;margin-top:18px}}
+.row{{display:flex;flex-wrap:wrap;gap:8px}} figure{{margin:0}}
+.note{{color:#555;max-width:60em}} text{{font-size:11px;fill:#333}}
+.frame{{fill:#fafafa;stroke:#999}} .diag{{stroke:#999;stroke-dasharray:4 3}}
+.bar{{fill:#4c78a8;fill-opacity:.75}} .pt{{fill:#e45756}} .hist{{fill:#9d9d9d}}
+.real{{fill:none;stroke:#4c78a8;stroke-width:2}}
+.est{{fill:none;stroke:#e45756;stroke-width:2;stroke-dasharray:5 3}}
+figure.empty{{width:320px;color:#777;padding:40px 0}}
+</style></head><body>"""
