@@ -61,6 +61,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     # passwords, tokens and URL credentials masked (``${KAFKA_PASSWORD}`` is expanded by now)
     sys.stdout.write(yaml.safe_dump(secrets.mask_config(config_mod.to_dict(cfg)),
                                     sort_keys=False, default_flow_style=None))
+    if getattr(args, "probe", False):
+        from calmon.io.probe import probe
+
+        report = probe(cfg, timeout_s=args.probe_timeout)
+        # as YAML comments after the config, so stdout stays one valid YAML document
+        sys.stdout.write("# probe:\n" + "".join(f"# {line}\n" for line in report.lines))
+        return 1 if report.failed else 0
     return 0
 
 
@@ -155,7 +162,8 @@ def cmd_calibrators_rollback(args: argparse.Namespace) -> int:
 EXAMPLES = {
     "run": "calmon run -c config.yaml          # metrics on :9108/metrics, SIGTERM stops",
     "demo": "calmon demo --duration 120         # broker, drifting traffic, daemon; Ctrl+C stops",
-    "check-config": "calmon check-config -c config.yaml # effective config, or every error",
+    "check-config": ("calmon check-config -c config.yaml # effective config, or every error\n"
+                     "  calmon check-config -c config.yaml --probe   # and ask the broker"),
     "replay": ("calmon replay --predictions p.jsonl --labels l.jsonl --json\n"
                "  calmon replay --predictions p.jsonl --labels l.jsonl --recalibrate "
                "--html report.html"),
@@ -196,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("check-config", formatter_class=fmt, epilog=_example("check-config"),
                         help="validate a config and print the effective one")
+    sp.add_argument("--probe", action="store_true",
+                    help="also connect to the broker: topics exist and co-partition, and how "
+                         "a sample of each input topic's records parses (exit 1 on failure)")
+    sp.add_argument("--probe-timeout", type=float, default=15.0, metavar="SECONDS",
+                    help="how long the probe waits for the broker (default: %(default)s)")
     with_config(sp, "config.yaml")
     sp.set_defaults(func=cmd_check_config)
 
