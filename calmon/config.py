@@ -2,8 +2,13 @@
 
 Every problem is reported, not just the first, as ``path.to.key: what is wrong``
 (unknown keys included, so typos are caught). ``${VAR}`` and ``${VAR:-default}``
-in the raw text are expanded from the environment before parsing, so one file
-serves every replica of a StatefulSet.
+are expanded from the environment after parsing, always to a string (as
+Kubernetes and Compose do), so one file serves every replica of a StatefulSet
+and ``KAFKA_PASSWORD=007`` stays ``"007"``; a key that needs a number converts
+the string and checks it as one. Every duration and size has bounds (the
+``Range`` of its field), so a 1 ns window or a 10^8-sample buffer is an error,
+not a surprise. The YAML may use anchors and aliases, but the document they
+expand to is bounded (``MAX_YAML_NODES``), so an alias bomb is refused at once.
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ class Range:
     open_lo: bool = False
     open_hi: bool = False
 
-    def check(self, v: float) -> str | None:
+    def check(self, v: float, spell: Any = None) -> str | None:
+        """What is wrong with ``v``, bounds written by ``spell`` (default: numbers)."""
+        spell = spell or _bound
         if self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo):
-            return f"must be {'>' if self.open_lo else '>='} {_bound(self.lo)}"
+            return f"must be {'>' if self.open_lo else '>='} {spell(self.lo)}"
         if self.hi is not None and (v >= self.hi if self.open_hi else v > self.hi):
-            return f"must be {'<' if self.open_hi else '<='} {_bound(self.hi)}"
+            return f"must be {'<' if self.open_hi else '<='} {spell(self.hi)}"
         return None
 
 
@@ -54,7 +61,11 @@ class _DurationMarker:
 
 
 DURATION = _DurationMarker()
-Duration = Annotated[float, DURATION]  # seconds, > 0
+MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
+YEAR = 365 * DAY
+# seconds, with the bounds every duration key has unless it says otherwise: at least
+# 1 s (1 s intervals and cooldowns are valid), at most a year
+Duration = Annotated[float, DURATION, Range(1.0, YEAR)]
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 
@@ -76,6 +87,7 @@ class _SizeMarker:
 
 SIZE = _SizeMarker()
 Size = Annotated[int, SIZE]  # bytes, > 0
+MIB, GIB, TIB = 2**20, 2**30, 2**40
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9,
                "gb": 10**9, "t": 10**12, "tb": 10**12, "ki": 2**10, "kib": 2**10,
                "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
@@ -96,6 +108,14 @@ def parse_size(text: str | int) -> int:
     if n <= 0:
         raise ValueError(f"must be a positive size, got {text!r}")
     return n
+
+
+def format_size(n: float) -> str:
+    """Bytes as written in a bound: 16777216 -> '16MiB', 1000 -> '1000'."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size and float(n / size).is_integer():
+            return f"{int(n // size)}{unit}"
+    return _bound(n)
 
 
 def format_duration(seconds: float) -> str:
@@ -125,13 +145,13 @@ class KafkaConfig:
     dead_letter_topic: str | None = None
     calibrators_topic: str | None = None
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    max_record_bytes: Annotated[int, Range(1)] = 1_048_576
+    max_record_bytes: Annotated[int, Range(64, 64 * MIB)] = 1_048_576
     instance: Instance | None = None
     client: Mapping[str, Any] = field(default_factory=dict)
     library: Literal["kafka-python", "confluent"] = "kafka-python"
     # a record ts further than this past its Kafka timestamp is bad_ts: one record from the
     # far future would otherwise move event-time "now" and expire everything after it
-    max_clock_skew: Duration = 3600.0
+    max_clock_skew: Annotated[float, DURATION, Range(1.0, 7 * DAY)] = 3600.0
     # v3: joined samples keyed by model, for one owner per model's recalibration (§7)
     joined_topic: str | None = None
 
@@ -140,15 +160,15 @@ class KafkaConfig:
 class LimitsConfig:
     """Bounds on every map keyed by input, so no producer can grow memory without end."""
 
-    max_models: Annotated[int, Range(1)] = 100
+    max_models: Annotated[int, Range(1, 100_000)] = 100
     # a pending K-class score is found as row * 2**20 + K (engine/join.py): K < 2**20
     max_classes: Annotated[int, Range(2, 2**20 - 1)] = 1000
-    max_id_bytes: Annotated[int, Range(1)] = 256
-    max_name_bytes: Annotated[int, Range(1)] = 128
+    max_id_bytes: Annotated[int, Range(1, 65_536)] = 256
+    max_name_bytes: Annotated[int, Range(1, 4096)] = 128
     # v3: (model, segment) series per instance; past it a new segment folds into __other__
     max_series: Annotated[int, Range(1, 10_000_000)] = 5000
     # v3: the budget check-config compares the worst case with; None = the cgroup limit
-    memory: Size | None = None
+    memory: Annotated[int, SIZE, Range(16 * MIB, 64 * TIB)] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,16 +207,21 @@ class FieldsConfig:
 
 @dataclass(frozen=True)
 class MissingLabel:
-    value: Annotated[int, Range(0)]
+    value: Annotated[int, Range(0, 2**20 - 2)]
     after: Duration
 
 
 @dataclass(frozen=True)
 class JoinConfig:
-    ttl: Duration = 7 * 86400.0
+    ttl: Annotated[float, DURATION, Range(MINUTE, YEAR)] = 7 * 86400.0
     label_ttl: Duration = 3600.0
-    max_pending: Annotated[int, Range(1)] = 1_000_000
+    max_pending: Annotated[int, Range(1, 100_000_000)] = 1_000_000
     missing_label: MissingLabel | None = None
+
+
+# a window is a minute to a year: shorter ones hold a handful of samples and turn over
+# between two scrapes; each is a ring of buckets, so a longer one costs memory for nothing
+WINDOW_RANGE = Range(MINUTE, YEAR)
 
 
 @dataclass(frozen=True)
@@ -229,16 +254,17 @@ class MetricsConfig:
         Window("7d", 604800.0),
     )
     classwise: bool = False
-    mce_min_samples: Annotated[int, Range(1)] = 30  # sparser bins are left out of MCE
+    mce_min_samples: Annotated[int, Range(1, 10**9)] = 30  # sparser bins are left out of MCE
     interval_level: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.9
-    refresh: Duration = 30.0  # v3: how often the expensive statistics are recomputed
+    # v3: how often the expensive statistics are recomputed
+    refresh: Annotated[float, DURATION, Range(1.0, DAY)] = 30.0
     export: ExportConfig = field(default_factory=ExportConfig)  # v3
 
 
 @dataclass(frozen=True)
 class SegmentsConfig:
     slices: tuple[tuple[str, ...], ...] = (("country",), ("device",))
-    max_values: Annotated[int, Range(1)] = 50
+    max_values: Annotated[int, Range(1, 100_000)] = 50
 
 
 @dataclass(frozen=True)
@@ -252,11 +278,11 @@ class Triggers:
 @dataclass(frozen=True)
 class RecalibrationConfig:
     enabled: bool = True
-    interval: Duration = 300.0
+    interval: Annotated[float, DURATION, Range(1.0, 7 * DAY)] = 300.0
     method: Literal["temperature", "platt", "isotonic", "histogram", "auto"] = "temperature"
     per_segment: bool = False
-    min_samples: Annotated[int, Range(1)] = 2000
-    buffer: Annotated[int, Range(10)] = 50_000
+    min_samples: Annotated[int, Range(1, 10_000_000)] = 2000
+    buffer: Annotated[int, Range(10, 10_000_000)] = 50_000
     holdout_fraction: Annotated[float, Range(0, 1, open_lo=True, open_hi=True)] = 0.3
     cooldown: Duration = 3600.0
     retry_after: Duration = 6 * 3600.0  # v3: a rejected refit is retried at the latest after this
@@ -296,7 +322,8 @@ class ServerConfig:
 @dataclass(frozen=True)
 class StateConfig:
     dir: str = "./state"
-    checkpoint_interval: Duration = 10.0
+    # sub-second for tests and demos; a checkpoint is skipped when nothing changed
+    checkpoint_interval: Annotated[float, DURATION, Range(0.1, DAY)] = 10.0
     on_corrupt: Literal["fail", "reset"] = "fail"
 
 
@@ -339,9 +366,10 @@ _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 def expand_env(data: Any, env: Mapping[str, str], path: str, errors: list[str]) -> Any:
     """Expand ``${VAR}`` and ``${VAR:-default}`` in string values (never in comments).
 
-    A value that is one whole reference is re-read as a YAML scalar, so
-    ``index: ${POD_INDEX}`` gives an integer. An unset VAR without a default is an
-    error, never an empty string.
+    The result is always a string, never re-read as YAML (``007`` stays ``"007"``,
+    ``on`` stays ``"on"``, ``a: b`` stays a string); ``_convert`` reads a string as a
+    number where the key needs one. An unset VAR without a default is an error, never
+    an empty string.
     """
     if isinstance(data, dict):
         return {k: expand_env(v, env, _join(path, str(k)), errors) for k, v in data.items()}
@@ -359,13 +387,7 @@ def expand_env(data: Any, env: Mapping[str, str], path: str, errors: list[str]) 
         errors.append(f"{path or '(top)'}: environment variable {name} is not set")
         return ""
 
-    out = _ENV_RE.sub(sub, data)
-    if _ENV_RE.fullmatch(data.strip()):
-        try:
-            return yaml.safe_load(out) if out.strip() else out
-        except yaml.YAMLError:
-            return out
-    return out
+    return _ENV_RE.sub(sub, data)
 
 
 def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
@@ -394,10 +416,59 @@ def loads(text: str, env: Mapping[str, str] | None = None) -> Config:
         return f"{_REF_MARK}{len(refs) - 1}__"
 
     try:
-        data = yaml.safe_load(_ENV_RE.sub(hide, text))
+        data = safe_load(_ENV_RE.sub(hide, text))
     except yaml.YAMLError as e:
         raise ConfigError([f"(file): not valid YAML: {e}"]) from None
+    except RecursionError:
+        raise ConfigError(["(file): nested too deeply"]) from None
     return from_dict({} if data is None else _unhide(data, refs), env)
+
+
+MAX_YAML_NODES = 100_000  # a config is a few hundred; an alias bomb is 10^9 and more
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a document whose aliases expand past MAX_YAML_NODES.
+
+    An alias is shared, not copied, while loading, but every walk over the result
+    (environment expansion, conversion, printing) expands it: 481 bytes of nested
+    aliases become 10^10 nodes. Counting the expanded size of the node graph (each
+    node's size computed once) costs time in the size of the text."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        sizes: dict[int, int] = {}
+        if _expanded_size(node, sizes, set()) > MAX_YAML_NODES:
+            raise yaml.YAMLError(f"the document expands to more than {MAX_YAML_NODES:,} "
+                                 "values (YAML aliases nested too deep)")
+        return super().construct_document(node)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:  # an alias of a node inside itself: infinite once expanded
+        return MAX_YAML_NODES + 1
+    open_.add(key)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        for child in node.value:
+            total += _expanded_size(child, sizes, open_)
+            if total > MAX_YAML_NODES:
+                break
+    elif isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            total += _expanded_size(k, sizes, open_) + _expanded_size(v, sizes, open_)
+            if total > MAX_YAML_NODES:
+                break
+    open_.discard(key)
+    sizes[key] = total
+    return total
+
+
+def safe_load(text: str) -> Any:
+    """``yaml.safe_load`` with aliases bounded (see ``_BoundedLoader``)."""
+    return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader subclass
 
 
 _REF_MARK = "__calmon_env_ref_"
@@ -478,6 +549,10 @@ def _confluent_importable() -> bool:
     return True
 
 
+_INT_TEXT = re.compile(r"\s*[+-]?\d{1,30}\s*")
+_FLOAT_TEXT = re.compile(r"\s*[+-]?(\d{1,30}(\.\d{0,30})?|\.\d{1,30})([eE][+-]?\d{1,3})?\s*")
+
+
 def _describe(v: Any) -> str:
     kind = {bool: "boolean", int: "integer", float: "number", str: "string",
             list: "list", dict: "mapping", type(None): "null"}.get(type(v), type(v).__name__)
@@ -490,30 +565,35 @@ def _convert(v: Any, tp: Any, path: str, errors: list[str]) -> Any:
     origin = get_origin(tp)
     if origin is Annotated:
         base, *marks = get_args(tp)
+        spell: Any = None
         if DURATION in marks:
             if not isinstance(v, str):
                 errors.append(f"{here}: expected a duration like 30s, 15m, 24h, got {_describe(v)}")
                 return None
             try:
-                return parse_duration(v)
+                out = parse_duration(v)
             except ValueError as e:
                 errors.append(f"{here}: {e}")
                 return None
-        if SIZE in marks:
+            spell, shown = format_duration, v.strip()
+        elif SIZE in marks:
             if isinstance(v, bool) or not isinstance(v, int | str):
                 errors.append(f"{here}: expected a size like 512MiB or 2GiB, got {_describe(v)}")
                 return None
             try:
-                return parse_size(v)
+                out = parse_size(v)
             except ValueError as e:
                 errors.append(f"{here}: {e}")
                 return None
-        out = _convert(v, base, path, errors)
+            spell, shown = format_size, str(v).strip()
+        else:
+            out = _convert(v, base, path, errors)
+            shown = repr(out)
         for m in marks:
             if isinstance(m, Range) and isinstance(out, int | float):
-                problem = m.check(out)
+                problem = m.check(out, spell)
                 if problem:
-                    errors.append(f"{here}: {problem}, got {out!r}")
+                    errors.append(f"{here}: {problem}, got {shown}")
                     return None
         return out
     if origin in (Union, types.UnionType):
@@ -532,17 +612,25 @@ def _convert(v: Any, tp: Any, path: str, errors: list[str]) -> Any:
         return _convert_window(v, here, errors)
     if dataclasses.is_dataclass(tp):
         return _convert_dataclass(v, tp, path, errors)
+    # ${VAR} always gives a string: a key that needs a number (or a boolean) reads the
+    # string as one, so `index: ${POD_INDEX}` works and `port: "80a"` is still an error
     if tp is bool:
+        if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+            return v.strip().lower() == "true"
         if not isinstance(v, bool):
             errors.append(f"{here}: expected true or false, got {_describe(v)}")
             return None
         return v
     if tp is int:
+        if isinstance(v, str) and _INT_TEXT.fullmatch(v):
+            return int(v)
         if isinstance(v, bool) or not isinstance(v, int):
             errors.append(f"{here}: expected an integer, got {_describe(v)}")
             return None
         return v
     if tp is float:
+        if isinstance(v, str) and _FLOAT_TEXT.fullmatch(v) and math.isfinite(float(v)):
+            return float(v)
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             errors.append(f"{here}: expected a number, got {_describe(v)}")
             return None
@@ -587,10 +675,15 @@ def _convert_window(v: Any, here: str, errors: list[str]) -> Window | None:
         errors.append(f"{here}: expected a duration like 1h, got {_describe(v)}")
         return None
     try:
-        return Window(v.strip(), parse_duration(v))
+        seconds = parse_duration(v)
     except ValueError as e:
         errors.append(f"{here}: {e}")
         return None
+    problem = WINDOW_RANGE.check(seconds, format_duration)
+    if problem:
+        errors.append(f"{here}: {problem}, got {v.strip()}")
+        return None
+    return Window(v.strip(), seconds)
 
 
 def _convert_dataclass(v: Any, tp: Any, path: str, errors: list[str]) -> Any:

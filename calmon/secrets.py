@@ -29,7 +29,7 @@ MASK = "***"
 # Key names whose values are secrets. ``sasl_mechanism`` and the username are
 # configuration a reader needs, so they stay visible.
 _SECRET_KEY = re.compile(
-    r"pass(word|wd|phrase)?|secret|token|credential|api_?key|private_?key|auth_?header"
+    r"pass(word|wd|phrase)?|secret|token|credential|api_?key|private_?key|signing_?key|auth_?header"
     r"|^sasl_(?!mechanism$|plain_username$|kerberos_service_name$|kerberos_domain_name$)"
     r"|ssl_(key|keyfile|password|cafile_password)$|^authorization$|^cookie$",
     re.IGNORECASE)
@@ -63,8 +63,8 @@ def register_config(data: Any) -> None:
     """Register every value under a secret key, and URL credentials, of a config dict."""
     if isinstance(data, Mapping):
         for k, v in data.items():
-            if is_secret_key(str(k)) and isinstance(v, str):
-                register(v)
+            if is_secret_key(str(k)):
+                _register_all(v)
             else:
                 register_config(v)
     elif isinstance(data, (list, tuple)):
@@ -76,6 +76,20 @@ def register_config(data: Any) -> None:
             register(parts.password)
         for value in re.findall(r"=([^&]+)", parts.query):
             register(value)
+
+
+def _register_all(value: Any) -> None:
+    """Every leaf under a secret key, whatever its type (a password YAML read as a
+    number or a mapping is still a password)."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            register(str(k))
+            _register_all(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _register_all(v)
+    elif value is not None and not isinstance(value, bool):
+        register(str(value))
 
 
 def mask_url(url: str) -> str:
@@ -96,13 +110,14 @@ def mask_url(url: str) -> str:
 
 
 def mask_config(data: Any, key: str = "") -> Any:
-    """A copy of a config-like structure with secrets masked (for dumps)."""
+    """A copy of a config-like structure with secrets masked (for dumps): whatever is
+    under a secret key, a mapping or list included, is one ``***``."""
+    if key and is_secret_key(key) and data is not None and not isinstance(data, bool):
+        return MASK
     if isinstance(data, Mapping):
         return {k: mask_config(v, str(k)) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
         return [mask_config(v, key) for v in data]
-    if key and is_secret_key(key) and data is not None and not isinstance(data, bool):
-        return MASK
     if isinstance(data, str) and "://" in data:  # URLs only: a group id "token-svc:x" stays
         return _URL.sub(lambda m: mask_url(m.group(0)), data)
     return data

@@ -51,4 +51,22 @@ def client_settings(
     for key in client:
         if key not in known:
             log.warning("kafka.client.%s: not a kafka-python setting; ignored by the %s", key, role)
-    return {k: v for k, v in client.items() if k in accepted}
+    return {k: _as_default(v, accepted[k]) for k, v in client.items() if k in accepted}
+
+
+def _as_default(value: Any, default: Any) -> Any:
+    """A string where kafka-python's default is a number or boolean, read as one:
+    ``${VAR}`` always expands to a string (``request_timeout_ms: ${TIMEOUT}``)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    try:
+        if isinstance(default, bool):
+            return {"true": True, "false": False}.get(text.lower(), value)
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        pass  # kafka-python says what is wrong with it
+    return value

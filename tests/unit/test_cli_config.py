@@ -128,7 +128,7 @@ def test_unknown_top_level_key(capsys, tmp_path: Path) -> None:
     ("join:\n  label_ttl: 5\n", "join.label_ttl"),
     ("server:\n  port: 70000\n", "server.port"),
     ("recalibration:\n  method: magic\n", "recalibration.method"),
-    ("recalibration:\n  holdout_fraction: '0.3'\n", "recalibration.holdout_fraction"),
+    ("recalibration:\n  holdout_fraction: '1.5'\n", "recalibration.holdout_fraction"),
     ("kafka:\n  instance: {index: 2, count: 2}\n", "kafka.instance.index"),
     ("join:\n  ttl: 10m\n  missing_label: {value: 0, after: 30m}\n",
      "join.missing_label.after"),
@@ -217,13 +217,162 @@ metrics:
   windows: [90m, 24h]
 recalibration:
   window: 24h
-  interval: 500ms
+  interval: 1s
+  cooldown: 1s
+state:
+  checkpoint_interval: 500ms
 """)
     assert rc == 0, err
     eff = yaml.safe_load(out)
     assert eff["join"]["missing_label"] == {"value": 0, "after": "30m"}
     assert eff["metrics"]["windows"] == ["90m", "24h"]
-    assert eff["recalibration"]["interval"] == "500ms"
+    assert eff["recalibration"]["interval"] == "1s"
+    assert eff["recalibration"]["cooldown"] == "1s"
+    assert eff["state"]["checkpoint_interval"] == "500ms"
+
+
+@pytest.mark.parametrize(("text", "key", "why"), [
+    ("metrics:\n  windows: [1h, 30s]\n", "metrics.windows[1]", "must be >= 1m, got 30s"),
+    ("metrics:\n  windows: [1h, 400d]\n", "metrics.windows[1]", "must be <= 365d, got 400d"),
+    ("recalibration:\n  interval: 500ms\n", "recalibration.interval", "must be >= 1s"),
+    ("recalibration:\n  interval: 1ms\n", "recalibration.interval", "must be >= 1s"),
+    ("recalibration:\n  cooldown: 999ms\n", "recalibration.cooldown", "must be >= 1s"),
+    ("recalibration:\n  buffer: 100000000\n", "recalibration.buffer",
+     "must be <= 10000000, got 100000000"),
+    ("join:\n  ttl: 30s\n", "join.ttl", "must be >= 1m"),
+    ("join:\n  label_ttl: 5000d\n", "join.label_ttl", "must be <= 365d"),
+    ("join:\n  max_pending: 1000000000\n", "join.max_pending", "must be <="),
+    ("metrics:\n  refresh: 2d\n", "metrics.refresh", "must be <= 1d"),
+    ("kafka:\n  max_clock_skew: 30d\n", "kafka.max_clock_skew", "must be <= 7d"),
+    ("kafka:\n  max_record_bytes: 1\n", "kafka.max_record_bytes", "must be >= 64"),
+    ("limits:\n  memory: 1KiB\n", "limits.memory", "must be >= 16MiB, got 1KiB"),
+    ("limits:\n  max_id_bytes: 10000000\n", "limits.max_id_bytes", "must be <="),
+    ("state:\n  checkpoint_interval: 10ms\n", "state.checkpoint_interval",
+     "must be >= 100ms"),
+])
+def test_durations_and_sizes_are_range_checked(capsys, tmp_path: Path, text: str, key: str,
+                                               why: str) -> None:
+    rc, out, err = check(capsys, tmp_path, text)
+    assert rc == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert ERROR_LINE.match(line), line
+    got_key, got_why = line.split(": ", 1)
+    assert got_key == key
+    assert why in got_why
+
+
+def test_env_values_stay_strings(capsys, tmp_path: Path, monkeypatch) -> None:
+    # as Kubernetes and Compose do: ${VAR} is text, never re-read as YAML
+    monkeypatch.setenv("CALMON_TEST_GROUP", "007")
+    monkeypatch.setenv("CALMON_TEST_TOPIC", "on")
+    monkeypatch.setenv("CALMON_TEST_PW", "p@ss: wurd")
+    monkeypatch.setenv("CALMON_TEST_NUMPW", "0123")
+    monkeypatch.setenv("CALMON_TEST_PORT", " 9200 ")
+    monkeypatch.setenv("CALMON_TEST_ALPHA", "5e-3")
+    monkeypatch.setenv("CALMON_TEST_FLAG", "True")
+    rc, out, err = check(capsys, tmp_path, """
+kafka:
+  group_id: ${CALMON_TEST_GROUP}
+  predictions_topic: ${CALMON_TEST_TOPIC}
+  client:
+    sasl_plain_password: ${CALMON_TEST_PW}
+    ssl_password: ${CALMON_TEST_NUMPW}
+    request_timeout_ms: ${CALMON_TEST_PORT}
+server:
+  port: ${CALMON_TEST_PORT}
+recalibration:
+  alpha: ${CALMON_TEST_ALPHA}
+  per_segment: ${CALMON_TEST_FLAG}
+""")
+    assert rc == 0, err
+    eff = yaml.safe_load(out)
+    assert eff["kafka"]["group_id"] == "007"  # not the integer 7
+    assert eff["kafka"]["predictions_topic"] == "on"  # not true
+    # keys that need a number or a boolean read the string as one
+    assert eff["server"]["port"] == 9200
+    assert eff["recalibration"]["alpha"] == 0.005
+    assert eff["recalibration"]["per_segment"] is True
+    # secrets masked whatever they look like; the clear text appears nowhere
+    assert eff["kafka"]["client"]["sasl_plain_password"] == "***"
+    assert eff["kafka"]["client"]["ssl_password"] == "***"
+    assert "wurd" not in out and "0123" not in out
+
+
+def test_a_secret_of_any_type_is_masked(capsys, tmp_path: Path) -> None:
+    rc, out, err = check(capsys, tmp_path, """
+kafka:
+  client:
+    sasl_plain_password: {p@ss: wurd}
+    ssl_password: 7007
+alerts:
+  webhook: https://user:hunter22@am:9093/api/v2/alerts?token=tok-tok-1
+""")
+    assert rc == 0, err
+    eff = yaml.safe_load(out)
+    assert eff["kafka"]["client"] == {"sasl_plain_password": "***", "ssl_password": "***"}
+    for clear in ("wurd", "p@ss", "7007", "hunter22", "tok-tok-1"):
+        assert clear not in out
+
+
+def test_numbers_from_strings_are_checked_as_numbers(capsys, tmp_path: Path,
+                                                     monkeypatch) -> None:
+    monkeypatch.setenv("CALMON_TEST_INDEX", "3")
+    monkeypatch.setenv("CALMON_TEST_BAD", "1e400")
+    rc, _, err = check(capsys, tmp_path, """
+recalibration:
+  alpha: ${CALMON_TEST_BAD}
+  min_samples: "-5"
+server:
+  port: "9108x"
+""")
+    assert rc == 2
+    by_key = dict(line.split(": ", 1) for line in err.strip().splitlines())
+    assert set(by_key) == {"recalibration.alpha", "recalibration.min_samples", "server.port"}
+    assert "1e400" in by_key["recalibration.alpha"]  # not finite: not a number
+    assert "must be >= 1, got -5" in by_key["recalibration.min_samples"]
+    assert "9108x" in by_key["server.port"]
+    rc, _, err = check(capsys, tmp_path,
+                       "kafka:\n  instance: {index: \"${CALMON_TEST_INDEX}\", count: 2}\n")
+    assert rc == 2
+    assert err.startswith("kafka.instance.index: must be below count (2), got 3")
+
+
+ALIAS_BOMB = """\
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+
+@pytest.mark.parametrize("text", [
+    ALIAS_BOMB,
+    "a: &a [*a]\n",  # an alias inside itself
+    "metrics:\n  windows: " + "[" * 20_000 + "]" * 20_000 + "\n",  # deep nesting
+])
+def test_alias_bombs_and_deep_nesting_are_refused(capsys, tmp_path: Path, text: str) -> None:
+    rc, out, err = check(capsys, tmp_path, text)
+    assert rc == 2 and out == ""
+    assert err.startswith("(file): ")
+
+
+def test_ordinary_anchors_still_work(capsys, tmp_path: Path) -> None:
+    rc, out, err = check(capsys, tmp_path, """
+segments:
+  slices: &slices [[country], [device]]
+  max_values: 7
+recalibration:
+  triggers: {observed_over_expected: &band [0.8, 1.25]}
+""")
+    assert rc == 0, err
+    eff = yaml.safe_load(out)
+    assert eff["segments"]["slices"] == [["country"], ["device"]]
+    assert eff["recalibration"]["triggers"]["observed_over_expected"] == [0.8, 1.25]
 
 
 def test_a_bound_is_written_as_configured(capsys, tmp_path: Path) -> None:
