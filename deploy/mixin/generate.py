@@ -2,7 +2,9 @@
 """Generate calmon's Prometheus rules and Prometheus Operator objects from one source.
 
     python deploy/mixin/generate.py            # write every generated file
-    python deploy/mixin/generate.py --check    # exit 1 when any is out of date
+    python deploy/mixin/generate.py --check    # exit 1 when any is out of date, or when
+                                               # runbook_url / dashboard_url are placeholders
+    python deploy/mixin/generate.py --config my-cluster.yaml   # another cluster's settings
 
 Sources: the rules and alerts below, the dashboard in deploy/mixin/dashboard.py,
 and deploy/mixin/config.yaml (selector, windows, links, thresholds). Outputs:
@@ -396,8 +398,26 @@ def dump(docs: list[Any]) -> str:
         for d in docs)
 
 
-def outputs() -> dict[Path, str]:
-    cfg = yaml.safe_load(CONFIG.read_text())
+PLACEHOLDER_HOSTS = ("example.com", "example.org", "example.net", "localhost")
+
+
+def placeholders(cfg: dict[str, Any]) -> list[str]:
+    """The link settings still pointing at a placeholder host (RFC 2606 names): alerts
+    would send an on-call engineer to a page that does not exist."""
+    from urllib.parse import urlsplit
+
+    bad = []
+    for key in ("runbook_url", "dashboard_url"):
+        host = (urlsplit(str(cfg.get(key) or "")).hostname or "").lower()
+        if (not host or host.endswith((".invalid", ".example", ".test"))
+                or any(host == h or host.endswith("." + h) for h in PLACEHOLDER_HOSTS)):
+            bad.append(f"{key}: {cfg.get(key)!r} is a placeholder: set your runbook and "
+                       "Grafana URLs in the mixin config")
+    return bad
+
+
+def outputs(config: Path = CONFIG) -> dict[Path, str]:
+    cfg = yaml.safe_load(config.read_text())
     if cfg["alert_window"] not in cfg["windows"]:
         raise SystemExit("deploy/mixin/config.yaml: alert_window must be one of windows")
     recording, alerts = recording_groups(cfg), alert_groups(cfg)
@@ -414,10 +434,16 @@ def outputs() -> dict[Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if a file is out of date")
+    parser.add_argument("--check", action="store_true",
+                        help="fail if a file is out of date or a link is a placeholder")
+    parser.add_argument("--config", type=Path, default=CONFIG,
+                        help="the mixin settings (default: deploy/mixin/config.yaml)")
     args = parser.parse_args(argv)
     stale = []
-    for path, text in outputs().items():
+    problems = placeholders(yaml.safe_load(args.config.read_text())) if args.check else []
+    for problem in problems:
+        print(f"{args.config}: {problem}")
+    for path, text in outputs(args.config).items():
         if path.exists() and path.read_text() == text:
             continue
         stale.append(path)
@@ -426,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
     for path in stale:
         print(f"{'out of date' if args.check else 'wrote'}: {path.relative_to(DEPLOY.parent)}")
-    return 1 if args.check and stale else 0
+    return 1 if args.check and (stale or problems) else 0
 
 
 if __name__ == "__main__":

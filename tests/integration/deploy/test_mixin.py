@@ -62,3 +62,21 @@ def test_monitors_produce_the_job_the_selector_expects() -> None:
                 assert labels[job_label] == "calmon", workload
         endpoints = mon["spec"].get("podMetricsEndpoints") or mon["spec"]["endpoints"]
         assert [e["port"] for e in endpoints] == ["metrics"]
+
+
+def test_check_refuses_placeholder_links(tmp_path: Path, capsys) -> None:
+    """The shipped links are placeholders: `--check` (what CI runs on a deployment's copy)
+    refuses them until a cluster's own URLs are set, and accepts those."""
+    gen = generator()
+    shipped = yaml.safe_load((DEPLOY / "mixin" / "config.yaml").read_text())
+    assert len(gen.placeholders(shipped)) == 2
+    assert gen.main(["--check"]) == 1
+    assert "runbook_url" in capsys.readouterr().out
+    mine = dict(shipped, runbook_url="https://wiki.acme.io/calmon/runbook",
+                dashboard_url="https://grafana.acme.io/d/calmon/calmon")
+    assert gen.placeholders(mine) == []
+    cfg = tmp_path / "mixin.yaml"
+    cfg.write_text(yaml.safe_dump(mine))
+    outputs = gen.outputs(cfg)
+    alerts = next(text for p, text in outputs.items() if p.name == "alert_rules.yml")
+    assert "https://wiki.acme.io/calmon/runbook#" in alerts and "example.com" not in alerts
