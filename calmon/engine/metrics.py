@@ -367,3 +367,15 @@ def nll_from_samples(probs: np.ndarray, labels: np.ndarray) -> float:
     else:
         py = probs[np.arange(len(labels)), labels]
     return float(np.mean(-np.log(np.clip(py, 1e-15, 1.0))))
+
+
+def classwise_ece_from_samples(probs: np.ndarray, labels: np.ndarray,
+                               bins: int) -> tuple[float, np.ndarray]:
+    """(mean over classes, per class) of the ECE of p_k against [y = k] (Kull et al. 2019),
+    the samples' version of the engine's classwise ECE."""
+    k = probs.shape[1]
+    per = np.empty(k)
+    for c in range(k):
+        b = bins_from_samples(probs[:, c], (labels == c).astype(np.float64), bins)
+        per[c] = ece(b.count, b.conf, b.correct)
+    return float(per.mean()), per

@@ -22,6 +22,15 @@ extra evidence for a change after k samples: w_k ~ 1 / (k log^2 k), about 16 nat
 35,000 samples. The alarm's change time is the CUSUM start: the k maximising the best
 alternative's log-likelihood ratio of samples k..n.
 
+Multiclass models have further alternatives that tilt one class: q = softmax(log p +
+d e_c), for each class c (up to ``MAX_TILT_CLASSES``) and d in ``TILTS``, tested on
+the full label: L = q_y / p_y = e^(d [y = c]) / (1 + p_c (e^d - 1)), again of mean 1
+under the null (the label drawn from the calibrated p). A class-prior shift moves
+one class's frequency while the top-label confidence hardly changes; these find it.
+The tilts join the mixture when a series' detector first sees multiclass samples; a
+batch without them (another K) counts as likelihood ratio 1 for them, which keeps M a
+martingale.
+
 Pure numpy; one batch update is vectorised (a log-space scan), so a simulated week of
 checks costs milliseconds per series.
 """
@@ -37,7 +46,8 @@ import numpy as np
 GRID_A: Final = (0.4, 0.6, 0.8, 1.0, 1.25, 1.6, 2.2)  # slope on logit(p): <1 sharpened input
 GRID_B: Final = (-1.5, -0.75, 0.0, 0.75, 1.5)  # intercept: prior (base-rate) shifts
 ALTERNATIVES: Final = np.array([(a, b) for a in GRID_A for b in GRID_B if (a, b) != (1.0, 0.0)])
-_LOG_J: Final = math.log(len(ALTERNATIVES))
+TILTS: Final = np.array([-1.5, -0.75, 0.75, 1.5])  # log-odds tilt of one class
+MAX_TILT_CLASSES: Final = 32  # past it each class's tilts would carry too little weight
 _WEIGHT_SUM: Final = 2.2  # sum_{m>=2} 1/(m ln^2 m) = 2.1097...; dividing by 2.2 keeps W <= 1
 _P_EPS: Final = 1e-12
 _LOG_CAP: Final = 700.0  # exp(700) is still a finite float
@@ -51,6 +61,22 @@ def log_weights(k0: int, n: int) -> np.ndarray:
 
 _A: Final = ALTERNATIVES[:, :1].copy()
 _B: Final = ALTERNATIVES[:, 1:].copy()
+
+
+def tilt_log_lr(probs: np.ndarray, labels: np.ndarray) -> np.ndarray | None:
+    """(K * len(TILTS), n) log-likelihood ratios of the one-class tilts against the
+    calibrated class probabilities ``probs`` (n, K); None for binary scores or K past
+    MAX_TILT_CLASSES. Row c * len(TILTS) + j tilts class c by TILTS[j]."""
+    if probs.ndim != 2 or not 2 <= probs.shape[1] <= MAX_TILT_CLASSES:
+        return None
+    n, k = probs.shape
+    pc = np.clip(probs, 0.0, 1.0).T[:, None, :]  # (K, 1, n)
+    d = TILTS[None, :, None]  # (1, T, 1)
+    hit = np.zeros((k, 1, n))
+    hit[labels, 0, np.arange(n)] = 1.0
+    # log(1 + p (e^d - 1)) >= log(e^d) > -inf for p in [0, 1]: always finite
+    out = d * hit - np.log1p(pc * np.expm1(d))
+    return np.asarray(np.clip(out.reshape(k * len(TILTS), n), -_LOG_CAP, _LOG_CAP))
 
 
 def log_lr(p: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -85,12 +111,15 @@ class Detector:
     def new(cls) -> Detector:
         return cls(np.full(len(ALTERNATIVES), -np.inf))
 
-    def update(self, p: np.ndarray, y: np.ndarray, log_threshold: float) -> None:
-        """Feed samples in arrival order; latch the alarm when M crosses the threshold."""
+    def update(self, p: np.ndarray, y: np.ndarray, log_threshold: float,
+               tilt: np.ndarray | None = None) -> None:
+        """Feed samples in arrival order; latch the alarm when M crosses the threshold.
+        ``tilt``: the batch's tilt_log_lr (multiclass), added to the mixture on the
+        detector's first batch."""
         n = len(p)
         if n == 0:
             return
-        ll = log_lr(p, y)
+        ll = _stack(self, log_lr(p, y), tilt)
         c = np.cumsum(ll, axis=1)
         lw = log_weights(self.k, n)
         buf = np.empty((len(ll), n + 1))
@@ -99,7 +128,7 @@ class Detector:
         log_s = np.minimum(c + np.logaddexp.accumulate(buf, axis=1)[:, 1:], _LOG_CAP)
         top = log_s.max(axis=0)
         with np.errstate(invalid="ignore"):  # all -inf columns cannot occur after a sample
-            mix = top + np.log(np.exp(log_s - top).sum(axis=0)) - _LOG_J  # log mean_j S_jn
+            mix = top + np.log(np.exp(log_s - top).sum(axis=0)) - math.log(len(ll))
         w_sums = self.w_sum + np.cumsum(np.exp(lw))  # W_n, < 0.96
         log_m = np.logaddexp(mix, np.log1p(-w_sums))
         crossed = np.flatnonzero(log_m >= log_threshold)
@@ -123,19 +152,35 @@ class Detector:
     @classmethod
     def restore(cls, snap: dict[str, Any]) -> Detector:
         log_s = np.array([-np.inf if v is None else float(v) for v in snap["log_s"]])
-        if log_s.shape != (len(ALTERNATIVES),):
+        tilts, rest = divmod(len(log_s) - len(ALTERNATIVES), len(TILTS))
+        if log_s.ndim != 1 or rest or not 0 <= tilts <= MAX_TILT_CLASSES:
             return cls.new()  # a grid from another version: start afresh
         return cls(log_s, int(snap["k"]), float(snap["log_m_max"]),
                    None if snap.get("alarm_k") is None else int(snap["alarm_k"]),
                    float(snap["w_sum"]), float(snap["log_m"]))
 
 
-def change_point(p: np.ndarray, y: np.ndarray) -> int:
+def _stack(det: Detector, ll: np.ndarray, tilt: np.ndarray | None) -> np.ndarray:
+    """The batch's log-LRs in the detector's rows: the tilts join on its first batch; a
+    batch without (matching) tilts gives them log-LR 0 (a ratio of 1 keeps M valid)."""
+    j = len(ALTERNATIVES)
+    if tilt is not None and det.k == 0 and len(det.log_s) == j:
+        det.log_s = np.concatenate((det.log_s, np.full(len(tilt), -np.inf)))
+    extra = len(det.log_s) - j
+    if extra == 0:
+        return ll
+    if tilt is None or len(tilt) != extra:
+        tilt = np.zeros((extra, ll.shape[1]))
+    return np.vstack((ll, tilt))
+
+
+def change_point(p: np.ndarray, y: np.ndarray, tilt: np.ndarray | None = None) -> int:
     """CUSUM estimate of where the change began: the index k (0-based, in feeding order)
-    maximising, over alternatives, the log-likelihood ratio of samples k..end."""
+    maximising, over alternatives (the tilts too, when given), the log-likelihood ratio
+    of samples k..end."""
     if len(p) == 0:
         return 0
-    ll = log_lr(p, y)
+    ll = log_lr(p, y) if tilt is None else np.vstack((log_lr(p, y), tilt))
     suffix = np.cumsum(ll[:, ::-1], axis=1)[:, ::-1]  # suffix[j, k] = sum_{i>=k} ll[j, i]
     _, k = np.unravel_index(int(np.argmax(suffix)), suffix.shape)
     return int(k)

@@ -39,10 +39,16 @@ import numpy as np
 from calmon.calibrators import Calibrator
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
-from calmon.engine.metrics import Bins, bins_from_samples, confidence_and_correct, ece
+from calmon.engine.metrics import (
+    Bins,
+    bins_from_samples,
+    classwise_ece_from_samples,
+    confidence_and_correct,
+    ece,
+)
 from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
-from calmon.recal.detect import Detector, change_point
+from calmon.recal.detect import Detector, change_point, tilt_log_lr
 from calmon.recal.refit import (
     Prior,
     Refit,
@@ -81,9 +87,14 @@ def parse_iso(value: Any) -> float | None:
 def target(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
     """(p, y) the detector tests: calibrated P(y=1) and y, or top-label confidence and
     correctness, after ``cal`` (identity when None)."""
+    return confidence_and_correct(*scored(cal, samples))
+
+
+def scored(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
+    """(calibrated probabilities, integer labels) of the samples after ``cal``."""
     kind = input_kind(samples)
     probs = apply_or_identity(cal, scores_as(samples, kind), kind)
-    return confidence_and_correct(probs, samples.label.astype(np.int64))
+    return probs, samples.label.astype(np.int64)
 
 
 @dataclass
@@ -218,8 +229,9 @@ class Policy:
         if new > 0:
             fresh = samples_of(model, segment, new)
             if fresh is not None and len(fresh):
-                p, y = target(None if live is None else live.calibrator, fresh)
-                st.detector.update(p, y, self.log_threshold())
+                probs, labels = scored(None if live is None else live.calibrator, fresh)
+                p, y = confidence_and_correct(probs, labels)
+                st.detector.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels))
                 st.seen = fresh.total
         if not st.detector.alarmed:
             st.drifting, st.change_ts, st.change_total = (), None, None
@@ -265,8 +277,10 @@ class Policy:
             st.change_ts = None
             return
         order = np.argsort(recent.ts, kind="stable")
-        p, y = target(cal, recent)
-        k = change_point(p[order], y[order])
+        probs, labels = scored(cal, recent)
+        p, y = confidence_and_correct(probs, labels)
+        tilt = tilt_log_lr(probs, labels)
+        k = change_point(p[order], y[order], None if tilt is None else tilt[:, order])
         st.change_ts = float(recent.ts[order][k])
 
     def _effects(self, now: float, model: str, segment: str, st: SeriesState,
@@ -282,9 +296,12 @@ class Policy:
             post = post.select(keep)
         if post is None or len(post) == 0:
             return Decision(0.0, (), None), SampleSet(*(np.zeros(0),) * 4)
-        p, y = target(None if live is None else live.calibrator, post)
+        probs, labels = scored(None if live is None else live.calibrator, post)
+        p, y = confidence_and_correct(probs, labels)
+        classwise = (classwise_ece_from_samples(probs, labels, self.cfg.metrics.bins)[0]
+                     if self.cfg.metrics.classwise and probs.ndim == 2 else None)
         reading = Reading(_bins(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
-                          self._baseline(model, segment, live))
+                          self._baseline(model, segment, live), classwise)
         return decide(self.rc, reading), post
 
     def _deferred(self, model: str, segment: str, keys: list[tuple[str, str]]) -> bool:
@@ -397,6 +414,10 @@ class Policy:
 
     # ------------------------------------------------------------ readers
 
+    def _classwise_on(self) -> bool:
+        return (self.cfg.metrics.classwise
+                and self.rc.triggers.classwise_ece_above is not None)
+
     def _publish_readers(self) -> None:
         thr = self.log_threshold()
         evidence, change, drift = {}, {}, {}
@@ -406,7 +427,8 @@ class Policy:
             if st.detector.alarmed and st.change_ts is not None:
                 change[key] = st.change_ts
             for trig in (*TRIGGERS, "evidence"):
-                if trig != "evidence" or trig in st.drifting:
+                if trig in st.drifting or trig not in ("evidence", "classwise_ece_above") or (
+                        trig == "classwise_ece_above" and self._classwise_on()):
                     drift[(*key, trig)] = int(trig in st.drifting)
         self.gauges = Gauges(evidence, change, drift)
         self._snapshot = {

@@ -5,7 +5,9 @@ triggers say whether the change is large enough to act on. They read the samples
 predicted since the estimated change time, after the live calibrator:
 ``ece_above`` (ECE over a threshold), ``ece_increase`` (over the live calibrator's
 holdout ECE at publish time plus a margin), ``observed_over_expected`` (binary:
-sum y / sum p outside a band).
+sum y / sum p outside a band), ``classwise_ece_above`` (multiclass with
+``metrics.classwise``: the mean over classes of the ECE of p_k against [y = k] over a
+threshold; a class-prior shift shows there while the top-label ECE hardly moves).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from calmon.config import RecalibrationConfig
 from calmon.engine.metrics import Bins, ece
 
-TRIGGERS = ("ece_above", "ece_increase", "observed_over_expected")
+TRIGGERS = ("ece_above", "ece_increase", "observed_over_expected", "classwise_ece_above")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Reading:
     bins: Bins  # after the live calibrator, samples since the estimated change
     binary: bool
     last_publish_ece: float | None  # holdout ECE of the live calibrator when it was published
+    classwise_ece: float | None = None  # multiclass with metrics.classwise, same samples
 
     @property
     def samples(self) -> int:
@@ -56,6 +59,10 @@ def decide(cfg: RecalibrationConfig, r: Reading) -> Decision:
     band = t.observed_over_expected
     if band is not None and oe is not None and not band[0] <= oe <= band[1]:
         fired.append("observed_over_expected")
-    if t.ece_above is None and t.ece_increase is None and band is None:
+    if (t.classwise_ece_above is not None and r.classwise_ece is not None
+            and r.classwise_ece > t.classwise_ece_above):
+        fired.append("classwise_ece_above")
+    if (t.ece_above is None and t.ece_increase is None and band is None
+            and t.classwise_ece_above is None):
         fired.append("evidence")  # no effect-size triggers configured: the detector decides
     return Decision(value, tuple(fired), oe)

@@ -29,7 +29,7 @@ T0 = 1_764_460_800.0  # 2025-11-30T00:00:00Z
 BINS = 15
 
 
-def sim_config(tmp: Path | None = None, **recal: Any) -> Config:
+def sim_config(tmp: Path | None = None, *, classwise: bool = False, **recal: Any) -> Config:
     base: dict[str, Any] = {
         "interval": "5m", "cooldown": "1h", "min_samples": 1000, "alpha": 0.01,
         "method": "temperature", "buffer": 50_000, "window": "24h",
@@ -37,7 +37,7 @@ def sim_config(tmp: Path | None = None, **recal: Any) -> Config:
     }
     base.update(recal)
     return config_mod.from_dict({
-        "metrics": {"bins": BINS, "windows": ["1h", "24h"]},
+        "metrics": {"bins": BINS, "windows": ["1h", "24h"], "classwise": classwise},
         "segments": {"slices": [["country"]], "max_values": 50},
         "recalibration": base,
     })
@@ -75,6 +75,21 @@ def multiclass(k: int = 4, sd: float = 1.5, change_at: float = np.inf,
     return draw
 
 
+def prior_shift(k: int = 5, sd: float = 1.5, change_at: float = np.inf, shift: float = 2.0,
+                cls: int = 0, scale: float = 1.0) -> Scenario:
+    """A K-class model whose logits z ~ N(0, sd) are calibrated until ``change_at``; then
+    the truth becomes softmax(z + shift e_cls) (a class-prior shift: the model's logits
+    do not change) and the model reports z * scale (0.5: turned under-confident)."""
+
+    def draw(t: float, seg: int, n: int, rng: np.random.Generator):
+        z = rng.normal(0.0, sd, (n, k))
+        if t < change_at:
+            return z, softmax(z, axis=1)
+        return z * scale, softmax(z + shift * np.eye(k)[cls], axis=1)
+
+    return draw
+
+
 def draw_labels(truth: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     if truth.ndim == 1:
         return (rng.random(len(truth)) < truth).astype(np.int64)
@@ -100,6 +115,19 @@ def true_ece(cal: Any, scores: np.ndarray, truth: np.ndarray, bins: int = BINS) 
         if m.any():
             total += abs(conf[m].sum() - target[m].sum())
     return total / len(conf)
+
+
+def true_classwise_ece(cal: Any, scores: np.ndarray, truth: np.ndarray,
+                       bins: int = BINS) -> float:
+    """Mean over classes of the ECE of p_k against the TRUE P(y = k) (None: raw model)."""
+    out = softmax(scores, axis=1) if cal is None else cal.apply(scores)
+    per = []
+    for c in range(out.shape[1]):
+        conf, target = out[:, c], truth[:, c]
+        b = np.clip(np.ceil(conf * bins).astype(int) - 1, 0, bins - 1)
+        per.append(np.abs(np.bincount(b, conf, bins) - np.bincount(b, target, bins)).sum()
+                   / len(conf))
+    return float(np.mean(per))
 
 
 @dataclass
