@@ -57,6 +57,10 @@ from calmon.io.exporter import FIT_METHODS, CalmonCollector
 from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.io.outbox import Outbox
+from calmon.io.shape import SECTION as SHAPE_SECTION
+from calmon.io.shape import mismatch, of_checkpoint, of_config
+from calmon.io.source import CoPartitionError
+from calmon.io.statelock import StateLock
 from calmon.io.totals import ProcessTotals
 from calmon.recal.loop import Recalibrator
 from calmon.recal.readmodel import RecalState
@@ -119,6 +123,9 @@ class Daemon:
         self.assigned = False
         self.last_checkpoint: float | None = None
         self.restored = False  # state came from a checkpoint: its positions are the truth
+        self._ever_assigned = False
+        self._refused: str | None = None  # why the last assignment was refused
+        self._keys_logged: dict[str, float] = {}  # topic -> monotonic time last logged
         self._stop = threading.Event()
         self._signals = 0
         self._install_signals = install_signals
@@ -153,7 +160,20 @@ class Daemon:
     # ------------------------------------------------------------ readers
 
     def ready(self) -> bool:
-        return (self.state is RunState.RUNNING and self.assigned and self.source.connected())
+        return self.unready_reason() is None
+
+    def unready_reason(self) -> str | None:
+        """Why /readyz fails, in a sentence, or None when ready."""
+        if self.state is not RunState.RUNNING:
+            return f"calmon is {self.state.value}"
+        if self._refused is not None:
+            return self._refused
+        if not self.assigned:
+            return "partitions not assigned yet"
+        if not self.source.connected():
+            return "the Kafka broker is not reachable"
+        problem = getattr(self.source, "problem", None)  # a Source may not check topics
+        return problem() if problem is not None else None
 
     def alive(self) -> bool:
         """False once the running loop has made no progress for ``stall_after_s``."""
@@ -221,8 +241,11 @@ class Daemon:
         checkpoint, the consumer, the dead-letter producer, the HTTP server.
 
         Raises RuntimeError when the daemon has run before (a Daemon runs once);
-        ConfigError when the port cannot be bound; StateError at start when no
-        checkpoint is usable and ``state.on_corrupt`` is ``fail``.
+        ConfigError when the port cannot be bound, or at the first assignment when
+        the input topics cannot co-partition; StateError at start when another
+        process holds ``state.dir``, when the checkpoint was written by another
+        instance shape, or when no checkpoint is usable and ``state.on_corrupt`` is
+        ``fail``.
         """
         if self.state is not RunState.NEW:
             raise RuntimeError(f"a Daemon runs once; this one is {self.state.value}")
@@ -234,6 +257,8 @@ class Daemon:
                     for signum in (signal.SIGTERM, signal.SIGINT):
                         stack.callback(signal.signal, signum, signal.getsignal(signum))
                         signal.signal(signum, self._on_signal)
+                # one process per state.dir: a second one exits before it serves or reads
+                stack.enter_context(StateLock(self.cfg.state.dir))
                 # serving first: /healthz answers while a large state loads, /readyz 503
                 self.http = stack.enter_context(self._http_server())
                 log.info("serving metrics on http://%s:%d/metrics", self.cfg.server.host,
@@ -271,6 +296,10 @@ class Daemon:
             self.restored = self.store.discarded
             return
         try:
+            problem = mismatch(of_checkpoint(ckpt.state), of_config(self.cfg.kafka.instance),
+                               str(self.store.dir))
+            if problem is not None:
+                raise StateError(problem)
             self.engine.restore(ckpt.state["engine"])
             if self.recal is not None and "recal" in ckpt.state:
                 self.recal.restore(ckpt.state["recal"])
@@ -297,8 +326,16 @@ class Daemon:
                     # auto_offset_reset, never at the group's committed offsets: those
                     # may belong to a newer checkpoint that was lost (corrupt, fallen back).
                     self.source.assign(self.positions or None, from_checkpoint=self.restored)
-                    self.assigned = True
+                    self.assigned = self._ever_assigned = True
+                    self._refused = None
                     log.info("partitions assigned")
+                except CoPartitionError as e:
+                    log.error("%s", e)
+                    if not self._ever_assigned:  # at start: a configuration error
+                        raise ConfigError([str(e)]) from None
+                    self._refused = str(e)  # later (a re-assignment): unready, retrying
+                    self._stop.wait(STALL_LOG_INTERVAL_S / 6)
+                    continue
                 except KafkaSourceError as e:
                     if time.monotonic() - last_warn >= STALL_LOG_INTERVAL_S:
                         log.warning("cannot assign partitions yet (%s); retrying", e)
@@ -329,6 +366,8 @@ class Daemon:
             try:
                 rejected = self.engine.feed(records, self._not_after())
                 self.totals.add(self.engine.last_delta)
+                if self.engine.last_delta.key_mismatch:
+                    self._log_keys(self.engine.last_delta.key_mismatch)
             except Exception:
                 log.exception("the engine raised on a batch of %d records; rolling back to "
                               "the last checkpoint to find the record", len(records))
@@ -378,6 +417,17 @@ class Daemon:
         self.assigned = False  # the loop assigns again at these positions
         self._written = None
 
+    def _log_keys(self, mismatches: Mapping[str, int]) -> None:
+        now = time.monotonic()
+        for topic, n in mismatches.items():
+            last = self._keys_logged.get(topic)
+            if n and (last is None or now - last >= INVALID_LOG_INTERVAL_S):
+                self._keys_logged[topic] = now
+                log.warning("%d records on the %s topic have a Kafka key that is not their "
+                            "id: they may not co-partition with the other topic (key both "
+                            "topics by the id's bytes with one partitioner, README \"Scaling "
+                            "out\"); counted in calmon_key_mismatch_total", n, topic)
+
     def _log_invalid(self, kind: Kind, reason: str, source: str) -> None:
         """The first invalid record per (topic, reason) a minute, with what to fix: a
         wrong ``fields:`` mapping of one topic must not hide behind the other's."""
@@ -406,7 +456,8 @@ class Daemon:
             # settles every record within delivery_timeout_ms, delivered or counted failed)
             log.warning("checkpoint postponed: dead letters not yet delivered")
             return
-        state: dict[str, Any] = {"engine": self.engine.snapshot()}  # 2
+        state: dict[str, Any] = {"engine": self.engine.snapshot(),  # 2
+                                 SHAPE_SECTION: of_config(self.cfg.kafka.instance)}
         totals = self.totals.copy()  # what a roll-back to this checkpoint restores
         if recal is not None:
             state["recal"] = recal

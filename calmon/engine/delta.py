@@ -23,6 +23,7 @@ class Delta:
     labels_expired: int = 0
     class_resets: Counter[str] = field(default_factory=Counter)  # model
     duplicates: Counter[str] = field(default_factory=Counter)  # topic
+    key_mismatch: Counter[str] = field(default_factory=Counter)  # topic: key is not the id
     invalid: Counter[tuple[str, str]] = field(default_factory=Counter)  # topic, reason
     # (model, segment) -> (3, B): samples, summed confidence, summed correct per bin
     bins: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)

@@ -31,6 +31,7 @@ from calmon.engine.delta import Delta
 from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
 from calmon.engine.fastparse import BatchParser
 from calmon.engine.join import BatchColumns, Join, Joined
+from calmon.engine.keys import mismatches as key_mismatches
 from calmon.engine.metrics import Stats
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
 from calmon.engine.rawbatch import RawBatch
@@ -139,8 +140,11 @@ class Engine:
         raws = batch if isinstance(batch, RawBatch) else RawBatch.of(list(batch))
         self.batch_parser.not_after = not_after
         parsed = self.batch_parser.parse(raws)
+        keyed = None if raws.keys is None else key_mismatches(raws, parsed)
         with self.lock:
             self.last_delta = Delta()
+            if keyed is not None:
+                self.last_delta.key_mismatch.update(predictions=keyed[0], labels=keyed[1])
             return self._consume(parsed, raws)
 
     def reject(self, raw: Raw, reason: str) -> Rejected:

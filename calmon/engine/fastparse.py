@@ -234,7 +234,7 @@ class BatchParser:
         if isinstance(raws, RawBatch):  # a label's source is made when it is needed
             kinds, values, stamps, sources = raws.kinds, raws.values, raws.stamps, None
         else:
-            kinds, values, stamps, sources = zip(*raws)
+            kinds, values, stamps, sources, _keys = zip(*raws)
         pre = self._guards(values)
         # Parser reads any kind but PREDICTION as a label; enums compare by identity
         # (an enum's hash is Python code)

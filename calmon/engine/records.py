@@ -31,6 +31,16 @@ class Kind(enum.Enum):
 _PREDICTION = Kind.PREDICTION  # a module constant: one lookup less per record
 
 
+class Unkeyed(enum.Enum):
+    """The key of a record that did not come from Kafka (a file): nothing to compare,
+    unlike a Kafka record with a null key."""
+
+    UNKEYED = "unkeyed"
+
+
+UNKEYED = Unkeyed.UNKEYED
+
+
 class Raw(NamedTuple):
     """One record as it came off a topic or out of a file, not yet decoded. A named
     tuple: the cheapest record there is to build, once per consumed record."""
@@ -39,6 +49,7 @@ class Raw(NamedTuple):
     value: bytes | None
     timestamp: float | None = None  # broker timestamp in seconds, if any
     source: str = ""  # "topic/partition/offset" or "file:line", for dead letters
+    key: bytes | Unkeyed | None = UNKEYED  # the Kafka record key (None: a null key)
 
 
 # Stable reason codes, each a contract rule a record can break.

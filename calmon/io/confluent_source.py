@@ -36,12 +36,13 @@ from calmon.config import KafkaConfig
 from calmon.io import source as shared
 from calmon.io.confluent_settings import LibrdkafkaLog, librdkafka_settings
 from calmon.io.source import Chunk, KafkaSourceError, Position, SourceBase
-from calmon.io.topics import fetch_bytes, owned_partitions
+from calmon.io.topics import fetch_bytes
 
 log = logging.getLogger(__name__)
 
 _NO_TIMESTAMP = 0  # confluent_kafka.TIMESTAMP_NOT_AVAILABLE
 END_OFFSETS_TIMEOUT_S = 2.0  # a slow broker delays lag figures, never the poll loop for long
+METADATA_TIMEOUT_S = 2.0  # the same for a partition check (refresh())
 
 
 class ConfluentSource(SourceBase):
@@ -144,10 +145,8 @@ class ConfluentSource(SourceBase):
             except (KafkaException, ValueError, TypeError) as exc:  # e.g. an unknown property
                 raise KafkaSourceError(f"kafka.client: librdkafka consumer: {exc}") from exc
         consumer = self._consumer
-        owned: list[Position] = []
-        for topic in self._kinds:
-            parts = self._partitions(consumer, topic, deadline)
-            owned += [(topic, p) for p in owned_partitions(parts, self._config.instance)]
+        owned = self._plan({t: self._partitions(consumer, t, deadline) for t in self._kinds})
+        self._problem = None
         if not owned:
             log.warning(
                 "instance %s owns no partition of %s", self._config.instance, sorted(self._kinds))
@@ -185,23 +184,49 @@ class ConfluentSource(SourceBase):
         if list(map(Message.error, messages)).count(None) == len(messages):
             return _chunks(messages)
         # consume() interleaves partitions; group them, keeping offset order in each
-        groups: dict[tuple[str, int], tuple[list[bytes | None], list[int | None], list[int]]] = {}
+        groups: dict[tuple[str, int], tuple[list[bytes | None], list[int | None], list[int],
+                                            list[bytes | None]]] = {}
         for m in messages:
             err = m.error()
             if err is not None:
                 self._message_error(err)
                 continue
-            key: Any = (m.topic(), m.partition())  # both set on a fetched message
-            cols = groups.get(key)
+            at: Any = (m.topic(), m.partition())  # both set on a fetched message
+            cols = groups.get(at)
             if cols is None:
-                cols = groups[key] = ([], [], [])
+                cols = groups[at] = ([], [], [], [])
             cols[0].append(m.value())
             kind, ts = m.timestamp()
             cols[1].append(None if kind == _NO_TIMESTAMP else ts)
             offset: Any = m.offset()
             cols[2].append(offset)
-        return [(t, p, values, stamps, offsets)
-                for (t, p), (values, stamps, offsets) in groups.items()]
+            key: Any = m.key()
+            cols[3].append(key)
+        return [(t, p, values, stamps, offsets, keys)
+                for (t, p), (values, stamps, offsets, keys) in groups.items()]
+
+    def _partition_sets(self) -> dict[str, set[int]] | None:
+        """Asks the broker (a metadata request per topic, a short timeout), only while
+        it is reachable."""
+        consumer = self._consumer
+        if consumer is None or not self._connected:
+            return None
+        out: dict[str, set[int]] = {}
+        for topic in self._kinds:
+            try:
+                meta = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+            except KafkaException as exc:
+                log.debug("cannot read partition metadata: %r", exc)
+                return None
+            if meta is None or meta.error is not None or not meta.partitions:
+                return None
+            out[topic] = set(meta.partitions)
+        return out
+
+    def _add(self, new: list[Position]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        consumer.incremental_assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in new])
 
     def commit(self, positions: dict[Position, int]) -> bool:
         """Commit next offsets (lag monitoring only), asynchronously so that a slow
@@ -312,16 +337,19 @@ def _chunks(messages: list[Any]) -> list[Chunk]:
     stamps = [ts if kind != _NO_TIMESTAMP else None
               for kind, ts in map(Message.timestamp, messages)]
     offsets: list[Any] = list(map(Message.offset, messages))
+    keys: list[Any] = list(map(Message.key, messages))
     n = len(messages)
     p, t = np.array(parts), np.array(topics, dtype=object)
     cuts = [0, *(np.flatnonzero((p[1:] != p[:-1]) | (t[1:] != t[:-1])) + 1).tolist(), n]
-    groups: dict[tuple[str, int], tuple[list[bytes | None], list[int | None], list[int]]] = {}
+    groups: dict[tuple[str, int], tuple[list[bytes | None], list[int | None], list[int],
+                                        list[bytes | None]]] = {}
     for a, b in pairwise(cuts):
         cols = groups.get((topics[a], parts[a]))
         if cols is None:
-            groups[(topics[a], parts[a])] = (values[a:b], stamps[a:b], offsets[a:b])
+            groups[(topics[a], parts[a])] = (values[a:b], stamps[a:b], offsets[a:b], keys[a:b])
         else:
             cols[0].extend(values[a:b])
             cols[1].extend(stamps[a:b])
             cols[2].extend(offsets[a:b])
-    return [(t, p, vs, ss, os_) for (t, p), (vs, ss, os_) in groups.items()]
+            cols[3].extend(keys[a:b])
+    return [(t, p, vs, ss, os_, ks) for (t, p), (vs, ss, os_, ks) in groups.items()]

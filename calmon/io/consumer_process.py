@@ -35,13 +35,21 @@ from calmon import logs, secrets
 from calmon.children import die_with_parent
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
-from calmon.io.source import Batch, KafkaSourceError, Position, make_source, to_batch
+from calmon.io.source import (
+    Batch,
+    CoPartitionError,
+    KafkaSourceError,
+    Position,
+    make_source,
+    to_batch,
+)
 
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 200
 AHEAD = 2  # poll results the child may hold beyond the one crossing the pipe
 END_OFFSETS_INTERVAL_S = 10.0  # how often the child fetches end offsets (consumer lag)
+REFRESH_INTERVAL_S = 30.0  # how often the child compares the topics' partitions again
 
 
 class ProcessSource:
@@ -58,11 +66,13 @@ class ProcessSource:
         self._cmd: Connection | None = None  # parent -> child: commit, close
         self._connected = False
         self._end_offsets: dict[Position, int] = {}  # last fetched by the child
+        self._problem: str | None = None  # the child's co-partitioning problem, if any
 
     def assign(self, positions: dict[Position, int] | None = None, *,
                from_checkpoint: bool = False) -> list[Position]:
         """Start the child, which assigns and seeks, then streams. Raises
-        KafkaSourceError when the child cannot assign (broker down, missing topic)."""
+        KafkaSourceError when the child cannot assign (broker down, missing topic),
+        CoPartitionError when the topics cannot be split over the instances."""
         self.close()
         ctx = mp.get_context("spawn")  # no fork of the HTTP and scheduler threads
         data_parent, data_child = ctx.Pipe(duplex=False)
@@ -88,10 +98,11 @@ class ProcessSource:
         except EOFError:
             self.close()
             raise KafkaSourceError("the consumer process died while assigning") from None
-        if kind == "error":
+        if kind in ("error", "refused"):
             self.close()
-            raise KafkaSourceError(payload)
+            raise (CoPartitionError if kind == "refused" else KafkaSourceError)(payload)
         self._connected = True
+        self._problem = None
         owned: list[Position] = payload
         return owned
 
@@ -103,7 +114,7 @@ class ProcessSource:
         try:
             if not self._data.poll(timeout_ms / 1000.0):
                 return Batch()
-            chunks, self._connected, ends = self._data.recv()
+            chunks, self._connected, ends, self._problem = self._data.recv()
         except (EOFError, OSError):
             self.close()
             raise KafkaSourceError("the consumer process exited") from None
@@ -114,6 +125,11 @@ class ProcessSource:
     def end_offsets(self) -> dict[Position, int]:
         """The owned partitions' end offsets as the child last fetched them (for lag)."""
         return self._end_offsets
+
+    def problem(self) -> str | None:
+        """Why the input topics cannot be split over the instances, as the child last
+        found at a metadata refresh (None: they can)."""
+        return self._problem
 
     def commit(self, positions: dict[Position, int]) -> bool:
         """Ask the child to commit (for lag monitoring only); does not wait."""
@@ -167,6 +183,9 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
     try:
         try:
             owned = source.assign(positions, from_checkpoint=from_checkpoint)
+        except CoPartitionError as e:
+            data.send(("refused", str(e)))
+            return
         except KafkaSourceError as e:
             data.send(("error", str(e)))
             return
@@ -177,6 +196,8 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
         sender = threading.Thread(target=_send_all, args=(outbox, data), daemon=True)
         sender.start()
         next_ends = time.monotonic()
+        next_refresh = time.monotonic() + REFRESH_INTERVAL_S
+        problem: str | None = None
         while os.getppid() == parent and sender.is_alive():
             while cmd.poll():
                 what, arg = cmd.recv()
@@ -188,9 +209,12 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
             if time.monotonic() >= next_ends:
                 ends = source.end_offsets() if source.connected() else {}
                 next_ends = time.monotonic() + END_OFFSETS_INTERVAL_S
+            if time.monotonic() >= next_refresh:
+                problem = source.refresh()
+                next_refresh = time.monotonic() + REFRESH_INTERVAL_S
             while sender.is_alive():  # blocks while the parent is AHEAD batches behind
                 try:
-                    outbox.put((chunks, source.connected(), ends), timeout=0.5)
+                    outbox.put((chunks, source.connected(), ends, problem), timeout=0.5)
                     break
                 except queue.Full:
                     continue

@@ -201,6 +201,13 @@ class CalmonCollector(Collector):
         for topic in ("predictions", "labels"):
             fam.add_metric([topic], t.duplicates.get(topic, 0))
         yield fam
+        fam = CounterMetricFamily(
+            "calmon_key_mismatch_total",
+            "Records whose Kafka key is not their id (they cannot co-partition)",
+            labels=("topic",))
+        for topic in ("predictions", "labels"):
+            fam.add_metric([topic], t.key_mismatch.get(topic, 0))
+        yield fam
         fam = CounterMetricFamily("calmon_invalid_records_total", "Records that broke the contract",
                                   labels=("topic", "reason"))
         for topic in ("predictions", "labels"):

@@ -25,12 +25,13 @@ from calmon.config import KafkaConfig
 from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, SourceBase
 from calmon.io.source import Batch as Batch  # re-exported: older imports
 from calmon.io.source import KafkaSourceError as KafkaSourceError
-from calmon.io.topics import client_settings, fetch_bytes, owned_partitions
+from calmon.io.topics import client_settings, fetch_bytes
 
 log = logging.getLogger(__name__)
 
 _MISSING_TOPIC_GRACE_S = MISSING_TOPIC_GRACE_S
 END_OFFSETS_TIMEOUT_MS = 2000  # a slow broker delays lag figures, never the poll loop for long
+METADATA_MAX_AGE_MS = 30_000  # kafka-python's default is 5 min
 
 
 def consumer_lag(end_offsets: dict[Position, int],
@@ -76,6 +77,8 @@ class KafkaSource(SourceBase):
             # A misspelt input topic must fail loudly, not be created empty.
             "allow_auto_create_topics": False,
             "bootstrap_timeout_ms": int(self._metadata_timeout_s * 1000),
+            # partitions added to the topics are seen within this (refresh())
+            "metadata_max_age_ms": METADATA_MAX_AGE_MS,
         }
         accepted = KafkaConsumer.DEFAULT_CONFIG
         settings = {k: v for k, v in defaults.items() if k in accepted}
@@ -150,10 +153,8 @@ class KafkaSource(SourceBase):
                     f"cannot connect to {','.join(self._config.bootstrap_servers)}: {exc}"
                 ) from exc
         consumer = self._consumer
-        owned: list[Position] = []
-        for topic in self._kinds:
-            parts = self._partitions(consumer, topic, deadline)
-            owned += [(topic, p) for p in owned_partitions(parts, self._config.instance)]
+        owned = self._plan({t: self._partitions(consumer, t, deadline) for t in self._kinds})
+        self._problem = None
         if not owned:
             log.warning(
                 "instance %s owns no partition of %s", self._config.instance, sorted(self._kinds)
@@ -198,8 +199,29 @@ class KafkaSource(SourceBase):
             return []
         self._recovered()
         return [(tp.topic, tp.partition, [r.value for r in recs],
-                 [r.timestamp for r in recs], [r.offset for r in recs])
+                 [r.timestamp for r in recs], [r.offset for r in recs], [r.key for r in recs])
                 for tp, recs in polled.items() if recs]
+
+    def _partition_sets(self) -> dict[str, set[int]] | None:
+        """From the client's metadata cache, which it refreshes every
+        ``metadata_max_age_ms`` on its own (no I/O here while the topics are known)."""
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        try:
+            parts = {t: set(consumer.partitions_for_topic(t) or ()) for t in self._kinds}
+        except KafkaError as exc:
+            log.debug("cannot read partition metadata: %r", exc)
+            return None
+        return parts if all(parts.values()) else None  # a topic missing: say nothing yet
+
+    def _add(self, new: list[Position]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        # assign() replaces the assignment but keeps the position of every partition
+        # still in it (kafka-python's SubscriptionState)
+        consumer.assign([TopicPartition(t, p) for t, p in sorted({*self._owned, *new})])
+        consumer.seek_to_beginning(*[TopicPartition(t, p) for t, p in new])
 
     def end_offsets(self) -> dict[Position, int]:
         """End offsets (offset of the next record) of the owned partitions; empty when

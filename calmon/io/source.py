@@ -11,6 +11,7 @@ dead letters do not depend on the choice.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,11 +19,15 @@ from calmon.config import KafkaConfig
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.errors import CalmonError
+from calmon.io.topics import copartition_problem, owned_partitions
+
+log = logging.getLogger(__name__)
 
 Position = tuple[str, int]  # (topic, partition)
 
-# One partition's records of a poll: (topic, partition, values, timestamps in ms, offsets)
-Chunk = tuple[str, int, list[bytes | None], list[int | None], list[int]]
+# One partition's records of a poll: (topic, partition, values, timestamps in ms, offsets,
+# keys)
+Chunk = tuple[str, int, list[bytes | None], list[int | None], list[int], list[bytes | None]]
 
 MISSING_TOPIC_GRACE_S = 5.0  # how long a topic the broker does not list may take to appear
 
@@ -30,6 +35,11 @@ MISSING_TOPIC_GRACE_S = 5.0  # how long a topic the broker does not list may tak
 class KafkaSourceError(CalmonError):
     """Raised by ``assign`` when the broker cannot be reached in time or a
     configured topic does not exist."""
+
+
+class CoPartitionError(KafkaSourceError):
+    """Raised by ``assign`` when ``kafka.instance.count > 1`` and the two input topics
+    have different partition counts (the message says what to do)."""
 
 
 @dataclass(slots=True)
@@ -55,19 +65,19 @@ def to_batch(chunks: list[Chunk], kinds: dict[str, Kind], columns: bool = False)
     batch = Batch()
     if columns:
         raw = batch.raw = RawBatch()
-        for topic, partition, values, stamps, offsets in chunks:
-            raw.add_partition(kinds[topic], topic, partition, values, stamps, offsets)
+        for topic, partition, values, stamps, offsets, keys in chunks:
+            raw.add_partition(kinds[topic], topic, partition, values, stamps, offsets, keys)
             batch.positions[(topic, partition)] = offsets[-1] + 1
         return batch
     records = batch.records
     new = tuple.__new__  # Raw's own __new__, minus a Python-level call per record
-    for topic, partition, values, stamps, offsets in chunks:
+    for topic, partition, values, stamps, offsets, keys in chunks:
         kind = kinds[topic]
         prefix = f"{topic}/{partition}/"
         records.extend([
             new(Raw, (kind, value, ts / 1000.0 if ts is not None and ts >= 0 else None,
-                      f"{prefix}{offset}"))
-            for value, ts, offset in zip(values, stamps, offsets)])
+                      f"{prefix}{offset}", key))
+            for value, ts, offset, key in zip(values, stamps, offsets, keys)])
         batch.positions[(topic, partition)] = offsets[-1] + 1
     return batch
 
@@ -79,7 +89,59 @@ class SourceBase:
     def __init__(self, config: KafkaConfig) -> None:
         self._kinds = {config.predictions_topic: Kind.PREDICTION,
                        config.labels_topic: Kind.LABEL}
+        self._instance = config.instance
         self._owned: list[Position] = []
+        self._problem: str | None = None  # why the topics cannot be split, as last seen
+
+    def _plan(self, parts: dict[str, set[int]]) -> list[Position]:
+        """The partitions this instance owns of both topics, sorted. Raises
+        CoPartitionError when several instances cannot split the topics."""
+        pred, lab = self._kinds
+        problem = copartition_problem((pred, len(parts[pred])), (lab, len(parts[lab])),
+                                      self._instance)
+        if problem is not None:
+            raise CoPartitionError(problem)
+        return sorted((t, p) for t in self._kinds
+                      for p in owned_partitions(parts[t], self._instance))
+
+    def _partition_sets(self) -> dict[str, set[int]] | None:
+        """Both topics' partition ids as the client's metadata has them now, without
+        waiting long; None when it cannot say."""
+        raise NotImplementedError
+
+    def _add(self, new: list[Position]) -> None:
+        """Start reading partitions that appeared, from their beginning."""
+        raise NotImplementedError
+
+    def refresh(self) -> str | None:
+        """At a metadata refresh: partitions added to the topics are taken (when both
+        topics still co-partition) and read from their first record, which is newer
+        than anything read so far. Returns the co-partitioning problem (the
+        assignment is then left as it is), or None."""
+        try:
+            parts = self._partition_sets()
+        except CalmonError as e:
+            log.debug("cannot refresh partitions: %s", e)
+            parts = None
+        if parts is None:
+            return self._problem  # no answer now: as last seen
+        try:
+            owned = self._plan(parts)
+        except CoPartitionError as e:
+            if self._problem != str(e):
+                log.error("%s; reading on with the partitions assigned so far", e)
+            self._problem = str(e)
+            return self._problem
+        if self._problem is not None:
+            log.warning("the input topics co-partition again")
+            self._problem = None
+        new = sorted(set(owned) - set(self._owned))
+        if new:
+            self._add(new)
+            self._owned = sorted(set(self._owned) | set(new))
+            log.warning("partitions added to the input topics: now reading %s from their "
+                        "beginning", new)
+        return None
 
     @property
     def owned(self) -> list[Position]:
@@ -128,6 +190,11 @@ class ChunkSource(Protocol):
     def end_offsets(self) -> dict[Position, int]:
         """End offsets (the offset of the next record) of the owned partitions, for the
         lag gauge; empty when the broker does not answer quickly."""
+        ...
+
+    def refresh(self) -> str | None:
+        """Compare both topics' partitions with the assignment again (see
+        ``SourceBase.refresh``); returns the co-partitioning problem or None."""
         ...
 
     def connected(self) -> bool: ...

@@ -26,6 +26,28 @@ def owned_partitions(partitions: Iterable[int], instance: Instance | None) -> li
     return [p for p in ps if p % instance.count == instance.index]
 
 
+def copartition_problem(predictions: tuple[str, int], labels: tuple[str, int],
+                        instance: Instance | None) -> str | None:
+    """Why the two input topics cannot be split over ``instance.count`` instances
+    (``(topic, partition count)`` each), with what to do; None when they can.
+
+    A prediction and its label meet only on one instance, so they must land on the
+    same partition number: the same key, the same partitioner and the same partition
+    count (Kafka Streams refuses topics that are not co-partitioned the same way).
+    One instance reads every partition and needs none of this."""
+    if instance is None or instance.count <= 1 or predictions[1] == labels[1]:
+        return None
+    (small, _), (_, n_big) = sorted((predictions, labels), key=lambda x: x[1])
+    return (f"kafka.instance.count: {instance.count} instances need both input topics "
+            f"co-partitioned, but kafka.predictions_topic {predictions[0]!r} has "
+            f"{predictions[1]} partitions and kafka.labels_topic {labels[0]!r} has "
+            f"{labels[1]}: a prediction and its label would meet only when their ids "
+            f"happen to hash to the same partition of both. Give both topics the same "
+            f"partition count (e.g. kafka-topics.sh --alter --topic {small} --partitions "
+            f"{n_big}; partitions cannot be removed), or run one instance "
+            f"(kafka.instance: null)")
+
+
 def fetch_bytes(max_record_bytes: int) -> int:
     """A per-partition fetch size that holds the largest valid record with room to
     spare (at least 4 MiB, so 2 MB records always fit).

@@ -29,6 +29,7 @@ class ProcessTotals:
         self.labels_expired = 0
         self.class_resets: Counter[str] = Counter()
         self.duplicates: Counter[str] = Counter()
+        self.key_mismatch: Counter[str] = Counter()
         self.invalid: Counter[tuple[str, str]] = Counter()
         self.bins: dict[tuple[str, str], np.ndarray] = {}  # (model, segment) -> (3, B)
         self.delay_counts: dict[str, np.ndarray] = {}  # model -> per bucket, +Inf last
@@ -43,6 +44,7 @@ class ProcessTotals:
             self.labels_expired += d.labels_expired
             self.class_resets.update(d.class_resets)
             self.duplicates.update(d.duplicates)
+            self.key_mismatch.update(d.key_mismatch)
             self.invalid.update(d.invalid)
             for key, arr in d.bins.items():
                 mine = self.bins.get(key)
@@ -74,6 +76,7 @@ class ProcessTotals:
             out.labels_expired = self.labels_expired
             out.class_resets = Counter(self.class_resets)
             out.duplicates, out.invalid = Counter(self.duplicates), Counter(self.invalid)
+            out.key_mismatch = Counter(self.key_mismatch)
             out.bins = {k: v.copy() for k, v in self.bins.items()}
             out.delay_counts = {k: v.copy() for k, v in self.delay_counts.items()}
             out.delay_sum = dict(self.delay_sum)

@@ -1,6 +1,7 @@
 """``ConfluentSource``'s grouping of one ``consume()`` into per-partition columns,
 against a plain loop: partitions interleaved or in runs, two topics with the same
-partition numbers, messages without a timestamp, tombstones (no value)."""
+partition numbers, messages without a timestamp, tombstones (no value), keys and
+unkeyed messages."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from calmon.io.confluent_source import _chunks
 def plain(messages: list[Any]) -> dict[tuple[str, int], tuple[list[Any], ...]]:
     out: dict[tuple[str, int], tuple[list[Any], ...]] = {}
     for m in messages:
-        values, stamps, offsets = out.setdefault((m.topic(), m.partition()), ([], [], []))
+        values, stamps, offsets, keys = out.setdefault((m.topic(), m.partition()),
+                                                       ([], [], [], []))
         kind, ts = m.timestamp()
         values.append(m.value())
         stamps.append(None if kind == TIMESTAMP_NOT_AVAILABLE else ts)
         offsets.append(m.offset())
+        keys.append(m.key())
     return out
 
 
@@ -41,9 +44,10 @@ def test_chunks_group_as_a_plain_loop_does(seed: int) -> None:
         stamp = ((TIMESTAMP_NOT_AVAILABLE, -1) if rng.random() < 0.1
                  else (TIMESTAMP_CREATE_TIME, 1_700_000_000_000 + offset))
         value = None if rng.random() < 0.05 else f"v{offset}".encode()
+        kafka_key = None if rng.random() < 0.1 else f"id-{offset}".encode()
         messages.append(Message(topic=key[0], partition=key[1], offset=offset, value=value,
-                                timestamp=stamp))
+                                timestamp=stamp, key=kafka_key))
     want = plain(messages)
     got = _chunks(messages)
-    assert {(t, p): (v, s, o) for t, p, v, s, o in got} == want
+    assert {(t, p): (v, s, o, k) for t, p, v, s, o, k in got} == want
     assert len(got) == len(want)  # one chunk per partition

@@ -1,0 +1,64 @@
+"""The state directory's lock (one process at a time) and the instance shape a
+checkpoint records."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from calmon.config import Instance
+from calmon.errors import StateError
+from calmon.io.shape import mismatch, of_checkpoint, of_config
+from calmon.io.statelock import LOCK_NAME, StateLock
+
+HOLD = """
+import sys, time
+from calmon.io.statelock import StateLock
+with StateLock(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_second_process_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "state")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(StateError, match=f"in use by calmon pid {holder.pid}"):
+            StateLock(tmp_path / "state").acquire()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(10)
+    # released with its holder: the next process takes it and writes its own pid
+    with StateLock(tmp_path / "state"):
+        assert (tmp_path / "state" / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+
+
+def test_a_killed_holder_leaves_nothing_to_clean(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    holder.kill()
+    holder.wait(10)
+    with StateLock(tmp_path):
+        pass
+
+
+def test_the_shape_of_a_checkpoint() -> None:
+    assert of_checkpoint({"engine": {}}) == {"index": 0, "count": 1}  # before it was kept
+    assert of_checkpoint({"instance": {"index": 2, "count": 3}}) == {"index": 2, "count": 3}
+    for bad in ({"index": 3, "count": 3}, {"index": 0}, {"index": "0", "count": 1},
+                {"index": 0, "count": 0}, [0, 1], {"index": True, "count": 2}):
+        with pytest.raises(ValueError):
+            of_checkpoint({"instance": bad})
+    assert of_config(None) == of_config(Instance(index=0, count=1)) == {"index": 0, "count": 1}
+    assert mismatch({"index": 0, "count": 1}, of_config(None), "d") is None
+    text = mismatch({"index": 1, "count": 2}, {"index": 1, "count": 3}, "/s")
+    assert text is not None and "{index: 1, count: 2}" in text and "count: 3}" in text
+    assert "move each state.dir aside" in text
