@@ -65,6 +65,15 @@ class Rejected:
 
 
 @dataclass(frozen=True)
+class WorstClass:
+    """The class whose one-vs-rest calibration (p_k against [y = k]) is worst in a window."""
+
+    cls: int
+    ece: float
+    bins: metrics.Bins
+
+
+@dataclass(frozen=True)
 class Row:
     model: str
     segment: str
@@ -73,6 +82,7 @@ class Row:
     stats: Stats
     classwise_ece: float | None = None  # multiclass models, with metrics.classwise
     estimates: Estimates = field(default_factory=Estimates)  # before the labels
+    worst_class: WorstClass | None = None  # with classwise_ece: for /reliability
 
 
 @dataclass(frozen=True)
@@ -533,6 +543,25 @@ class Engine:
                                           vec[lay.correct:lay.correct + lay.bins]))
         return float(np.mean(values)) if values else None
 
+    def _worst_class(self, sid: int, w: int) -> WorstClass | None:
+        """The class of largest one-vs-rest ECE in window w, with its bins."""
+        assert self.classwise is not None
+        lay = self.classwise.layout
+        worst: WorstClass | None = None
+        for c in range(len(self._classes_of.get(sid, ()))):
+            cid = self._class_series.get((sid, c))
+            vec = None if cid is None else self.classwise.totals(cid, w, self.now)
+            if vec is None:
+                continue
+            b = metrics.Bins(vec[lay.count:lay.count + lay.bins],
+                             vec[lay.conf:lay.conf + lay.bins] / CONF_SCALE,
+                             vec[lay.correct:lay.correct + lay.bins])
+            if b.count.sum() > 0:
+                value = metrics.ece(b.count, b.conf, b.correct)
+                if worst is None or value > worst.ece:
+                    worst = WorstClass(c, value, b)
+        return worst
+
     def _buffer(self, combos: np.ndarray, ts: np.ndarray, label: np.ndarray,
                 kinds: np.ndarray, scores: dict[int, np.ndarray],
                 rows: dict[int, np.ndarray]) -> None:
@@ -597,7 +626,8 @@ class Engine:
                 self.classwise.evict(self.now)
             self.scores.evict(self.now)
             pending = self._pending_estimates()
-            work: list[tuple[str, str, str, bool, np.ndarray, float | None, Estimates]] = []
+            work: list[tuple[str, str, str, bool, np.ndarray, float | None, Estimates,
+                             WorstClass | None]] = []
             shown = self.windows.series() | self.scores.series() | {s for s, _ in pending}
             for sid in sorted(shown, key=lambda s: self.index.series[s]):
                 model, segment = self.index.series[sid]
@@ -612,14 +642,15 @@ class Engine:
                           if self.classwise is not None and not binary and joined else None)
                     est = self._estimates(sid, w, binary, pending.get((sid, w)),
                                           None if live is None else live[1])
-                    work.append((model, segment, win.name, binary, vec, cw, est))
+                    worst = self._worst_class(sid, w) if cw is not None else None
+                    work.append((model, segment, win.name, binary, vec, cw, est, worst))
             version = self.version
             parts = (self.now, dict(self.counters), self.join.pending,
                      self.join.pending_labels, list(self.index.series))
         rows = [Row(model, segment, name, binary,
                     metrics.from_vector(vec, lay, binary, m.mce_min_samples, m.interval_level),
-                    cw, est)
-                for model, segment, name, binary, vec, cw, est in work]
+                    cw, est, worst)
+                for model, segment, name, binary, vec, cw, est, worst in work]
         now, counters, pend, pend_labels, series = parts
         view = View(now, rows, counters, pend, pend_labels, series, version)
         with self.lock:

@@ -8,6 +8,8 @@ its interval, the realized accuracy with the estimate for the predictions still
 waiting for labels. A series with fewer than ``recalibration.min_samples``
 samples is drawn in grey as "too few samples": its gaps are mostly noise.
 The calibrated diagram (after the live calibrator) sits beside the raw one.
+With ``metrics.classwise``, a multiclass series also names its worst-calibrated class
+(largest one-vs-rest ECE, p_k against [y = k]) and shows that class's diagram.
 Query: ``?window=24h&model=ctr&segment=__all__`` (all optional).
 """
 
@@ -59,7 +61,7 @@ def diagram(bins: Bins, title: str, kind: str, level: float = 0.9, few: str = ""
                      f'text-anchor="middle">{t:g}</text>')
         parts.append(f'<text x="{PAD - 6}" y="{y(t) + 3}" font-size="10" '
                      f'text-anchor="end">{t:g}</text>')
-    fill = "#b0b0b0" if few else "#4878d0" if kind == "raw" else "#6acc64"
+    fill = "#b0b0b0" if few else {"raw": "#4878d0", "classwise": "#d65f5f"}.get(kind, "#6acc64")
     for b in range(n_bins):
         n = float(bins.count[b])
         if n <= 0:
@@ -170,6 +172,14 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
         if cal is not None and cal.count.sum() > 0:
             cells.append(f'<figure>{diagram(cal, "calibrated", "calibrated", level)}'
                          f"<figcaption>{_ece_text(cal)} (buffered samples)</figcaption></figure>")
+        worst = row.worst_class
+        if worst is not None:  # metrics.classwise: the class that is off most, one-vs-rest
+            cells.append(
+                f'<figure class=worst data-class="{worst.cls}">'
+                f'{diagram(worst.bins, f"class {worst.cls} vs rest", "classwise", level)}'
+                f"<figcaption>worst-calibrated class {worst.cls} of classwise ECE "
+                f"{row.classwise_ece or 0.0:.4f}: p_{worst.cls} vs [y = {worst.cls}], "
+                f"{_ece_text(worst.bins)}</figcaption></figure>")
         target = "P(y=1) vs y" if row.binary else "top-label confidence vs correct"
         body.append(f'<section class="series{" few" if few else ""}" '
                     f'data-model="{html.escape(row.model)}" '
