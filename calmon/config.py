@@ -518,6 +518,9 @@ def _cross_checks(cfg: Config, errors: list[str]) -> None:
     if cfg.recalibration.window not in names:
         errors.append(f"recalibration.window: must be one of metrics.windows {names}, "
                       f"got {cfg.recalibration.window!r}")
+    if cfg.recalibration.triggers.classwise_ece_above is not None and not cfg.metrics.classwise:
+        # the trigger reads the classwise ECE, which only metrics.classwise computes
+        errors.append("recalibration.triggers.classwise_ece_above: needs metrics.classwise: true")
     for i, wname in enumerate(cfg.metrics.export.windows or ()):
         if wname not in names:
             errors.append(f"metrics.export.windows[{i}]: must be one of metrics.windows "

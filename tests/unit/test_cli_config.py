@@ -135,6 +135,8 @@ def test_unknown_top_level_key(capsys, tmp_path: Path) -> None:
     ("segments:\n  max_values: -1\n", "segments.max_values"),
     ("state:\n  checkpoint_interval: soon\n", "state.checkpoint_interval"),
     ("limits:\n  max_classes: 1048576\n", "limits.max_classes"),
+    ("recalibration:\n  triggers: {classwise_ece_above: 0.05}\n",  # needs metrics.classwise
+     "recalibration.triggers.classwise_ece_above"),
 ])
 def test_single_errors_name_their_key(capsys, tmp_path: Path, text: str, key: str) -> None:
     rc, _, err = check(capsys, tmp_path, text)
