@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load_config(args.config)
     setup_logging(cfg.logging)
     secrets.register_config(config_mod.to_dict(cfg))  # masked in every log line
-    return Daemon(cfg).run()
+    return Daemon(cfg, rescale=args.rescale).run()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("run", formatter_class=fmt, epilog=_example("run"),
                         help="the daemon: Kafka in, Prometheus out")
     with_config(sp, "config.yaml")
+    sp.add_argument("--rescale", action="store_true",
+                    help="when state.dir holds the state of another kafka.instance shape, "
+                         "move it aside (state.dir/rescaled-*) and start with empty windows "
+                         "from the group's committed offsets (README, \"Scaling out\"); "
+                         "without it such a start exits 2")
     sp.set_defaults(func=cmd_run)
 
     sp = sub.add_parser("demo", formatter_class=fmt, epilog=_example("demo"),

@@ -58,9 +58,9 @@ from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.io.outbox import Outbox
 from calmon.io.shape import SECTION as SHAPE_SECTION
-from calmon.io.shape import mismatch, of_checkpoint, of_config
+from calmon.io.shape import mismatch, move_aside, of_checkpoint, of_config
 from calmon.io.source import CoPartitionError
-from calmon.io.statelock import StateLock
+from calmon.io.statelock import LOCK_NAME, StateLock
 from calmon.io.totals import ProcessTotals
 from calmon.recal.loop import Recalibrator
 from calmon.recal.readmodel import RecalState
@@ -103,8 +103,11 @@ class Daemon:
     """Build with a config; ``run()`` blocks until ``request_stop()`` (or a signal)."""
 
     def __init__(self, cfg: Config, *, registry: CollectorRegistry | None = None,
-                 source: Source | None = None, install_signals: bool = True) -> None:
+                 source: Source | None = None, install_signals: bool = True,
+                 rescale: bool = False) -> None:
         self.cfg = cfg
+        # a state of another instance shape is moved aside instead of refused (--rescale)
+        self.rescale = rescale
         self.engine = Engine(cfg)
         self.store = CheckpointStore(cfg.state.dir)
         self.source: Source = source if source is not None else ProcessSource(
@@ -296,10 +299,13 @@ class Daemon:
             self.restored = self.store.discarded
             return
         try:
-            problem = mismatch(of_checkpoint(ckpt.state), of_config(self.cfg.kafka.instance),
-                               str(self.store.dir))
+            saved = of_checkpoint(ckpt.state)
+            problem = mismatch(saved, of_config(self.cfg.kafka.instance), str(self.store.dir))
             if problem is not None:
-                raise StateError(problem)
+                if not self.rescale:
+                    raise StateError(problem)
+                self._move_aside(saved)
+                return
             self.engine.restore(ckpt.state["engine"])
             if self.recal is not None and "recal" in ckpt.state:
                 self.recal.restore(ckpt.state["recal"])
@@ -313,6 +319,19 @@ class Daemon:
         self.last_checkpoint = ckpt.written_at
         log.info("restored checkpoint %d (%d partitions, %d pending)", ckpt.seq,
                  len(self.positions), self.engine.join.pending)
+
+    def _move_aside(self, saved: dict[str, int]) -> None:
+        """``--rescale``: the state of another shape is kept aside, never used; this
+        shape starts with empty windows at the group's committed offsets."""
+        try:
+            aside = move_aside(self.store.dir, saved, keep=(LOCK_NAME,))
+        except OSError as e:
+            raise StateError(f"state.dir: cannot move the state of instance {saved} aside: "
+                             f"{e}") from None
+        log.warning("--rescale: the state of instance {index: %d, count: %d} moved to %s; "
+                    "starting with empty windows from the group's committed offsets",
+                    saved["index"], saved["count"], aside)
+        self.restored = False
 
     def _loop(self) -> None:
         interval = self.cfg.state.checkpoint_interval

@@ -199,8 +199,9 @@ class CalmonDaemon:
     exit, and asserts that nothing is left running.
     """
 
-    def __init__(self, config: Path, log: Path | None = None) -> None:
+    def __init__(self, config: Path, log: Path | None = None, args: Sequence[str] = ()) -> None:
         self.config = config
+        self.args = tuple(args)  # more arguments of ``calmon run``
         self.port = int(load_config(config)["server"]["port"])
         self.log = log or config.with_suffix(".log")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -216,7 +217,7 @@ class CalmonDaemon:
             out.write(f"\n===== start {self.starts} =====\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "calmon", "run", "-c", str(self.config)],
+                [sys.executable, "-m", "calmon", "run", "-c", str(self.config), *self.args],
                 cwd=str(self.config.parent),
                 env=subprocess_env(),
                 stdin=subprocess.DEVNULL,

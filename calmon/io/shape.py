@@ -9,15 +9,21 @@ written before the shape was recorded reads as ``{index: 0, count: 1}``.
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from calmon.config import Instance
+from calmon.files import fsync_dir
 
 SECTION = "instance"  # the key of the checkpoint payload's state mapping
 DEFAULT = {"index": 0, "count": 1}
-RESCALE = ("To rescale: stop every instance, move each state.dir aside, then start the new "
-           "shape: each instance reads its partitions from the group's committed offsets, "
-           'with empty windows (README, "Scaling out")')
+RESCALE = ("To rescale: stop every instance, then start the new shape with `calmon run "
+           "--rescale` (or move each state.dir aside first): each instance reads its "
+           "partitions from the group's committed offsets, with empty windows (README, "
+           '"Scaling out")')
+ASIDE_PREFIX = "rescaled-"
 
 
 def of_config(instance: Instance | None) -> dict[str, int]:
@@ -50,3 +56,19 @@ def mismatch(saved: dict[str, int], running: dict[str, int], where: str) -> str 
             f"{{index: {saved['index']}, count: {saved['count']}}}, this config is "
             f"{{index: {running['index']}, count: {running['count']}}}: its windows and "
             f"offsets belong to other partitions. {RESCALE}")
+
+
+def move_aside(directory: Path, saved: dict[str, int], keep: tuple[str, ...]) -> Path:
+    """Move everything in ``directory`` but ``keep`` (the lock) and earlier moves into
+    ``directory/rescaled-<index>of<count>-<unix time>/``, whatever the checkpoint
+    format's files are; returns that directory. Raises OSError."""
+    aside = directory / (f"{ASIDE_PREFIX}{saved['index']}of{saved['count']}-"
+                         f"{int(time.time())}")
+    aside.mkdir()
+    for entry in sorted(directory.iterdir()):
+        if entry.name in keep or entry.name.startswith(ASIDE_PREFIX):
+            continue
+        os.replace(entry, aside / entry.name)
+    fsync_dir(aside)
+    fsync_dir(directory)
+    return aside

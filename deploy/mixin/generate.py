@@ -247,6 +247,28 @@ and on ({TARGET})
           {{ $labels.model }} have been expired for 5 minutes because join.max_pending is
           reached: their labels will never join. Raise join.max_pending, add instances or
           lower join.ttl.""", for_="5m", per_series=False, labels={"cause": "join_capacity"}),
+        # Scaling out assumes predictions and labels co-partition (README, "Scaling out");
+        # when they do not, labels expire unjoined and nothing else says why.
+        a("CalmonLabelsNotJoining",
+          f"sum by ({TARGET}, topic) (rate(calmon_key_mismatch_total{{<SEL>}}[10m])) > 0",
+          "{{ $labels.topic }} records not keyed by their id on {{ $labels.instance }}",
+          """{{ $value | printf "%.2f" }} records/s of the {{ $labels.topic }} topic read by
+          {{ $labels.instance }} have had a Kafka key that is not their id (or no key) for
+          10 minutes: with several instances a prediction and its label then land on
+          different instances and never join. Key both topics by the id's bytes with one
+          partitioner.""", for_="10m", per_series=False, labels={"cause": "key_mismatch"}),
+        a("CalmonLabelsNotJoining",
+          f"""sum by ({TARGET}) (rate(calmon_labels_expired_total{{<SEL>}}[30m]))
+  / on ({TARGET})
+sum by ({TARGET}) (rate(calmon_labels_total{{<SEL>}}[30m])) > <labels_expired_ratio>
+and on ({TARGET})
+  sum by ({TARGET}) (rate(calmon_labels_expired_total{{<SEL>}}[30m])) > 0.01""",
+          "Labels expire unjoined on {{ $labels.instance }}",
+          """{{ $value | humanizePercentage }} of the labels read by {{ $labels.instance }}
+          have expired without meeting their prediction (more than <labels_expired_ratio>
+          of them) for 30 minutes: their predictions were read elsewhere (keys,
+          partitioners or partition counts differ between the topics) or never sent.""",
+          for_="30m", per_series=False, labels={"cause": "labels_expiring"}),
         a("CalmonLabelsStoppedArriving",
           f"""sum by ({TARGET}) (rate(calmon_predictions_total{{<SEL>}}[15m])) > 0
 unless on ({TARGET})

@@ -188,8 +188,9 @@ def test_a_restart_with_another_count_exits_and_the_documented_rescale_counts_on
     kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path
 ) -> None:
     """2 -> 3 instances. A restart under another count is refused with the reason. The
-    documented rescale (stop every instance, move each state.dir aside, start the new
-    shape: committed offsets, empty windows) reads what came after, and nothing twice:
+    documented rescale (stop every instance, start the new shape with ``--rescale``,
+    which moves each old state aside: committed offsets, empty windows) reads what came
+    after, and nothing twice:
     the new instances' summed windows and bins are those of the records sent since."""
     preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
     group = f"calmon-rescale-{tmp_path.name[-8:]}"
@@ -221,14 +222,12 @@ def test_a_restart_with_another_count_exits_and_the_documented_rescale_counts_on
         assert exits(moved) == 2
         log = moved.log.read_text()
         assert "written by instance {index: 0, count: 2}" in log
-        assert "this config is {index: 0, count: 3}" in log and "move each state.dir aside" in log
+        assert "this config is {index: 0, count: 3}" in log and "--rescale" in log
 
-        # the documented rescale
-        for i in range(2):
-            state = Path(load_config(config(f"two-{i}", i, 2))["state"]["dir"])
-            state.rename(state.with_name(state.name + ".count2"))
-        new = [CalmonDaemon(config(f"two-{i}" if i < 2 else f"three-{i}", i, 3))
-               for i in range(3)]
+        # the documented rescale: every old instance stopped (above), the new shape
+        # started with --rescale, which moves the old states aside
+        new = [CalmonDaemon(config(f"two-{i}" if i < 2 else f"three-{i}", i, 3),
+                            args=["--rescale"]) for i in range(3)]
         statuses, scrapes = [], []
         try:
             for d in new:
@@ -241,6 +240,11 @@ def test_a_restart_with_another_count_exits_and_the_documented_rescale_counts_on
         finally:
             for d in new:
                 d.stop()
+    for i in range(2):  # the old states kept aside, never read
+        state = Path(load_config(config(f"two-{i}", i, 2))["state"]["dir"])
+        [aside] = state.glob("rescaled-*")
+        assert aside.name.startswith(f"rescaled-{i}of2-") and any(aside.iterdir())
+        assert "moved to" in new[i].log.read_text()
     assert sum(st["counters"]["predictions"] for st in statuses) == len(after[0])
     assert sum(st["counters"]["joined"] for st in statuses) == len(after[0])
     window = Counter[tuple[str, ...]]()

@@ -31,6 +31,7 @@ REQUIRED_ALERTS = {
     "CalmonRecalibrationFailed",
     "CalmonLabelJoinBacklog",
     "CalmonLabelsStoppedArriving",
+    "CalmonLabelsNotJoining",
     "CalmonInvalidRecordsSpike",
     "CalmonConsumerLag",
     "CalmonCheckpointTooOld",

@@ -61,4 +61,4 @@ def test_the_shape_of_a_checkpoint() -> None:
     assert mismatch({"index": 0, "count": 1}, of_config(None), "d") is None
     text = mismatch({"index": 1, "count": 2}, {"index": 1, "count": 3}, "/s")
     assert text is not None and "{index: 1, count: 2}" in text and "count: 3}" in text
-    assert "move each state.dir aside" in text
+    assert "calmon run --rescale" in text
