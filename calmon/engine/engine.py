@@ -792,11 +792,11 @@ class Engine:
                 "counters": dict(self.counters),
                 "series": self.index.snapshot(),
                 "join": self.join.snapshot(),
-                "windows": self.windows.snapshot(),
-                "scores": self.scores.snapshot(),
+                "windows": self.windows.pack(),
+                "scores": self.scores.pack(),
                 "buffers": None if self.buffers is None else self.buffers.snapshot(),
                 "classwise": None if self.classwise is None else {
-                    "windows": self.classwise.snapshot(),
+                    "windows": self.classwise.pack(),
                     "series": [[s, c, i] for (s, c), i in self._class_series.items()]},
             }
 

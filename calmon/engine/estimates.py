@@ -99,20 +99,18 @@ class ScoreHist(BucketTables):
             tab = self._data[w]
             pairs = zip((keys // span).tolist(), (keys % span + lo).tolist())
             for (s, idx), row in zip(pairs, counts.reshape(len(keys), self.bins)):
-                buckets = tab.setdefault(s, {})
-                vec = buckets.get(idx)
-                if vec is None:
-                    buckets[idx] = row.astype(np.int64)
-                else:
-                    vec += row
+                buckets = tab.get(s)
+                if buckets is None:
+                    buckets = tab[s] = {}
+                self._add_row(buckets, idx, row)
 
     def counts(self, sid: int, w: int, now: float, previous: bool = False) -> np.ndarray:
         """The window's counts, or with ``previous`` those of the window just before."""
         cur = self.current(w, now) - (BUCKETS if previous else 0)
         out = np.zeros(self.bins, np.int64)
-        for idx, vec in self._data[w].get(sid, {}).items():
+        for idx, cell in self._data[w].get(sid, {}).items():
             if cur - BUCKETS < idx <= cur:
-                out += vec
+                self._accumulate(out, cell)
         return out
 
 

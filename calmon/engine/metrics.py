@@ -313,9 +313,11 @@ def from_vector(vec: np.ndarray, layout: Layout, binary: bool, mce_min_samples: 
     """Stats of one window from its summed bucket vector (see ``windows.Layout``)."""
     lay = layout
     b, f = lay.bins, lay.fine_bins
-    count = vec[lay.count:lay.count + b]
+    # copies, not views: a view would keep the whole window vector (24 KB with the
+    # fine bins) alive as long as the row
+    count = vec[lay.count:lay.count + b].copy()
     conf = vec[lay.conf:lay.conf + b] / CONF_SCALE
-    correct = vec[lay.correct:lay.correct + b]
+    correct = vec[lay.correct:lay.correct + b].copy()
     bins = Bins(count, conf, correct)
     n = round(count.sum())
     if n == 0:

@@ -7,10 +7,12 @@ so it slides in steps of one bucket and spans between W - width and W. Memory
 per series is bounded by the bucket count, whatever the event rate, and buckets
 are allocated only when a sample lands in them.
 
-A bucket is one int64 vector (see ``Layout``). Sums of confidences, Brier and
-NLL terms are kept in fixed point (``CONF_SCALE``, ``NLL_SCALE``), so they are
-exact integers: the state after any interleaving of the same samples is
-bit-identical, which is what makes restarts after a crash exactly-once. The
+A bucket is one int64 vector (see ``Layout``), stored sparsely while few of its
+entries are nonzero (``BucketTables``): a bucket with one sample costs about 250
+bytes, not the 24 KB of its dense vector, and a full one no more than that. Sums of
+confidences, Brier and NLL terms are kept in fixed point (``CONF_SCALE``,
+``NLL_SCALE``), so they are exact integers: the state after any interleaving of the
+same samples is bit-identical, which is what makes restarts after a crash exactly-once. The
 rounding is below 2**-33 per confidence and 2**-31 per NLL term, far inside the
 contract's 1e-9.
 """
@@ -28,6 +30,8 @@ from calmon.config import Window
 BUCKETS = 16
 CONF_SCALE = float(2**32)  # confidence and Brier terms (<= 2)
 NLL_SCALE = float(2**30)  # NLL terms (<= -log 1e-15 ~ 34.5)
+# a batch's per-group sums are dense rows up to this many entries (8 MiB), else sparse
+DENSE_ROWS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,15 @@ def in_window(ts: np.ndarray, seconds: float, now: float) -> np.ndarray:
 class BucketTables:
     """Per window length W, per series: int64 vectors in buckets of W / BUCKETS of event
     time. ``keep`` buckets are kept (the window itself, or more); the subclasses say
-    what a vector holds and how it is read back."""
+    what a vector holds and how it is read back.
+
+    A bucket (a "cell") is stored sparsely while few of its entries are nonzero: an
+    int64 array of shape (2, nnz), positions (ascending) over values; past half the
+    vector's length, as the dense vector itself (shape (size,)), which costs less. Every
+    entry only ever grows (all terms are non-negative), so whether a cell is dense is a
+    function of the samples it holds, never of how they were batched; and a read adds a
+    sparse cell's values exactly as it would the dense vector's, so the numbers are the
+    same either way."""
 
     keep = BUCKETS
 
@@ -123,11 +135,75 @@ class BucketTables:
         self.windows = windows
         self.widths = [w.seconds / BUCKETS for w in windows]
         self._width = width  # the length of one vector
-        # [window][series] -> {bucket index: int64 vector}
+        self._dense_at = max(1, width // 2)  # nonzero entries from which a cell is dense
+        self._scratch = np.zeros(width, np.int64)  # zero between uses
+        # [window][series] -> {bucket index: cell}
         self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
 
     def current(self, w: int, now: float) -> int:
         return math.floor(now / self.widths[w]) if math.isfinite(now) else -(2**62)
+
+    # ------------------------------------------------------------ cells
+
+    def _from_dense(self, row: np.ndarray) -> np.ndarray:
+        """A new cell holding this (fresh, owned) dense vector."""
+        nz = np.flatnonzero(row)
+        if len(nz) >= self._dense_at:
+            return row
+        return np.stack((nz, row[nz]))
+
+    def _add_row(self, buckets: dict[int, np.ndarray], idx: int, row: np.ndarray) -> None:
+        """Add a dense int64 vector into bucket ``idx`` (``row`` is not kept)."""
+        cell = buckets.get(idx)
+        if cell is None:
+            buckets[idx] = self._from_dense(row.copy())  # a copy: never a view of a batch
+        elif cell.ndim == 1:
+            cell += row
+        else:
+            dense = row.copy()
+            dense[cell[0]] += cell[1]
+            buckets[idx] = self._from_dense(dense)
+
+    def _add_sparse(self, buckets: dict[int, np.ndarray], idx: int, pos: np.ndarray,
+                    val: np.ndarray) -> None:
+        """Add values at ascending unique positions into bucket ``idx``."""
+        cell = buckets.get(idx)
+        if cell is None:
+            if len(pos) >= self._dense_at:
+                dense = np.zeros(self._width, np.int64)
+                dense[pos] = val
+                buckets[idx] = dense
+            else:
+                buckets[idx] = np.stack((pos, val))
+        elif cell.ndim == 1:
+            cell[pos] += val
+        else:
+            scratch = self._scratch
+            scratch[cell[0]] = cell[1]
+            scratch[pos] += val
+            nz = np.flatnonzero(scratch)
+            if len(nz) >= self._dense_at:
+                buckets[idx] = scratch.copy()
+            else:
+                buckets[idx] = np.stack((nz, scratch[nz]))
+            scratch[nz] = 0
+
+    @staticmethod
+    def _accumulate(out: np.ndarray, cell: np.ndarray) -> None:
+        """out += the cell's vector (out may be float64: the same additions either way)."""
+        if cell.ndim == 1:
+            out += cell
+        else:
+            out[cell[0]] += cell[1]
+
+    def _dense(self, cell: np.ndarray) -> np.ndarray:
+        if cell.ndim == 1:
+            return cell
+        out = np.zeros(self._width, np.int64)
+        out[cell[0]] = cell[1]
+        return out
+
+    # ------------------------------------------------------------ upkeep
 
     def evict(self, now: float) -> None:
         """Drop buckets that slid out of what is kept, and series left empty."""
@@ -154,25 +230,91 @@ class BucketTables:
             out.update(tab)
         return out
 
+    def cells(self) -> int:
+        """How many buckets are held, over every window and series."""
+        return sum(len(b) for tab in self._data for b in tab.values())
+
+    # ------------------------------------------------------------ snapshots
+
     def snapshot(self) -> list[Any]:
+        """Every held bucket as a dense vector: ``{"keys": (n, 2) [series, bucket],
+        "vecs": (n, size)}`` per window (for inspection; a checkpoint uses ``pack``)."""
         out = []
         for tab in self._data:
-            items = [(sid, idx, vec) for sid, buckets in tab.items()
-                     for idx, vec in buckets.items()]
+            items = [(sid, idx, cell) for sid, buckets in tab.items()
+                     for idx, cell in buckets.items()]
             if items:
                 keys = np.array([(a, b) for a, b, _ in items], dtype=np.int64)
-                vecs = np.stack([v for _, _, v in items])
+                vecs = np.stack([self._dense(v) for _, _, v in items])
             else:
                 keys = np.zeros((0, 2), np.int64)
                 vecs = np.zeros((0, self._width), np.int64)
             out.append({"keys": keys, "vecs": vecs})
         return out
 
+    def pack(self) -> list[dict[str, np.ndarray]]:
+        """Per window, the held buckets in (series, bucket) order, the sparse ones as CSR
+        (``keys`` (n, 2), ``nnz`` (n,), ``pos``, ``val``), the dense ones as rows
+        (``dense_keys`` (m, 2), ``dense`` (m, size)): a few bytes per nonzero entry."""
+        pos_type = np.uint16 if self._width <= 1 << 16 else np.int32
+        out = []
+        for tab in self._data:
+            skeys: list[tuple[int, int]] = []
+            scells: list[np.ndarray] = []
+            dkeys: list[tuple[int, int]] = []
+            dcells: list[np.ndarray] = []
+            for sid in sorted(tab):
+                buckets = tab[sid]
+                for idx in sorted(buckets):
+                    cell = buckets[idx]
+                    if cell.ndim == 1:
+                        dkeys.append((sid, idx))
+                        dcells.append(cell)
+                    else:
+                        skeys.append((sid, idx))
+                        scells.append(cell)
+            flat = (np.concatenate(scells, axis=1) if scells
+                    else np.zeros((2, 0), np.int64))
+            out.append({
+                "keys": np.array(skeys, np.int64).reshape(-1, 2),
+                "nnz": np.array([c.shape[1] for c in scells], np.int64),
+                "pos": flat[0].astype(pos_type), "val": flat[1].copy(),
+                "dense_keys": np.array(dkeys, np.int64).reshape(-1, 2),
+                "dense": (np.stack(dcells) if dcells
+                          else np.zeros((0, self._width), np.int64)),
+            })
+        return out
+
     def restore(self, snap: list[Any]) -> None:
+        """From ``pack`` (or the dense ``keys``/``vecs`` of checkpoint format 1)."""
         self._data = [{} for _ in self.windows]
         for tab, part in zip(self._data, snap):
-            for (sid, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
-                tab.setdefault(sid, {})[idx] = vec.astype(np.int64).copy()
+            if "vecs" in part:  # format 1: every bucket dense
+                for (sid, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
+                    tab.setdefault(sid, {})[idx] = self._from_dense(vec.astype(np.int64))
+                continue
+            pos = np.asarray(part["pos"]).astype(np.int64)
+            val = np.asarray(part["val"], np.int64)
+            nnz = np.asarray(part["nnz"], np.int64)
+            if (len(pos) != len(val) or int(nnz.sum()) != len(pos) or (nnz < 0).any()
+                    or len(nnz) != len(part["keys"])
+                    or (len(pos) and (pos.min() < 0 or pos.max() >= self._width))):
+                raise ValueError("bucket table: sparse cells do not fit their layout")
+            ends = np.cumsum(nnz).tolist()
+            start = 0
+            for (sid, idx), end in zip(part["keys"].tolist(), ends):
+                tab.setdefault(sid, {})[idx] = self._canonical(pos[start:end], val[start:end])
+                start = end
+            for (sid, idx), vec in zip(part["dense_keys"].tolist(), part["dense"]):
+                tab.setdefault(sid, {})[idx] = self._from_dense(vec.astype(np.int64))
+
+    def _canonical(self, pos: np.ndarray, val: np.ndarray) -> np.ndarray:
+        """A fresh cell from stored positions and values (dense when that many)."""
+        if len(pos) >= self._dense_at:
+            dense = np.zeros(self._width, np.int64)
+            dense[pos] = val
+            return dense
+        return np.stack((pos, val))
 
 
 class Windows(BucketTables):
@@ -186,7 +328,6 @@ class Windows(BucketTables):
         if len(s.sid) == 0:
             return
         lay = self.layout
-        size = lay.size
         b = bin_index(s.conf, lay.bins)
         f = bin_index(s.conf, lay.fine_bins)
         confq = np.rint(s.conf * CONF_SCALE)
@@ -196,7 +337,7 @@ class Windows(BucketTables):
         keeps = [b_ > self.current(w, now) - BUCKETS for w, b_ in enumerate(bkt)]
         all_kept = all(k.all() for k in keeps)
         # one joint partition (series, bucket in every window) when it packs in an int64:
-        # the dense per-group sums are then computed once for all windows
+        # the per-group sums are then computed once for all windows
         key = s.sid.astype(np.int64)
         span = int(key.max()) + 1
         bases = []
@@ -209,16 +350,7 @@ class Windows(BucketTables):
             span *= width_b
             key = key * width_b + (b_ - lo)
         if not all_kept or span >= 2**62:
-            # (m, 9) column offsets and weights, identical for every window
-            cols = np.stack([b + lay.count, b + lay.conf, b + lay.correct,
-                             f + lay.fcount, f + lay.fconf, f + lay.fcorrect,
-                             np.full_like(b, lay.acc), np.full_like(b, lay.brier),
-                             np.full_like(b, lay.nll)], axis=1)
-            weights = np.stack([np.ones_like(confq), confq, correct,
-                                np.ones_like(confq), confq, correct,
-                                s.acc.astype(np.float64), np.rint(s.brier * CONF_SCALE),
-                                np.rint(s.nll * NLL_SCALE)], axis=1)
-            self._add_per_window(s, cols, weights, bkt, keeps, size)
+            self._add_per_window(s, b, f, confq, correct, bkt, keeps)
             return
         if span <= 1 << 16:  # small key space: bincount instead of a sort
             present = np.bincount(key, minlength=span) > 0
@@ -235,19 +367,27 @@ class Windows(BucketTables):
             rest, r = np.divmod(rest, width_b)
             gb.append(r + b_lo)
         gb.reverse()
-        rows = self._group_rows(len(groups), inv, b, f, confq, correct, s)
         gsid = rest.tolist()
+        if len(groups) * lay.size <= DENSE_ROWS:  # few groups (busy series): dense sums
+            rows = self._group_rows(len(groups), inv, b, f, confq, correct, s)
+            for w in range(nw):
+                series_tab = self._data[w]
+                for g, idx, row in zip(gsid, gb[w].tolist(), rows):
+                    buckets = series_tab.get(g)
+                    if buckets is None:
+                        buckets = series_tab[g] = {}
+                    self._add_row(buckets, idx, row)
+            return
+        # many groups (a fleet of sparse series): only the entries the samples touch
+        starts, pos, val = self._group_entries(inv, b, f, confq, correct, s)
+        bounds = list(zip(starts.tolist(), [*starts[1:].tolist(), len(pos)]))
         for w in range(nw):
             series_tab = self._data[w]
-            for g, idx, row in zip(gsid, gb[w].tolist(), rows):
+            for g, idx, (lo, hi) in zip(gsid, gb[w].tolist(), bounds):
                 buckets = series_tab.get(g)
                 if buckets is None:
                     buckets = series_tab[g] = {}
-                vec = buckets.get(idx)
-                if vec is None:
-                    buckets[idx] = row.copy()
-                else:
-                    vec += row
+                self._add_sparse(buckets, idx, pos[lo:hi], val[lo:hi])
 
     def _group_rows(self, ngroups: int, inv: np.ndarray, b: np.ndarray, f: np.ndarray,
                     confq: np.ndarray, correct: np.ndarray, s: Samples) -> np.ndarray:
@@ -274,37 +414,68 @@ class Windows(BucketTables):
         rows[:, lay.nll] = np.bincount(inv, np.rint(s.nll * NLL_SCALE), ngroups)
         return rows
 
-    def _add_per_window(self, s: Samples, cols: np.ndarray, weights: np.ndarray,
-                        bkt: list[np.ndarray], keeps: list[np.ndarray], size: int) -> None:
-        """The general path (samples too old for some window, or a huge bucket span)."""
-        # sorted once by (series, ts): then every window's buckets form contiguous runs
-        order = np.lexsort((s.ts, s.sid))
-        sid_all = s.sid[order]
-        cols, weights = cols[order], weights[order]
+    def _group_entries(self, inv: np.ndarray, b: np.ndarray, f: np.ndarray,
+                       confq: np.ndarray, correct: np.ndarray,
+                       s: Samples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The groups' sums as sparse entries: (first entry of each group, positions,
+        int64 values), groups in order, positions ascending within each, zeros left out.
+        Every group holds at least one entry (its count)."""
+        lay = self.layout
+        cols = np.stack([b + lay.count, b + lay.conf, b + lay.correct,
+                         f + lay.fcount, f + lay.fconf, f + lay.fcorrect,
+                         np.full_like(b, lay.acc), np.full_like(b, lay.brier),
+                         np.full_like(b, lay.nll)], axis=1)
+        weights = np.stack([np.ones(len(b), np.int64), confq.astype(np.int64),
+                            correct.astype(np.int64), np.ones(len(b), np.int64),
+                            confq.astype(np.int64), correct.astype(np.int64),
+                            s.acc.astype(np.int64), np.rint(s.brier * CONF_SCALE).astype(np.int64),
+                            np.rint(s.nll * NLL_SCALE).astype(np.int64)], axis=1)
+        key = ((inv * lay.size)[:, None] + cols).ravel()
+        wt = weights.ravel()
+        nonzero = wt != 0
+        key, wt = key[nonzero], wt[nonzero]
+        order = np.argsort(key, kind="stable")
+        key, wt = key[order], wt[order]
+        first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        sums = np.add.reduceat(wt, first)  # int64: exact
+        ukey = key[first]
+        group, pos = np.divmod(ukey, lay.size)
+        starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+        return starts, pos, sums
+
+    def _add_per_window(self, s: Samples, b: np.ndarray, f: np.ndarray, confq: np.ndarray,
+                        correct: np.ndarray, bkt: list[np.ndarray],
+                        keeps: list[np.ndarray]) -> None:
+        """The general path (samples too old for some window, or a huge bucket span): each
+        window's (series, bucket) groups on their own."""
         for w in range(len(self.widths)):
-            bucket, keep = bkt[w][order], keeps[w][order]
-            if not keep.all():  # too old for this window: it would be evicted at once
-                if not keep.any():
-                    continue
-                sid, bucket, c, wt = sid_all[keep], bucket[keep], cols[keep], weights[keep]
+            keep = keeps[w]
+            if not keep.any():  # too old for this window: it would be evicted at once
+                continue
+            rows = np.flatnonzero(keep) if not keep.all() else np.arange(len(keep))
+            sid, bucket = s.sid[rows].astype(np.int64), bkt[w][rows]
+            lo = int(bucket.min())
+            span = int(bucket.max()) - lo + 1
+            if int(sid.max()) + 1 < 2**62 // span:
+                groups, inv = np.unique(sid * span + (bucket - lo), return_inverse=True)
+                gsid, gidx = np.divmod(groups, span)
+                gidx = gidx + lo
             else:
-                sid, c, wt = sid_all, cols, weights
-            change = (sid[1:] != sid[:-1]) | (bucket[1:] != bucket[:-1])
-            first = np.flatnonzero(np.concatenate(([True], change)))
-            inv = np.cumsum(np.concatenate(([0], change)))  # group of each sample
-            n_groups = len(first)
-            flat = (inv * size)[:, None] + c
-            # float64 sums of integers stay exact below 2**53: batches are far smaller
-            sums = np.bincount(flat.ravel(), wt.ravel(), minlength=n_groups * size)
-            rows = sums.reshape(n_groups, size).astype(np.int64)
+                pairs, inv = np.unique(np.stack([sid, bucket], axis=1), axis=0,
+                                       return_inverse=True)
+                gsid, gidx = pairs[:, 0], pairs[:, 1]
+            inv = inv.ravel()
+            part = Samples(s.sid[rows], s.ts[rows], s.conf[rows], s.correct[rows],
+                           s.acc[rows], s.brier[rows], s.nll[rows])
+            starts, pos, val = self._group_entries(inv, b[rows], f[rows], confq[rows],
+                                                   correct[rows], part)
+            bounds = zip(starts.tolist(), [*starts[1:].tolist(), len(pos)])
             series_tab = self._data[w]
-            for g_sid, idx, row in zip(sid[first].tolist(), bucket[first].tolist(), rows):
-                buckets = series_tab.setdefault(g_sid, {})
-                vec = buckets.get(idx)
-                if vec is None:
-                    buckets[idx] = row.copy()  # not a view: that would pin the whole batch
-                else:
-                    vec += row
+            for g_sid, idx, (a, z) in zip(gsid.tolist(), gidx.tolist(), bounds):
+                buckets = series_tab.get(g_sid)
+                if buckets is None:
+                    buckets = series_tab[g_sid] = {}
+                self._add_sparse(buckets, idx, pos[a:z], val[a:z])
 
     def totals(self, sid: int, w: int, now: float) -> np.ndarray | None:
         """The window's summed vector as float64 (fixed point not yet undone), or None."""
@@ -312,9 +483,25 @@ class Windows(BucketTables):
         if not buckets:
             return None
         floor_ = self.current(w, now) - BUCKETS
-        vecs = [buckets[i] for i in sorted(buckets) if i > floor_]
-        if not vecs:
+        held = [i for i in sorted(buckets) if i > floor_]
+        if not held:
             return None
         # summed in bucket order as float64: deterministic, and no int64 overflow
-        out: np.ndarray = np.sum(np.asarray(vecs, dtype=np.float64), axis=0)
+        out = np.zeros(self._width)
+        for i in held:
+            self._accumulate(out, buckets[i])
         return out
+
+
+def dense_cells(part: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """A packed table (``BucketTables.pack``, or format 1's ``keys``/``vecs``) as (keys
+    (n, 2), dense vectors (n, size)): for inspection and tests."""
+    if "vecs" in part:
+        return part["keys"], part["vecs"]
+    size = part["dense"].shape[1]
+    vecs = np.zeros((len(part["keys"]), size), np.int64)
+    ends = np.cumsum(part["nnz"])
+    for row, (start, end) in enumerate(zip(np.concatenate(([0], ends[:-1])), ends)):
+        vecs[row, part["pos"][start:end].astype(np.int64)] = part["val"][start:end]
+    return (np.concatenate([part["keys"], part["dense_keys"]]),
+            np.concatenate([vecs, part["dense"]]))

@@ -4,12 +4,27 @@ File format (``ckpt-<seq>.calmon``)::
 
     MAGIC (8 bytes) | format version (u32) | payload length (u64) | sha256 (32 bytes) | payload
 
-The payload is a JSON header (the state with every numpy array replaced by a
-reference and bytes in base64) followed by an ``.npz`` of the arrays; no
-pickle, so a state file never executes code. Each save writes a temp file,
-fsyncs it, renames it into place and fsyncs the directory; the two newest good
-checkpoints are kept, so a torn or corrupt newest file falls back to the one
-before it.
+That header is fixed; what changes between versions is the payload. Format 2 (written
+now)::
+
+    meta length (u64) | meta: UTF-8 JSON | array data (each array at a multiple of 8)
+    meta = {"arrays": [[dtype, shape, offset], ...], "doc": document}
+    document = {"state": {"engine": ..., "recal": ..., "instance": {"index", "count"}},
+                "written_at": float, "positions": [[topic, partition, offset], ...]}
+
+In the document every numpy array is ``{"__nd__": i}`` (entry i of ``arrays``), bytes
+are ``{"__b64__": ...}`` and a dict is ``{"__map__": [[key, value], ...]}`` (keys need
+not be strings). Each section of ``state`` belongs to its owner (the engine's bucket
+tables are sparse: see ``windows.BucketTables.pack``), so the file grows with the data
+held, not with the series allowed. Every array's dtype (plain numbers only), shape and
+place are checked against the file before anything is allocated (``_array_specs``),
+then the decoded document is checked section by section (``check_document``); no
+pickle, so a state file never executes code. Format 1 (JSON header then an ``.npz``,
+dense bucket vectors) is still read.
+
+Each save writes a temp file, fsyncs it, renames it into place and fsyncs the
+directory; the two newest good checkpoints are kept, so a torn or corrupt newest file
+falls back to the one before it.
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import re
 import struct
@@ -34,10 +50,16 @@ from calmon.files import atomic_write
 log = logging.getLogger(__name__)
 
 MAGIC = b"CALMONCK"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE = (1, 2)  # format versions this calmon restores
 _HEADER = struct.Struct(">8sIQ32s")
 _NAME = re.compile(r"^ckpt-(\d{12})\.calmon$")
 KEEP = 2
+_ALIGN = 8
+# plain numbers only: never object arrays (pickle), never a byte order to guess
+_DTYPES = frozenset(np.dtype(t).str for t in (
+    "<i8", "<i4", "<i2", "i1", "<u8", "<u4", "<u2", "u1", "<f8", "<f4", "?"))
+_MAX_NDIM = 4
 
 
 @dataclass(frozen=True)
@@ -48,48 +70,143 @@ class Checkpoint:
     written_at: float
 
 
+def _walk_out(x: Any, arrays: list[np.ndarray]) -> Any:
+    if isinstance(x, np.ndarray):
+        arrays.append(x)
+        return {"__nd__": len(arrays) - 1}
+    if isinstance(x, bytes | bytearray):
+        return {"__b64__": base64.b64encode(bytes(x)).decode("ascii")}
+    if isinstance(x, dict):
+        return {"__map__": [[_walk_out(k, arrays), _walk_out(v, arrays)]
+                            for k, v in x.items()]}
+    if isinstance(x, list | tuple):
+        return [_walk_out(v, arrays) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def _walk_in(x: Any, arrays: list[np.ndarray]) -> Any:
+    if isinstance(x, dict):
+        if "__nd__" in x:
+            return arrays[x["__nd__"]]
+        if "__b64__" in x:
+            return base64.b64decode(x["__b64__"], validate=True)
+        return {_key(_walk_in(k, arrays)): _walk_in(v, arrays) for k, v in x["__map__"]}
+    if isinstance(x, list):
+        return [_walk_in(v, arrays) for v in x]
+    return x
+
+
+def _key(k: Any) -> Any:
+    """A dict key back as written: a tuple comes back from JSON as a list."""
+    return tuple(_key(v) for v in k) if isinstance(k, list) else k
+
+
 def encode(obj: dict[str, Any]) -> bytes:
+    """A payload of the current format (``FORMAT_VERSION``)."""
     arrays: list[np.ndarray] = []
+    doc = _walk_out(obj, arrays)
+    specs = []
+    parts: list[bytes | memoryview] = []
+    offset = 0
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        if a.dtype.str not in _DTYPES:
+            a = a.astype(a.dtype.newbyteorder("<"))
+            if a.dtype.str not in _DTYPES:
+                raise TypeError(f"a checkpoint holds plain numeric arrays, not {a.dtype}")
+        specs.append([a.dtype.str, list(a.shape), offset])
+        data = a.reshape(-1).data.cast("B") if a.size else b""
+        parts.append(data)
+        pad = -len(data) % _ALIGN
+        if pad:
+            parts.append(b"\0" * pad)
+        offset += len(data) + pad
+    meta = json.dumps({"arrays": specs, "doc": doc}, separators=(",", ":")).encode("utf-8")
+    meta += b" " * (-(8 + len(meta)) % _ALIGN)  # the data starts aligned
+    return b"".join([struct.pack(">Q", len(meta)), meta, *parts])
 
-    def walk(x: Any) -> Any:
-        if isinstance(x, np.ndarray):
-            arrays.append(x)
-            return {"__nd__": len(arrays) - 1}
-        if isinstance(x, bytes | bytearray):
-            return {"__b64__": base64.b64encode(bytes(x)).decode("ascii")}
-        if isinstance(x, dict):
-            return {"__map__": [[walk(k), walk(v)] for k, v in x.items()]}
-        if isinstance(x, list | tuple):
-            return [walk(v) for v in x]
-        if isinstance(x, np.generic):
-            return x.item()
-        return x
 
-    header = json.dumps(walk(obj), separators=(",", ":")).encode("utf-8")
-    buf = io.BytesIO()
-    np.savez(buf, *arrays)
-    return struct.pack(">Q", len(header)) + header + buf.getvalue()
+def _array_specs(specs: Any, data_len: int) -> list[tuple[np.dtype[Any], tuple[int, ...], int]]:
+    """Every array's (dtype, shape, offset), checked against the data block before any
+    array is allocated: a known plain dtype, a small number of non-negative dimensions,
+    and bytes that lie inside the file without overlapping the previous array's."""
+    if not isinstance(specs, list):
+        raise ValueError("arrays: not a list")
+    out = []
+    end = 0
+    for i, spec in enumerate(specs):
+        if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str)
+                and isinstance(spec[1], list) and type(spec[2]) is int):
+            raise ValueError(f"arrays[{i}]: not [dtype, shape, offset]")
+        dtype_s, shape, offset = spec
+        if dtype_s not in _DTYPES:
+            raise ValueError(f"arrays[{i}]: dtype {dtype_s!r} is not allowed")
+        if len(shape) > _MAX_NDIM or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"arrays[{i}]: bad shape {shape!r}")
+        dtype = np.dtype(dtype_s)
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+        if offset < end or offset % _ALIGN or offset + nbytes > data_len:
+            raise ValueError(f"arrays[{i}]: {nbytes} bytes at {offset} do not fit the file")
+        end = offset + nbytes
+        out.append((dtype, tuple(shape), offset))
+    return out
 
 
-def decode(payload: bytes) -> dict[str, Any]:
+def _decode_v2(payload: bytes) -> dict[str, Any]:
+    (n,) = struct.unpack_from(">Q", payload)
+    if 8 + n > len(payload):
+        raise ValueError("meta runs past the payload")
+    meta = json.loads(payload[8:8 + n])
+    if not isinstance(meta, dict) or "doc" not in meta:
+        raise ValueError("meta: not an object with a doc")
+    data = memoryview(payload)[8 + n:]
+    arrays = [np.frombuffer(data, dtype, math.prod(shape), offset).reshape(shape).copy()
+              for dtype, shape, offset in _array_specs(meta.get("arrays"), len(data))]
+    state: dict[str, Any] = _walk_in(meta["doc"], arrays)
+    return state
+
+
+def _decode_v1(payload: bytes) -> dict[str, Any]:
+    """Format 1: a JSON header, then an ``.npz`` of the arrays."""
     (n,) = struct.unpack_from(">Q", payload)
     header = json.loads(payload[8:8 + n])
     with np.load(io.BytesIO(payload[8 + n:]), allow_pickle=False) as npz:
         arrays = [npz[f"arr_{i}"] for i in range(len(npz.files))]
-
-    def walk(x: Any) -> Any:
-        if isinstance(x, dict):
-            if "__nd__" in x:
-                return arrays[x["__nd__"]]
-            if "__b64__" in x:
-                return base64.b64decode(x["__b64__"])
-            return {walk(k): walk(v) for k, v in x["__map__"]}
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        return x
-
-    state: dict[str, Any] = walk(header)
+    state: dict[str, Any] = _walk_in(header, arrays)
     return state
+
+
+def decode(payload: bytes, version: int = FORMAT_VERSION) -> dict[str, Any]:
+    """The object ``encode`` wrote (in format ``version``). Raises ValueError for
+    anything malformed."""
+    if version not in READABLE:
+        raise ValueError(f"format version {version}, this calmon reads {READABLE}")
+    try:
+        return _decode_v1(payload) if version == 1 else _decode_v2(payload)
+    except ValueError:
+        raise
+    except (TypeError, KeyError, IndexError, AttributeError, RecursionError,
+            struct.error, OSError) as e:  # malformed structure, whatever its depth
+        raise ValueError(f"malformed payload: {type(e).__name__}: {e}") from e
+
+
+def check_document(doc: Any) -> None:
+    """The decoded document's own shape, before anything restores from it: the place
+    where each section's schema and sizes are checked. Raises ValueError."""
+    if not isinstance(doc, dict):
+        raise ValueError("document: not a map")
+    if not isinstance(doc.get("state"), dict):
+        raise ValueError("state: not a map")
+    written_at = doc.get("written_at")
+    if type(written_at) not in (int, float):
+        raise ValueError("written_at: not a number")
+    positions = doc.get("positions")
+    if not isinstance(positions, list) or not all(
+            isinstance(p, list) and len(p) == 3 and isinstance(p[0], str)
+            and type(p[1]) is int and type(p[2]) is int for p in positions):
+        raise ValueError("positions: not a list of [topic, partition, offset]")
 
 
 class CheckpointStore:
@@ -178,13 +295,14 @@ class CheckpointStore:
         magic, version, length, digest = _HEADER.unpack_from(blob)
         if magic != MAGIC:
             raise ValueError("not a calmon checkpoint")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"format version {version}, this calmon reads {FORMAT_VERSION}")
+        if version not in READABLE:
+            raise ValueError(f"format version {version}, this calmon reads {READABLE}")
         payload = blob[_HEADER.size:]
         if len(payload) != length:
             raise ValueError(f"truncated: {len(payload)} of {length} bytes")
         if hashlib.sha256(payload).digest() != digest:
             raise ValueError("checksum mismatch")
-        doc = decode(payload)
+        doc = decode(payload, version)
+        check_document(doc)
         positions = {(t, int(p)): int(o) for t, p, o in doc["positions"]}
         return Checkpoint(seq, doc["state"], positions, float(doc["written_at"]))

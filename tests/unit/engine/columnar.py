@@ -21,6 +21,7 @@ from calmon.engine import idindex
 from calmon.engine.engine import Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
+from calmon.engine.windows import dense_cells
 
 TOPIC = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
 INDEX_MODES = {"dict": None, "buckets": 0}  # idindex.SMALL: as shipped, or buckets always
@@ -92,7 +93,7 @@ def _key(k: Any) -> Any:
 
 def _tables(part: list[dict[str, Any]]) -> list[list[Any]]:
     """Bucket tables (windows, score histograms): sorted (series, bucket, vector) rows."""
-    return [sorted(plain([[int(k[0]), int(k[1]), v] for k, v in zip(t["keys"], t["vecs"])]))
+    return [sorted(plain([[int(k[0]), int(k[1]), v] for k, v in zip(*dense_cells(t))]))
             for t in part]
 
 

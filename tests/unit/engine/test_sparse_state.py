@@ -1,0 +1,99 @@
+"""Sparse bucket state: a bucket holds only its nonzero entries until a dense vector
+costs less, and whichever way a batch is summed (dense rows or sparse entries) and
+however a bucket is stored, the numbers are the plain numpy ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calmon.config import from_dict
+from calmon.engine import windows
+from calmon.engine.engine import Engine
+from calmon.engine.windows import CONF_SCALE, Samples, Windows, dense_cells
+from tests.oracle import T0, L, P, binary_terms, right_closed_bins
+
+
+def _samples(rng: np.random.Generator, n: int, series: int, span: float) -> Samples:
+    p = rng.uniform(0, 1, n)
+    p[:3] = [0.0, 1.0, 0.5]  # edges and an exact zero confidence
+    y = rng.integers(0, 2, n)
+    t = binary_terms(p, y)
+    return Samples(rng.integers(0, series, n).astype(np.int64), T0 + rng.uniform(0, span, n),
+                   t.conf, y.astype(np.int64), t.acc.astype(np.int64), t.brier, t.nll)
+
+
+def _expected(s: Samples, sid: int, bins: int, fine: int) -> np.ndarray:
+    """Count, conf and correct per bin and fine bin, from plain numpy."""
+    m = s.sid == sid
+    conf, y = s.conf[m], s.correct[m].astype(np.float64)
+    out = []
+    for k in (bins, fine):
+        b = right_closed_bins(conf, k)
+        out += [np.bincount(b, minlength=k), np.bincount(b, conf, minlength=k),
+                np.bincount(b, y, minlength=k)]
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("dense_rows", [0, 1 << 40])
+def test_totals_equal_numpy_whichever_way_a_batch_is_summed(
+        dense_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(windows, "DENSE_ROWS", dense_rows)
+    cfg = from_dict({})
+    rng = np.random.default_rng(19)
+    s = _samples(rng, 3000, 40, 3000.0)
+    w = Windows(cfg.metrics.windows, 15, 1000)
+    now = float(s.ts.max())
+    for part in np.array_split(np.arange(3000), 7):  # several batches
+        w.add(Samples(*(getattr(s, f)[part] for f in ("sid", "ts", "conf", "correct", "acc",
+                                                      "brier", "nll"))), now)
+    lay = w.layout
+    for sid in range(40):
+        vec = w.totals(sid, 0, now)
+        assert vec is not None
+        got = np.concatenate([vec[:3 * 15], vec[lay.fcount:lay.acc]])
+        want = _expected(s, sid, 15, 1000)
+        scale = np.concatenate([np.ones(15), np.full(15, CONF_SCALE), np.ones(15),
+                                np.ones(1000), np.full(1000, CONF_SCALE), np.ones(1000)])
+        np.testing.assert_allclose(got / scale, want, rtol=0, atol=1e-9 * max(1, want.max()))
+        m = s.sid == sid
+        assert abs(vec[lay.brier] / CONF_SCALE - s.brier[m].sum()) < 1e-6
+        assert vec[lay.acc] == s.acc[m].sum()
+
+
+def test_one_sample_buckets_are_small_and_busy_ones_dense() -> None:
+    cfg = from_dict({})
+    w = Windows(cfg.metrics.windows, 15, 1000)
+    one = Samples(np.array([0]), np.array([T0]), np.array([0.3]), np.array([1]),
+                  np.array([0]), np.array([0.49]), np.array([1.2]))
+    w.add(one, T0)
+    cells = [c for tab in w._data for b in tab.values() for c in b.values()]
+    # count, conf, correct, fine count, conf, correct, Brier, NLL (accuracy is 0)
+    assert len(cells) == 3 and all(c.shape == (2, 8) for c in cells)
+    rng = np.random.default_rng(3)
+    busy = _samples(rng, 20_000, 1, 60.0)
+    busy.sid[:] = 1
+    w.add(busy, float(busy.ts.max()))
+    busy_cells = [c for tab in w._data for c in tab[1].values()]
+    assert busy_cells and all(c.shape == (w.layout.size,) for c in busy_cells)
+
+
+def test_sparse_and_dense_paths_leave_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run(dense_rows: int) -> list:
+        monkeypatch.setattr(windows, "DENSE_ROWS", dense_rows)
+        e = Engine(from_dict({"segments": {"slices": [["country"], ["device"]]}}))
+        rng = np.random.default_rng(8)
+        raws = []
+        for i in range(1500):
+            seg = {"country": f"c{i % 30}", "device": f"d{i % 7}"}
+            ts = T0 + float(rng.uniform(0, 7 * 86400)) if i % 5 else T0 + 7 * 86400 - i
+            raws += [P(f"x{i}", ts, prob=float(rng.uniform()), segment=seg), L(f"x{i}", int(i % 2))]
+        for k in range(0, len(raws), 400):
+            e.feed(raws[k:k + 400])
+        e.view()
+        return [sorted((int(k[0]), int(k[1]), v.tobytes()) for k, v in zip(*dense_cells(t)))
+                for t in e.snapshot()["windows"]]
+
+    sparse, dense = run(0), run(1 << 40)
+    assert sum(len(t) for t in sparse) > 500
+    assert sparse == dense
