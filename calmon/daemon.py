@@ -46,7 +46,7 @@ from calmon import hints
 from calmon.config import Config
 from calmon.engine.engine import TOPICS, Engine
 from calmon.engine.rawbatch import RawBatch
-from calmon.engine.records import Kind
+from calmon.engine.records import Kind, Raw
 from calmon.errors import ConfigError, StateError
 from calmon.io import reliability
 from calmon.io.calibrator_publisher import CalibratorPublisher
@@ -59,7 +59,7 @@ from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.io.outbox import Outbox
 from calmon.io.shape import SECTION as SHAPE_SECTION
 from calmon.io.shape import mismatch, move_aside, of_checkpoint, of_config
-from calmon.io.source import CoPartitionError
+from calmon.io.source import CoPartitionError, Skip
 from calmon.io.statelock import LOCK_NAME, StateLock
 from calmon.io.totals import ProcessTotals
 from calmon.recal.loop import Recalibrator
@@ -176,7 +176,12 @@ class Daemon:
         if not self.source.connected():
             return "the Kafka broker is not reachable"
         problem = getattr(self.source, "problem", None)  # a Source may not check topics
-        return problem() if problem is not None else None
+        why: str | None = problem() if problem is not None else None
+        if why:
+            return why
+        stuck = getattr(self.source, "stuck", None)  # nor know whether its polls fail
+        why = stuck() if stuck is not None else None
+        return f"the consumer is stuck: {why}" if why else None
 
     def alive(self) -> bool:
         """False once the running loop has made no progress for ``stall_after_s``."""
@@ -367,7 +372,7 @@ class Daemon:
                 log.error("%s; re-assigning from the last processed offsets", e)
                 self.assigned = False
                 continue
-            if len(batch) and self.process(batch.columns()):
+            if (len(batch) or batch.skipped) and self.process(batch.columns(), batch.skipped):
                 self.positions.update(batch.positions)
                 self._publish()
             if time.monotonic() >= next_ckpt:
@@ -377,13 +382,15 @@ class Daemon:
     def _heartbeat(self) -> None:
         self._beat, self._beat_wall = time.monotonic(), time.time()
 
-    def process(self, records: RawBatch) -> bool:
+    def process(self, records: RawBatch, skipped: list[Skip] | None = None) -> bool:
         """One poll batch through the engine; rejected records to the dead-letter topic.
+        ``skipped``: offsets the source passed without a record (a batch that cannot be
+        decoded, a value too large to carry), each counted once under its reason.
         Returns False when the engine raised and the state was rolled back instead."""
         careful = bool(self._suspect) and any(r.source in self._suspect for r in records)
         if not careful:
             try:
-                rejected = self.engine.feed(records, self._not_after())
+                rejected = self.engine.feed(records, self._not_after()) if len(records) else []
                 self.totals.add(self.engine.last_delta)
                 if self.engine.last_delta.key_mismatch:
                     self._log_keys(self.engine.last_delta.key_mismatch)
@@ -411,6 +418,18 @@ class Daemon:
                     return False
         for rej in rejected:
             self._log_invalid(rej.kind, rej.reason, rej.source)
+        for s in skipped or ():
+            if not s.reason:  # moved past offsets of a batch counted before
+                continue
+            kind = (Kind.PREDICTION if s.topic == self.cfg.kafka.predictions_topic
+                    else Kind.LABEL)
+            at = f"{s.topic}/{s.partition}/{s.first}"
+            rej = self.engine.reject(Raw(kind, s.value, None, at), s.reason)
+            self.totals.add(self.engine.last_delta)
+            rejected.append(rej)
+            span = f" to {s.next_offset - 1}" if s.next_offset - s.first > 1 else ""
+            self._log_invalid(kind, s.reason, f"{at}{span} ({s.detail})")
+        for rej in rejected:
             self.dead_letters.send(rej.value, rej.reason, rej.source)
         return True
 

@@ -79,6 +79,9 @@ REASONS = (
     "label_out_of_range",  # checked against the prediction's classes when they meet
     "classes_mismatch",  # K differs from the class count of the model's live series
     "internal",  # processing the record raised: a calmon bug, isolated to this record
+    # a record batch whose records cannot be read, counted once (the source skips it):
+    "bad_batch",  # corrupt, CRC mismatch, unknown codec, or a message error of librdkafka
+    "batch_oversize",  # inflates past the bound on a batch (a decompression bomb)
 )
 
 class ScoreKind(enum.IntEnum):

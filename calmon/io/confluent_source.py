@@ -14,9 +14,10 @@ at once.
 from __future__ import annotations
 
 import logging
+import operator
 import time
 import uuid
-from itertools import pairwise
+from itertools import pairwise, repeat
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from confluent_kafka import (
 from calmon.config import KafkaConfig
 from calmon.io import source as shared
 from calmon.io.confluent_settings import LibrdkafkaLog, librdkafka_settings
-from calmon.io.source import Chunk, KafkaSourceError, Position, SourceBase
+from calmon.io.source import Chunk, KafkaSourceError, Position, Skip, SourceBase
 from calmon.io.topics import fetch_bytes
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,8 @@ class ConfluentSource(SourceBase):
         self._metadata_timeout_s = metadata_timeout_s
         self._log_interval_s = log_interval_s
         self._consumer: Consumer | None = None
+        self._bad_batch: dict[Position, tuple[int, int]] = {}  # first offset, next to try
         self._connected = False
-        self._down_since: float | None = None
         self._last_warning = -float("inf")
 
     # ------------------------------------------------------------------ setup
@@ -181,7 +182,8 @@ class ConfluentSource(SourceBase):
         self._recovered()
         # one C getter per field over the whole poll, then runs of a partition sliced
         # out: a third of the per-message Python of a loop that appends field by field
-        if list(map(Message.error, messages)).count(None) == len(messages):
+        # (identity, not ==: a KafkaError compared with None raises)
+        if all(map(operator.is_, map(Message.error, messages), repeat(None))):
             return _chunks(messages)
         # consume() interleaves partitions; group them, keeping offset order in each
         groups: dict[tuple[str, int], tuple[list[bytes | None], list[int | None], list[int],
@@ -189,7 +191,7 @@ class ConfluentSource(SourceBase):
         for m in messages:
             err = m.error()
             if err is not None:
-                self._message_error(err)
+                self._message_error(m, err)
                 continue
             at: Any = (m.topic(), m.partition())  # both set on a fetched message
             cols = groups.get(at)
@@ -303,15 +305,39 @@ class ConfluentSource(SourceBase):
         if err is not None or failed:
             self._trouble(f"offset commit failed: {err or failed[0].error}")
 
-    def _message_error(self, err: KafkaError) -> None:
+    def _message_error(self, m: Message, err: KafkaError) -> None:
+        """One message's error, handled on its own: one at an offset of an input
+        partition (a batch librdkafka could not decode) is a skipped offset, counted
+        by the daemon; any other is trouble, logged (and ``stuck()`` if it lasts)."""
         if err.code() == KafkaError._PARTITION_EOF:
             return
-        self._trouble(f"fetch error: {err}")
+        topic, partition, offset = m.topic(), m.partition(), m.offset()
+        if (topic not in self._kinds or partition is None or offset is None or offset < 0
+                or self._consumer is None):
+            self._trouble(f"fetch error: {err}")
+            return
+        # librdkafka reports a batch it cannot decode at the batch's first offset, and
+        # fetches it again, forever: seek past it. The error does not say where the
+        # batch ends, so step one offset at a time (a fetch of the same batch reports
+        # the same first offset); each step after the first is counted already.
+        key = (topic, partition)
+        seen = self._bad_batch.get(key)
+        step = seen[1] + 1 if seen is not None and seen[0] == offset else offset + 1
+        self._bad_batch[key] = (offset, step)
+        self._skips.append(Skip(topic, partition, step - 1, step,
+                                "bad_batch" if step == offset + 1 else "",
+                                f"librdkafka: {err.str()}", None))
+        try:
+            self._consumer.seek(TopicPartition(topic, partition, step))
+        except KafkaException as exc:
+            self._trouble(f"cannot seek past the batch at {topic}/{partition}/{offset}: "
+                          f"{exc!r}")
 
     # ------------------------------------------------------------------ logging
 
     def _trouble(self, what: str) -> None:
         now = time.monotonic()
+        self._last_trouble, self._last_failed = what, now
         if self._down_since is None:
             self._down_since = now
         if now - self._last_warning >= self._log_interval_s:

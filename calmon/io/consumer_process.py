@@ -37,12 +37,15 @@ from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
 from calmon.io.source import (
     Batch,
+    Chunk,
     CoPartitionError,
     KafkaSourceError,
     Position,
+    Skip,
     make_source,
     to_batch,
 )
+from calmon.io.topics import fetch_bytes
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ class ProcessSource:
         self._connected = False
         self._end_offsets: dict[Position, int] = {}  # last fetched by the child
         self._problem: str | None = None  # the child's co-partitioning problem, if any
+        self._stuck: str | None = None  # the child's source's stuck(), as last sent
 
     def assign(self, positions: dict[Position, int] | None = None, *,
                from_checkpoint: bool = False) -> list[Position]:
@@ -114,13 +118,20 @@ class ProcessSource:
         try:
             if not self._data.poll(timeout_ms / 1000.0):
                 return Batch()
-            chunks, self._connected, ends, self._problem = self._data.recv()
+            chunks, self._connected, ends, self._problem, skips, self._stuck = (
+                self._data.recv())
         except (EOFError, OSError):
             self.close()
             raise KafkaSourceError("the consumer process exited") from None
         if ends:
             self._end_offsets = ends
-        return to_batch(chunks, self._kinds, columns=True)
+        batch = to_batch(chunks, self._kinds, columns=True)
+        batch.add_skips(skips)
+        return batch
+
+    def stuck(self) -> str | None:
+        """Why the child's polls have failed for a while with the broker up, or None."""
+        return self._stuck if self._proc is not None else None
 
     def end_offsets(self) -> dict[Position, int]:
         """The owned partitions' end offsets as the child last fetched them (for lag)."""
@@ -168,6 +179,7 @@ class ProcessSource:
         self._data = self._cmd = None
         self._connected = False
         self._end_offsets = {}
+        self._stuck = None
 
 
 def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_checkpoint: bool,
@@ -198,6 +210,7 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
         next_ends = time.monotonic()
         next_refresh = time.monotonic() + REFRESH_INTERVAL_S
         problem: str | None = None
+        carry = fetch_bytes(config.max_record_bytes)  # the largest value sent across
         while os.getppid() == parent and sender.is_alive():
             while cmd.poll():
                 what, arg = cmd.recv()
@@ -205,6 +218,8 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
                     return
                 source.commit(arg)
             chunks = source.poll_chunks(POLL_TIMEOUT_MS, max_records)
+            skips = source.take_skips()
+            chunks = _drop_huge(chunks, carry, skips)
             ends: dict[Position, int] = {}
             if time.monotonic() >= next_ends:
                 ends = source.end_offsets() if source.connected() else {}
@@ -214,7 +229,8 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
                 next_refresh = time.monotonic() + REFRESH_INTERVAL_S
             while sender.is_alive():  # blocks while the parent is AHEAD batches behind
                 try:
-                    outbox.put((chunks, source.connected(), ends, problem), timeout=0.5)
+                    outbox.put((chunks, source.connected(), ends, problem, skips,
+                                source.stuck()), timeout=0.5)
                     break
                 except queue.Full:
                     continue
@@ -222,6 +238,29 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
         pass  # the parent went away
     finally:
         source.close()
+
+
+def _drop_huge(chunks: list[Chunk], carry: int, skips: list[Skip]) -> list[Chunk]:
+    """Values over ``carry`` bytes (oversize anyway) stay here: each becomes an
+    ``oversize`` Skip, so neither the pipe nor the daemon ever holds one. Oversize
+    values up to ``carry`` still cross, to be dead-lettered unchanged."""
+    out: list[Chunk] = []
+    for chunk in chunks:
+        topic, partition, values, stamps, offsets, keys = chunk
+        if max(map(len, filter(None, values)), default=0) <= carry:  # in C: the common case
+            out.append(chunk)
+            continue
+        big = [i for i, v in enumerate(values) if v is not None and len(v) > carry]
+        for i in big:
+            skips.append(Skip(topic, partition, offsets[i], offsets[i] + 1, "oversize",
+                              f"a value of {len(values[i] or b'')} bytes", None))
+        drop = set(big)
+        keep = [i for i in range(len(values)) if i not in drop]
+        if keep:
+            out.append((topic, partition, [values[i] for i in keep],
+                        [stamps[i] for i in keep], [offsets[i] for i in keep],
+                        [keys[i] for i in keep]))
+    return out
 
 
 def _send_all(outbox: queue.Queue[Any], data: Connection) -> None:

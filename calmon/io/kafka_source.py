@@ -22,7 +22,8 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from calmon.config import KafkaConfig
-from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, SourceBase
+from calmon.io import batch_guard
+from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, Skip, SourceBase
 from calmon.io.source import Batch as Batch  # re-exported: older imports
 from calmon.io.source import KafkaSourceError as KafkaSourceError
 from calmon.io.topics import client_settings, fetch_bytes
@@ -62,8 +63,13 @@ class KafkaSource(SourceBase):
         self._metadata_timeout_s = metadata_timeout_s
         self._log_interval_s = log_interval_s
         self._consumer: KafkaConsumer | None = None
-        self._down_since: float | None = None  # monotonic time the broker was first seen down
         self._last_warning = -float("inf")
+        # every batch decoded in bounded memory, and one that cannot be read skipped
+        # (counted by the daemon) rather than raised at the same offset every poll
+        batch_guard.install()
+        fetch = fetch_bytes(config.max_record_bytes)
+        self._batch_limit = max(batch_guard.BATCH_LIMIT, 2 * fetch)
+        self._poll_budget = max(batch_guard.POLL_BUDGET, fetch)
 
     # ------------------------------------------------------------------ setup
 
@@ -184,16 +190,27 @@ class KafkaSource(SourceBase):
         """``poll`` as plain per-partition columns: cheap to pickle to another process."""
         if self._consumer is None:
             raise RuntimeError("KafkaSource.poll() before assign()")
+        batch_guard.begin(batch_limit=self._batch_limit, poll_budget=self._poll_budget,
+                          keep_bytes=self._config.max_record_bytes)
         try:
             polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
-        except KafkaError as exc:
+        except Exception as exc:  # KafkaError, or a decoding error kafka-python lets out
+            polled = None
             self._trouble(f"poll failed: {exc!r}")
+        finally:
+            skips, deferred = batch_guard.end()
+        for tp, offset in deferred.items():  # read again, first, in the next poll
+            self._consumer.seek(tp, offset)
+        if skips:
+            self._skips.extend(Skip(*s) for s in skips)
+            self._recovered()  # the partition moved on
+        if polled is None:
             return []
         if not polled:
             # kafka-python swallows connection errors inside poll(), so an empty
             # poll is the only hint: ask the connection state.
             if self.connected():
-                self._recovered()
+                self._recovered(records=False)
             else:
                 self._trouble("broker unreachable")
             return []
@@ -296,6 +313,7 @@ class KafkaSource(SourceBase):
 
     def _trouble(self, what: str) -> None:
         now = time.monotonic()
+        self._last_trouble, self._last_failed = what, now
         if self._down_since is None:
             self._down_since = now
         if now - self._last_warning >= self._log_interval_s:
@@ -307,7 +325,12 @@ class KafkaSource(SourceBase):
                 now - self._down_since,
             )
 
-    def _recovered(self) -> None:
+    def _recovered(self, records: bool = True) -> None:
+        """Records (or skips) came: trouble is over. An empty poll with the broker up
+        ends a broker outage, but not polls that raise: kafka-python answers empty
+        polls between two that raise on the same batch."""
+        if not records and self._last_trouble.startswith("poll failed"):
+            return
         if self._down_since is not None:
             log.warning("Kafka reachable again after %.0fs", time.monotonic() - self._down_since)
             self._down_since = None

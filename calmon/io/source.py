@@ -12,8 +12,9 @@ dead letters do not depend on the choice.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from calmon.config import KafkaConfig
 from calmon.engine.rawbatch import RawBatch
@@ -30,6 +31,24 @@ Position = tuple[str, int]  # (topic, partition)
 Chunk = tuple[str, int, list[bytes | None], list[int | None], list[int], list[bytes | None]]
 
 MISSING_TOPIC_GRACE_S = 5.0  # how long a topic the broker does not list may take to appear
+STUCK_AFTER_S = 30.0  # polls failing this long while connected: the source says it is stuck
+
+
+class Skip(NamedTuple):
+    """Offsets ``[first, next_offset)`` of a partition that gave no record to count:
+    a batch that could not be decoded (``bad_batch``), one that inflates past the
+    bound (``batch_oversize``), or a value too large to carry (``oversize``, one
+    offset). The daemon counts each once under ``reason`` and dead-letters ``value``
+    (the batch or record as fetched, when it was small enough to keep); an empty
+    ``reason`` only moves the position (a skip counted before)."""
+
+    topic: str
+    partition: int
+    first: int
+    next_offset: int
+    reason: str
+    detail: str
+    value: bytes | None
 
 
 class KafkaSourceError(CalmonError):
@@ -51,9 +70,18 @@ class Batch:
     records: list[Raw] = field(default_factory=list)
     positions: dict[Position, int] = field(default_factory=dict)
     raw: RawBatch | None = None
+    skipped: list[Skip] = field(default_factory=list)  # counted, not fed (see Skip)
 
     def __len__(self) -> int:
         return len(self.raw) if self.raw is not None else len(self.records)
+
+    def add_skips(self, skips: list[Skip]) -> None:
+        """Skipped offsets: counted by the daemon, and the positions move past them."""
+        self.skipped.extend(skips)
+        for s in skips:
+            key = (s.topic, s.partition)
+            if s.next_offset > s.first >= 0:
+                self.positions[key] = max(self.positions.get(key, 0), s.next_offset)
 
     def columns(self) -> RawBatch:
         return self.raw if self.raw is not None else RawBatch.of(self.records)
@@ -92,6 +120,10 @@ class SourceBase:
         self._instance = config.instance
         self._owned: list[Position] = []
         self._problem: str | None = None  # why the topics cannot be split, as last seen
+        self._skips: list[Skip] = []
+        self._down_since: float | None = None  # monotonic time trouble began
+        self._last_failed = 0.0  # monotonic time of the latest trouble
+        self._last_trouble = ""
 
     def _plan(self, parts: dict[str, set[int]]) -> list[Position]:
         """The partitions this instance owns of both topics, sorted. Raises
@@ -143,6 +175,20 @@ class SourceBase:
                         "beginning", new)
         return None
 
+    def take_skips(self) -> list[Skip]:
+        """What the polls since the last call skipped (see Skip), oldest first."""
+        out, self._skips = self._skips, []
+        return out
+
+    def stuck(self) -> str | None:
+        """Why no record has come for ``STUCK_AFTER_S`` while polls fail (a batch the
+        library raises on at the same offset every poll, say), or None."""
+        since, now = self._down_since, time.monotonic()
+        if (since is None or now - since < STUCK_AFTER_S
+                or now - self._last_failed > STUCK_AFTER_S):  # failing no more
+            return None
+        return f"no record read for {now - since:.0f}s: {self._last_trouble}"
+
     @property
     def owned(self) -> list[Position]:
         """The partitions taken by the last ``assign()`` (empty before)."""
@@ -154,7 +200,9 @@ class SourceBase:
     def poll(self, timeout_ms: int = 1000, max_records: int = 500) -> Batch:
         """Up to ``max_records`` records, waiting at most about ``timeout_ms``. Never
         raises on broker trouble: it logs (rate-limited) and returns an empty batch."""
-        return to_batch(self.poll_chunks(timeout_ms, max_records), self._kinds)
+        batch = to_batch(self.poll_chunks(timeout_ms, max_records), self._kinds)
+        batch.add_skips(self.take_skips())
+        return batch
 
 
 class ChunkSource(Protocol):
@@ -198,6 +246,14 @@ class ChunkSource(Protocol):
         ...
 
     def connected(self) -> bool: ...
+
+    def take_skips(self) -> list[Skip]:
+        """Offsets the polls since the last call passed without a record (see Skip)."""
+        ...
+
+    def stuck(self) -> str | None:
+        """Why polls have failed for a while with the broker reachable, or None."""
+        ...
 
     def close(self) -> None: ...
 

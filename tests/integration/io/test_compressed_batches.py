@@ -1,0 +1,93 @@
+"""Compressed and undecodable record batches through both sources, on the real broker:
+every codec reads exactly; a batch that cannot be decoded, or that inflates past the
+bound, is skipped by offset with a reason and the partition goes on."""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+
+import pytest
+
+from calmon.io.source import Skip, make_source
+from tests.hostile_batches import MIB, gzip_bomb, gzip_payload, send_one_batch
+from tests.integration.io.test_kafka_source import make_config
+
+pytestmark = pytest.mark.integration
+
+TAIL = b'{"tail": true}'
+
+
+def read_until_tail(library: str, bootstrap: str, preds: str, labels: str,
+                    timeout: float = 60.0) -> tuple[list[tuple[str, bytes | None]], list[Skip],
+                                                   dict[tuple[str, int], int]]:
+    source = make_source(make_config(bootstrap, preds, labels, library), metadata_timeout_s=10)
+    source.assign()
+    got: list[tuple[str, bytes | None]] = []
+    skipped: list[Skip] = []
+    positions: dict[tuple[str, int], int] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not any(v == TAIL for _, v in got):
+            batch = source.poll(timeout_ms=200, max_records=5000)
+            got += [(r.source, r.value) for r in batch.records]
+            skipped += batch.skipped
+            positions.update(batch.positions)
+    finally:
+        source.close()
+    return got, skipped, positions
+
+
+@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd", "snappy"])
+def test_every_codec_reads_exactly(library: str, codec: str, kafka_bootstrap: str,
+                                   kafka_topics: Callable[..., list[str]]) -> None:
+    preds, labels = kafka_topics(count=2, partitions=1)
+    values = [b'{"id": "%s-%d", "pad": "%s"}' % (codec.encode(), i, b"ab" * (i % 50))
+              for i in range(300)]
+    offsets = send_one_batch(kafka_bootstrap, preds, 0, values, compression_type=codec)
+    send_one_batch(kafka_bootstrap, preds, 0, [TAIL])
+    got, skipped, positions = read_until_tail(library, kafka_bootstrap, preds, labels)
+    assert skipped == []
+    assert got == [(f"{preds}/0/{o}", v) for o, v in zip(offsets, values)] + [
+        (f"{preds}/0/{offsets[-1] + 1}", TAIL)]
+    assert positions == {(preds, 0): offsets[-1] + 2}
+
+
+def test_garbage_batch_is_skipped_by_offset(library: str, kafka_bootstrap: str,
+                                            kafka_topics: Callable[..., list[str]]) -> None:
+    preds, labels = kafka_topics(count=2, partitions=1)
+    before = send_one_batch(kafka_bootstrap, preds, 0, [b'{"n": 0}'])
+    with gzip_payload(b"not gzip at all" * 4):
+        bad = send_one_batch(kafka_bootstrap, preds, 0, [b"z" * 500] * 5,
+                             compression_type="gzip")
+    after = send_one_batch(kafka_bootstrap, preds, 0, [b'{"n": 1}', TAIL])
+    got, skipped, positions = read_until_tail(library, kafka_bootstrap, preds, labels)
+    assert [s for s, _ in got] == [f"{preds}/0/{o}" for o in before + after]
+    counted = [s for s in skipped if s.reason]
+    assert [(s.topic, s.partition, s.first, s.reason) for s in counted] == [
+        (preds, 0, bad[0], "bad_batch")]  # once, however many fetches it took
+    assert max(s.next_offset for s in skipped) == bad[-1] + 1
+    assert positions == {(preds, 0): after[-1] + 1}
+
+
+def test_gzip_bomb_is_skipped_in_bounded_memory(kafka_bootstrap: str,
+                                                kafka_topics: Callable[..., list[str]]) -> None:
+    """580 KB that inflate to 600 MB: kafka-python's own decoder would hold all of it."""
+    preds, labels = kafka_topics(count=2, partitions=1)
+    bomb = gzip_bomb(600 * MIB)
+    assert len(bomb) < 700 * 1024
+    with gzip_payload(bomb):
+        [at] = send_one_batch(kafka_bootstrap, preds, 0, [b"x" * (len(bomb) + 1024)],
+                              compression_type="gzip")
+    after = send_one_batch(kafka_bootstrap, preds, 0, [b'{"n": 1}', TAIL],
+                           compression_type="gzip")
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    got, skipped, positions = read_until_tail("kafka-python", kafka_bootstrap, preds, labels)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+    assert [s for s, _ in got] == [f"{preds}/0/{o}" for o in after]
+    assert [(s.first, s.next_offset, s.reason) for s in skipped] == [
+        (at, at + 1, "batch_oversize")]
+    assert skipped[0].value is not None and bomb in skipped[0].value  # the batch, to dead-letter
+    assert positions == {(preds, 0): after[-1] + 1}
+    assert grown < 400 * MIB, grown  # the bound is 64 MiB of inflated bytes a batch
