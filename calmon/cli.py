@@ -124,7 +124,9 @@ def cmd_calibrators_list(args: argparse.Namespace) -> int:
     from calmon.recal.registry import Registry
 
     cfg = _load_config(args.config)
-    entries = Registry(cfg.recalibration.output_dir).entries()
+    # a broken or forged file is reported in its row (and logged), never a traceback
+    entries = Registry(cfg.recalibration.output_dir,
+                       verify_keys=cfg.calibrators.verify_keys).entries()
     if args.json:
         json.dump(entries, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -137,10 +139,13 @@ def cmd_calibrators_list(args: argparse.Namespace) -> int:
         print(f"{e['model']:<20} {e['segment']:<24} {e['live'] or '-':>4}  "
               f"{e['method'] or '-':<12} {e['fitted_at'] or '-':<21} "
               f"{','.join(map(str, e['versions']))}")
+        if e.get("error"):
+            print(f"  refused latest.json: {secrets.escape_control(e['error'])}")
     return 0
 
 
 def cmd_calibrators_rollback(args: argparse.Namespace) -> int:
+    from calmon.calibrators.signing import Signer
     from calmon.recal.registry import Registry
 
     cfg = _load_config(args.config)
@@ -151,7 +156,9 @@ def cmd_calibrators_rollback(args: argparse.Namespace) -> int:
     topic = cfg.kafka.calibrators_topic
     publish = CalibratorPublisher(outbox, topic) if topic else None
     try:
-        doc = Registry(cfg.recalibration.output_dir, publish).rollback(
+        doc = Registry(cfg.recalibration.output_dir, publish,
+                       signer=Signer.from_config(cfg.calibrators),
+                       verify_keys=cfg.calibrators.verify_keys).rollback(
             args.model, args.segment, args.to)
     finally:
         outbox.close()  # flushes what it can; opens nothing when nothing was sent
@@ -168,12 +175,25 @@ EXAMPLES = {
                "  calmon replay --predictions p.jsonl --labels l.jsonl --recalibrate "
                "--html report.html"),
     "calibrators": ("calmon calibrators list -c config.yaml\n"
-                    "  calmon calibrators rollback --model ctr --to 3 -c config.yaml"),
+                    "  calmon calibrators rollback --model ctr --to 3 -c config.yaml\n"
+                    "  calmon calibrators keygen                    # a signing key pair"),
 }
 
 
 def _example(name: str) -> str:
     return f"example:\n  {EXAMPLES[name]}"
+
+
+def cmd_calibrators_keygen(args: argparse.Namespace) -> int:
+    from calmon.calibrators.signing import keygen
+
+    private, public = keygen()
+    print("# A new Ed25519 key pair for signing calibrator documents.")
+    print("# The private key is a secret: give it to calmon only, through the environment")
+    print("# (calibrators.signing_key: ${CALMON_SIGNING_KEY}); serving code gets the public key.")
+    print(f"CALMON_SIGNING_KEY={private}")
+    print(f"public_key: {public}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_replay)
 
     cal = sub.add_parser("calibrators", formatter_class=fmt, epilog=_example("calibrators"),
-                        help="list or roll back published calibrators")
+                        help="list or roll back published calibrators, make signing keys")
     calsub = cal.add_subparsers(dest="action", required=True)
     sp = calsub.add_parser("list", help="every model/segment with its live version")
     sp.add_argument("--json", action="store_true")
@@ -245,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--to", type=int, required=True, metavar="VERSION")
     with_config(sp, "config.yaml")
     sp.set_defaults(func=cmd_calibrators_rollback)
+    sp = calsub.add_parser("keygen", help="print a new Ed25519 key pair for signing documents")
+    sp.set_defaults(func=cmd_calibrators_keygen)
     return p
 
 

@@ -13,6 +13,7 @@ expand to is bounded (``MAX_YAML_NODES``), so an alias bomb is refused at once.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import difflib
 import math
@@ -525,12 +526,7 @@ def _cross_checks(cfg: Config, errors: list[str]) -> None:
         if wname not in names:
             errors.append(f"metrics.export.windows[{i}]: must be one of metrics.windows "
                           f"{names}, got {wname!r}")
-    cal = cfg.calibrators
-    if cal.key_id is not None and cal.signing_key is None:
-        errors.append("calibrators.key_id: needs calibrators.signing_key")
-    ids = [k.id for k in cal.verify_keys]
-    if len(set(ids)) != len(ids):
-        errors.append("calibrators.verify_keys: key ids must be distinct")
+    _check_keys(cfg, errors)
     band = cfg.recalibration.triggers.observed_over_expected
     if band is not None and not (0 < band[0] < band[1]):
         errors.append("recalibration.triggers.observed_over_expected: need 0 < low < high")
@@ -542,6 +538,53 @@ def _cross_checks(cfg: Config, errors: list[str]) -> None:
                       "(pip install 'calmon[fast]'), which cannot be imported here")
     if cfg.kafka.predictions_topic == cfg.kafka.labels_topic:
         errors.append("kafka.labels_topic: must differ from kafka.predictions_topic")
+
+
+def _check_keys(cfg: Config, errors: list[str]) -> None:
+    """calibrators: keys that parse, and a signing key that calmon's own readers accept."""
+    from calmon.calibrators.signing import Signer, public_key
+    from calmon.errors import CalibratorError
+
+    cal = cfg.calibrators
+    if cal.key_id is not None and cal.signing_key is None:
+        errors.append("calibrators.key_id: needs calibrators.signing_key")
+    signer = None
+    if cal.signing_key is not None:
+        if not cal.key_id:
+            errors.append("calibrators.key_id: needed with calibrators.signing_key (it names "
+                          "the key in every signature)")
+        else:
+            try:  # the message never quotes the key
+                signer = Signer(cal.signing_key, cal.key_id)
+            except CalibratorError as e:
+                errors.append(f"calibrators.signing_key: {e}")
+    ids = [k.id for k in cal.verify_keys]
+    if len(set(ids)) != len(ids):
+        errors.append("calibrators.verify_keys: key ids must be distinct")
+    publics: dict[str, Any] = {}
+    for i, k in enumerate(cal.verify_keys):
+        if not k.id:
+            errors.append(f"calibrators.verify_keys[{i}].id: must not be empty")
+        try:
+            publics[k.id] = public_key(k.public_key)
+        except CalibratorError as e:
+            errors.append(f"calibrators.verify_keys[{i}].public_key: {e}")
+    if not cal.verify_keys or errors:
+        return
+    if signer is None:
+        if cfg.recalibration.enabled:
+            errors.append("calibrators.signing_key: needed when calibrators.verify_keys is set "
+                          "and recalibration is enabled (calmon's own readers would refuse "
+                          "every document it publishes unsigned)")
+    elif signer.key_id not in publics:
+        errors.append(f"calibrators.key_id: {signer.key_id!r} is not among "
+                      "calibrators.verify_keys (calmon's own readers would refuse it)")
+    else:
+        from calmon.calibrators.signing import raw_public
+
+        if raw_public(publics[signer.key_id]) != base64.b64decode(signer.public_key):
+            errors.append(f"calibrators.verify_keys: the key with id {signer.key_id!r} is not "
+                          "the public half of calibrators.signing_key")
 
 
 def _confluent_importable() -> bool:

@@ -112,6 +112,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     seen), exactly as the daemon's job reads it. Published calibrators go to
     ``output_dir`` (memory when None) and apply to everything the policy scores after
     them, as they would live."""
+    from calmon.calibrators.signing import Signer
     from calmon.recal.policy import Policy, live_calibrators, parse_iso
     from calmon.recal.registry import Registry
 
@@ -119,7 +120,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
         cfg = dataclasses.replace(cfg, recalibration=dataclasses.replace(
             cfg.recalibration, enabled=True))
     engine = Engine(cfg)
-    policy = Policy(cfg, Registry(output_dir))
+    policy = Policy(cfg, Registry(output_dir, signer=Signer.from_config(cfg.calibrators)))
     interval = cfg.recalibration.interval
     events: list[Event] = []
     batch: list[Raw] = []

@@ -57,6 +57,9 @@ def register(value: Any) -> None:
     if isinstance(value, str) and len(value) >= _MIN_SECRET_LEN:
         with _registered_lock:
             _registered.add(value)
+            # a PEM key may be logged a line at a time: each base64 line is a secret too
+            _registered.update(line.strip() for line in value.splitlines()
+                               if len(line.strip()) >= 16 and "-----" not in line)
 
 
 def register_config(data: Any) -> None:

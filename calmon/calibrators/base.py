@@ -104,7 +104,10 @@ def number(value: Any, name: str) -> float:
     """A finite JSON number (bools refused, though Python treats them as ints)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise CalibratorError(f"{name} must be a number, got {value!r}")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise CalibratorError(f"{name} is out of range") from None
     if not math.isfinite(out):
         raise CalibratorError(f"{name} must be finite, got {value!r}")
     return out

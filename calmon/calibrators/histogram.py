@@ -11,6 +11,7 @@ import numpy as np
 
 from calmon.calibrators.base import check_params, floats, increasing, probabilities
 from calmon.calibrators.toplabel import TopLabelCalibrator
+from calmon.calibrators.validate import MAX_KNOTS
 from calmon.errors import CalibratorError
 
 DEFAULT_BINS: Final = 15
@@ -51,8 +52,10 @@ class HistogramCalibrator(TopLabelCalibrator):
         if unknown:
             raise CalibratorError(f"histogram takes only bins, got {sorted(unknown)}")
         bins = options.get("bins", DEFAULT_BINS)
-        if isinstance(bins, bool) or not isinstance(bins, int | np.integer) or bins < 1:
-            raise CalibratorError(f"histogram bins must be an integer >= 1, got {bins!r}")
+        if (isinstance(bins, bool) or not isinstance(bins, int | np.integer)
+                or not 1 <= bins <= MAX_KNOTS):
+            raise CalibratorError(f"histogram bins must be an integer in [1, {MAX_KNOTS}], "
+                                  f"got {bins!r}")
         edges = bin_edges(int(bins))
         idx = bin_index(x, edges)
         counts = np.bincount(idx, minlength=len(edges) - 1)

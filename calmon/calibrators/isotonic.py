@@ -16,6 +16,7 @@ import numpy as np
 
 from calmon.calibrators.base import check_params, floats, increasing, probabilities
 from calmon.calibrators.toplabel import TopLabelCalibrator
+from calmon.calibrators.validate import MAX_KNOTS
 from calmon.errors import CalibratorError
 
 TIE: Final = float(np.finfo(np.float64).resolution)
@@ -47,7 +48,13 @@ class IsotonicCalibrator(TopLabelCalibrator):
         # on a flat segment and interpolation does not need them (sklearn's trimming).
         keep = np.ones(len(fitted), dtype=bool)
         keep[1:-1] = (fitted[1:-1] != fitted[:-2]) | (fitted[1:-1] != fitted[2:])
-        return cls(ux[keep], fitted[keep], input)
+        kx, ky = ux[keep], fitted[keep]
+        if len(kx) > MAX_KNOTS:
+            # documents hold at most MAX_KNOTS knots: keep the ends and evenly spaced ones
+            # between (interpolating a monotone sequence's subsequence stays monotone)
+            pick = np.unique(np.linspace(0, len(kx) - 1, MAX_KNOTS).round().astype(np.intp))
+            kx, ky = kx[pick], ky[pick]
+        return cls(kx, ky, input)
 
     def params(self) -> dict[str, Any]:
         return {"x": floats(self.x), "y": floats(self.y)}

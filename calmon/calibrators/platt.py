@@ -11,6 +11,7 @@ import numpy as np
 from calmon.calibrators.base import check_params, number
 from calmon.calibrators.scores import logit, sigmoid
 from calmon.calibrators.toplabel import TopLabelCalibrator
+from calmon.calibrators.validate import BIAS_MAX, SLOPE_MAX, T_MAX
 from calmon.errors import CalibratorError
 
 RIDGE: Final = 1e-10
@@ -19,6 +20,7 @@ LogisticRegression(C=1e10). Negligible on ordinary data; it keeps a finite when 
 scores separate the labels perfectly (the plain MLE would be a = infinity)."""
 
 MAX_ITER: Final = 200
+SLOPE_MIN: Final = 1.0 / T_MAX  # the flattest map a fit returns (documents need a > 0)
 
 
 class PlattCalibrator(TopLabelCalibrator):
@@ -46,7 +48,12 @@ class PlattCalibrator(TopLabelCalibrator):
         if y.min() == y.max():
             raise CalibratorError("platt needs both outcomes (right and wrong top labels)")
         a, b = _logistic(x, y)
-        return cls(a, b, input)
+        if not SLOPE_MIN <= a <= SLOPE_MAX:
+            # scores ranked backwards (a <= 0) or a step: the nearest slope load() accepts,
+            # with the intercept refitted for it
+            a = min(max(a, SLOPE_MIN), SLOPE_MAX)
+            b = intercept_for(x, y, a)
+        return cls(a, min(max(b, -BIAS_MAX), BIAS_MAX), input)
 
     def params(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b}
@@ -105,6 +112,22 @@ def _logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
             break
     a_s, b_s = float(w[0]), float(w[1])
     return a_s / sd, b_s - a_s * mu / sd
+
+
+def intercept_for(x: np.ndarray, y: np.ndarray, a: float) -> float:
+    """argmin over b in [-BIAS_MAX, BIAS_MAX] of sum NLL(sigmoid(a x + b), y), by bisection
+    on the gradient (increasing in b)."""
+    ax = a * x
+    lo, hi = -BIAS_MAX, BIAS_MAX
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if float(np.sum(sigmoid(ax + mid) - y)) > 0:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo < 1e-12:
+            break
+    return 0.5 * (lo + hi)
 
 
 def logistic_toward(x: np.ndarray, y: np.ndarray, a0: float, b0: float,

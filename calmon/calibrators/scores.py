@@ -136,6 +136,22 @@ def to_probs(scores: ArrayLike, input: str) -> np.ndarray:
     return sigmoid(z) if input == "logit" else softmax(z)
 
 
+P_MIN: Final = 1e-7
+"""Every calibrated output lies in [P_MIN, 1 - P_MIN] (contract §6: no certainties)."""
+
+
 def finalize(p: np.ndarray) -> np.ndarray:
-    """Calibrated output: clipped to [0, 1], multiclass rows renormalised."""
-    return np.clip(p, 0.0, 1.0) if p.ndim == 1 else normalize_rows(p)
+    """Calibrated output, away from 0 and 1: binary probabilities clipped into
+    [P_MIN, 1 - P_MIN]; multiclass rows renormalised, and a row with a class below P_MIN
+    mixed with the uniform distribution just enough to lift it there (rows keep summing
+    to 1 and their order of classes; then no class exceeds 1 - P_MIN either)."""
+    if p.ndim == 1:
+        return np.asarray(np.clip(p, P_MIN, 1.0 - P_MIN))
+    p = normalize_rows(p)
+    k = p.shape[1]
+    low = p.min(axis=1, keepdims=True)
+    # the least weight w on uniform with (1 - w) low + w / k = P_MIN; low <= 1/k always
+    gap = np.maximum(1.0 / k - low, np.finfo(np.float64).tiny)
+    w = np.clip((P_MIN - low) / gap, 0.0, 1.0)
+    mixed = np.where(w > 0, (1.0 - w) * p + w / k, p)
+    return np.asarray(np.clip(mixed, P_MIN, 1.0 - P_MIN))  # rounding only

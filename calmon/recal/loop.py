@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from calmon.calibrators import METHODS
+from calmon.calibrators.signing import Signer
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.metrics import Bins
@@ -47,7 +48,9 @@ class Recalibrator:
         self.cfg = cfg
         self.rc = cfg.recalibration
         self.engine = engine
-        self.registry = Registry(self.rc.output_dir, publish)
+        self.registry = Registry(self.rc.output_dir, publish,
+                                 signer=Signer.from_config(cfg.calibrators),
+                                 verify_keys=cfg.calibrators.verify_keys)
         self.policy = Policy(cfg, self.registry)
         self.alerts = AlertSender(cfg.alerts.webhook)
         self._lock = threading.Lock()

@@ -25,7 +25,9 @@ from urllib.parse import unquote
 
 from calmon.calibrators import Calibrator, load
 from calmon.calibrators.paths import dir_name
-from calmon.calibrators.registry import read_document
+from calmon.calibrators.registry import VerifyKeys, read_document
+from calmon.calibrators.signing import Signer, keyring
+from calmon.calibrators.validate import MAX_BYTES
 from calmon.errors import CalibratorError
 from calmon.files import atomic_write, write_new
 
@@ -46,9 +48,17 @@ class Live:
 
 
 class Registry:
-    def __init__(self, output_dir: str | Path | None, publish: Publish | None = None) -> None:
+    """``signer`` signs every document published (``calibrators.signing_key``);
+    ``verify_keys`` (``calibrators.verify_keys``) make the registry's own reads refuse
+    unsigned or forged files, as serving code's watcher does."""
+
+    def __init__(self, output_dir: str | Path | None, publish: Publish | None = None, *,
+                 signer: Signer | None = None, verify_keys: VerifyKeys = None) -> None:
         self.root = None if output_dir is None else Path(output_dir)
         self.publish_to_topic = publish
+        self.signer = signer
+        self.verify_keys = keyring(verify_keys)
+        self._errors: dict[tuple[str, str], str] = {}  # series -> why its latest.json is refused
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[float, Live | None]] = {}
         self._memory: dict[tuple[str, str], list[dict[str, Any]]] = {}  # root is None
@@ -82,7 +92,7 @@ class Registry:
                 cached = self._cache.get((model, segment))
                 if cached is not None and cached[0] == len(docs):
                     return cached[1]
-                live_m = Live(load(docs[-1]), docs[-1])
+                live_m = Live(load(docs[-1], self.verify_keys), docs[-1])
                 self._cache[(model, segment)] = (len(docs), live_m)
                 return live_m
         path = self.dir_of(model, segment) / "latest.json"
@@ -96,12 +106,18 @@ class Registry:
                 return cached[1]
             try:
                 doc = read_document(path)
-                live: Live | None = Live(load(doc), doc)
+                live: Live | None = Live(load(doc, self.verify_keys), doc)
+                self._errors.pop((model, segment), None)
             except (OSError, CalibratorError) as e:
                 log.warning("ignoring calibrator %s: %s", path, str(e)[:200])
+                self._errors[(model, segment)] = str(e)[:300]
                 live = None
             self._cache[(model, segment)] = (mtime, live)
             return live
+
+    def error(self, model: str, segment: str) -> str | None:
+        """Why the series' ``latest.json`` was refused at its last read, or None."""
+        return self._errors.get((model, segment))
 
     def publish(self, doc: dict[str, Any]) -> dict[str, Any]:
         """Give ``doc`` the next version, write it and ``latest.json``, and send it to
@@ -110,7 +126,7 @@ class Registry:
         if self.root is None:
             with self._lock:
                 docs = self._memory.setdefault((model, segment), [])
-                doc = {**doc, "version": len(docs) + 1}
+                doc, _ = self._finish({**doc, "version": len(docs) + 1})
                 docs.append(json.loads(json.dumps(doc, allow_nan=False)))
             return doc
         with self._lock:
@@ -118,14 +134,25 @@ class Registry:
             d.mkdir(parents=True, exist_ok=True)
             while True:  # a CLI rollback may publish beside a running daemon
                 existing = self.versions(model, segment)
-                doc = {**doc, "version": (existing[-1] + 1) if existing else 1}
-                data = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
+                doc, data = self._finish(
+                    {**doc, "version": (existing[-1] + 1) if existing else 1})
                 if write_new(d / f"v{doc['version']}.json", data):
                     break
             atomic_write(d / "latest.json", data)
         if self.publish_to_topic is not None:
             self.publish_to_topic(f"{model}/{segment}", data)
         return doc
+
+    def _finish(self, doc: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """Sign the document and check it as serving code will: nothing is published that
+        ``load()`` (with this registry's keys) refuses. Returns it and its file bytes."""
+        if self.signer is not None:
+            doc = self.signer.sign(doc)
+        data = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
+        if len(data) > MAX_BYTES:
+            raise CalibratorError(f"a {len(data)}-byte document is over {MAX_BYTES} bytes")
+        load(json.loads(data), self.verify_keys)  # CalibratorError: counted failed
+        return doc, data
 
     def read(self, model: str, segment: str, version: int) -> dict[str, Any]:
         """Raises CalibratorError when that version does not exist or is unreadable."""
@@ -143,8 +170,8 @@ class Registry:
     def rollback(self, model: str, segment: str, to_version: int) -> dict[str, Any]:
         """Republish an old version's parameters as a new version."""
         old = self.read(model, segment, to_version)
-        load(old)  # refuse to republish something that does not load
-        doc = {k: v for k, v in old.items() if k != "version"}
+        load(old, self.verify_keys)  # refuse to republish something that does not load
+        doc = {k: v for k, v in old.items() if k not in ("version", "signature")}
         doc.update(trigger="rollback", rollback_of=to_version,
                    fitted_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         return self.publish(doc)
@@ -170,6 +197,7 @@ class Registry:
                 "method": None if live is None else live.doc.get("method"),
                 "fitted_at": None if live is None else live.doc.get("fitted_at"),
                 "trigger": None if live is None else live.doc.get("trigger"),
+                "error": self.error(model, segment),
             })
         return out
 

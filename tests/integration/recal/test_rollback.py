@@ -53,7 +53,9 @@ def assert_watcher_serves(watcher: CalibratorWatcher, version: int, t: float, u:
     z, zz = inputs()
     assert watcher.version("ctr") == version
     assert watcher.version("intent") == version
-    np.testing.assert_allclose(watcher.apply("ctr", z), expit(z / t), rtol=0, atol=1e-12)
+    # outputs are kept within [1e-7, 1 - 1e-7] (contract §6: no certainties)
+    np.testing.assert_allclose(watcher.apply("ctr", z), np.clip(expit(z / t), 1e-7, 1 - 1e-7),
+                               rtol=0, atol=1e-12)
     np.testing.assert_allclose(watcher.apply("intent", zz),
                                np.exp(log_softmax(zz / u, axis=1)), rtol=0, atol=1e-12)
     # a segment without its own calibrator falls back to the model's
@@ -86,6 +88,7 @@ def test_rollback_republishes_v1_as_v3_and_the_directory_watcher_follows(
     assert rollback(cfg, "intent", 1) == 0
     assert "intent/__all__: v1 republished as v3" in capsys.readouterr().out
     assert registry.versions("ctr", "__all__") == [1, 2, 3]
+    watcher.refresh(force=True)  # what its refresh thread does within min_interval
     doc = read_json(latest(out, "ctr"))
     assert doc == read_json(out / "ctr" / "__all__" / "v3.json")
     assert doc["version"] == 3 and doc["rollback_of"] == 1 and doc["trigger"] == "rollback"

@@ -35,6 +35,22 @@ def replace_top(probs: np.ndarray, new_top: np.ndarray) -> np.ndarray:
     return out
 
 
+def no_certainties(p: np.ndarray, floor: float = 1e-7) -> np.ndarray:
+    """The contract's output bound, row by row: binary clipped into [floor, 1 - floor]; a
+    multiclass row with a class below floor mixed with the uniform distribution by the
+    least weight that lifts its smallest class to floor."""
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim == 1:
+        return np.minimum(np.maximum(p, floor), 1 - floor)
+    out = p.copy()
+    for i, row in enumerate(p):
+        k, low = len(row), row.min()
+        if low < floor:
+            w = (floor - low) / (1.0 / k - low)
+            out[i] = (1 - w) * row + w / k
+    return out
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261130)

@@ -80,32 +80,40 @@ def test_contract_example_document() -> None:
     np.testing.assert_allclose(cal.apply(z.tolist()), expit(z / 1.83), rtol=1e-15)
 
 
+META = {"model": "m", "segment": "__all__", "version": 1}
+
+
 def test_hand_written_documents_apply_as_specified() -> None:
-    platt = load({"method": "platt", "params": {"a": 0.5, "b": -1}, "input": "prob"})
+    platt = load({**META, "method": "platt", "params": {"a": 0.5, "b": -1}, "input": "prob"})
     p = np.array([0.0, 0.2, 0.9, 1.0])
     q = np.clip(p, 1e-15, 1 - 1e-15)
-    np.testing.assert_allclose(platt.apply(p), expit(0.5 * np.log(q / (1 - q)) - 1), rtol=1e-13)
+    expected = np.clip(expit(0.5 * np.log(q / (1 - q)) - 1), 1e-7, 1 - 1e-7)  # no certainties
+    np.testing.assert_allclose(platt.apply(p), expected, rtol=1e-13)
 
-    iso = load(
-        {"method": "isotonic", "params": {"x": [0.2, 0.6], "y": [0.1, 0.5]}, "input": "prob"}
-    )
+    iso = load({**META, "method": "isotonic", "params": {"x": [0.2, 0.6], "y": [0.1, 0.5]},
+                "input": "prob"})
     np.testing.assert_allclose(iso.apply([0.0, 0.2, 0.4, 0.6, 1.0]), [0.1, 0.1, 0.3, 0.5, 0.5])
 
     edges = [0.0, 0.5, 1.0]
-    hist = load({"method": "histogram", "params": {"edges": edges, "values": [0.2, 0.7]},
-                 "input": "probs"})  # fmt: skip
+    hist = load({**META, "method": "histogram",
+                 "params": {"edges": edges, "values": [0.2, 0.7]}, "input": "probs"})
     out = hist.apply([[0.5, 0.3, 0.2], [0.1, 0.9, 0.0]])
-    np.testing.assert_allclose(out, [[0.2, 0.8 * 0.6, 0.8 * 0.4], [0.3, 0.7, 0.0]], rtol=1e-14)
+    # the 0 of the second row is lifted to 1e-7 by the least mixing with uniform (1/3)
+    w = 1e-7 / (1 / 3)
+    second = (1 - w) * np.array([0.3, 0.7, 0.0]) + w / 3
+    np.testing.assert_allclose(out, [[0.2, 0.8 * 0.6, 0.8 * 0.4], second], rtol=1e-14)
+    assert out.min() >= 1e-7
 
 
 def test_meta_may_not_override_the_calibrator() -> None:
-    cal = load({"method": "temperature", "params": {"temperature": 2.0}, "input": "logit"})
+    cal = load({**META, "method": "temperature", "params": {"temperature": 2.0},
+                "input": "logit"})
     with pytest.raises(CalibratorError):
         cal.to_json(method="platt")
     assert cal.to_json(note=float("nan"))["note"] is None  # never NaN in a document
 
 
-GOOD = {"method": "temperature", "params": {"temperature": 2.0}, "input": "logit"}
+GOOD = {**META, "method": "temperature", "params": {"temperature": 2.0}, "input": "logit"}
 
 
 @pytest.mark.parametrize(
@@ -130,15 +138,21 @@ GOOD = {"method": "temperature", "params": {"temperature": 2.0}, "input": "logit
         {**GOOD, "params": {"temperature": float("inf")}},
         {**GOOD, "params": {"temperature": True}},
         {**GOOD, "params": {"temperature": "2"}},
-        {"method": "platt", "params": {"a": 1.0}, "input": "logit"},
-        {"method": "isotonic", "params": {"x": [0.1, 0.1], "y": [0.2, 0.3]}, "input": "prob"},
-        {"method": "isotonic", "params": {"x": [0.1, 0.2], "y": [0.3]}, "input": "prob"},
-        {"method": "isotonic", "params": {"x": [0.1, 0.2], "y": [0.3, 1.5]}, "input": "prob"},
-        {"method": "isotonic", "params": {"x": [0.1, 0.2], "y": [0.3, 0.2]}, "input": "prob"},
-        {"method": "isotonic", "params": {"x": [], "y": []}, "input": "prob"},
-        {"method": "histogram", "params": {"edges": [0, 1], "values": [0.1, 0.2]}, "input": "prob"},
-        {"method": "histogram", "params": {"edges": [1, 0], "values": [0.1]}, "input": "prob"},
-        {"method": "histogram", "params": {"edges": [0, 1], "values": ["x"]}, "input": "prob"},
+        {**META, "method": "platt", "params": {"a": 1.0}, "input": "logit"},
+        {**META, "method": "isotonic", "params": {"x": [0.1, 0.1], "y": [0.2, 0.3]},
+         "input": "prob"},
+        {**META, "method": "isotonic", "params": {"x": [0.1, 0.2], "y": [0.3]}, "input": "prob"},
+        {**META, "method": "isotonic", "params": {"x": [0.1, 0.2], "y": [0.3, 1.5]},
+         "input": "prob"},
+        {**META, "method": "isotonic", "params": {"x": [0.1, 0.2], "y": [0.3, 0.2]},
+         "input": "prob"},
+        {**META, "method": "isotonic", "params": {"x": [], "y": []}, "input": "prob"},
+        {**META, "method": "histogram", "params": {"edges": [0, 1], "values": [0.1, 0.2]},
+         "input": "prob"},
+        {**META, "method": "histogram", "params": {"edges": [1, 0], "values": [0.1]},
+         "input": "prob"},
+        {**META, "method": "histogram", "params": {"edges": [0, 1], "values": ["x"]},
+         "input": "prob"},
         [GOOD],
         "not a path that exists.json",
         42,
@@ -185,8 +199,9 @@ def test_watcher_skips_a_bad_latest_json_and_keeps_the_good_ones(tmp_path, caplo
     bad = tmp_path / "n" / "__all__"
     bad.mkdir(parents=True)
     (bad / "latest.json").write_text(json.dumps({**GOOD, "model": "n", "version": "two"}))
-    w = CalibratorWatcher(tmp_path, min_interval=0.0)
+    w = CalibratorWatcher(tmp_path, min_interval=0.0, background=False)
     assert w.version("m") == 2
-    assert w.get("n") is None  # skipped, never raised
-    assert w.apply("n", [0.25]).tolist() == [0.25]  # identity on probabilities
-    assert any("skipping calibrator" in r.message for r in caplog.records)
+    assert w.get("n") is None  # refused, never raised
+    assert w.apply("n", [0.25]).tolist() == [0.25]  # the model's own probability
+    assert w.refusals() == {"n/__all__": 1}
+    assert any("refusing calibrator" in r.message for r in caplog.records)

@@ -9,7 +9,12 @@ from sklearn.linear_model import LogisticRegression
 
 from calmon.calibrators import PlattCalibrator, fit
 from calmon.errors import CalibratorError
-from tests.unit.calibrators.conftest import binary_data, multiclass_data, replace_top
+from tests.unit.calibrators.conftest import (
+    binary_data,
+    multiclass_data,
+    no_certainties,
+    replace_top,
+)
 
 
 def sklearn_platt(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -55,7 +60,7 @@ def test_multiclass_top_label(rng: np.random.Generator, kind: str) -> None:
     assert cal.b == pytest.approx(b, rel=1e-5, abs=1e-7)
     # calibrated top = sigmoid(a x + b); the others keep their ratios and fill the rest
     new_top = expit(a * x + b)
-    expected = replace_top(probs, new_top)
+    expected = no_certainties(replace_top(probs, new_top))
     out = cal.apply(scores)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=1e-12)
@@ -71,8 +76,22 @@ def test_separable_data_gives_finite_steep_slope() -> None:
 
 def test_constant_scores_give_the_base_rate() -> None:
     cal = fit("platt", [0.3] * 4, [0, 1, 1, 1], "prob")
-    assert cal.a == 0.0
-    np.testing.assert_allclose(cal.apply([0.1, 0.9]), [0.75, 0.75], rtol=1e-12)
+    # the slope is unidentified: the flattest one a document may carry (a > 0), with the
+    # intercept that gives the base rate at the scores seen
+    assert cal.a == 0.01
+    np.testing.assert_allclose(cal.apply([0.3]), [0.75], rtol=1e-9)
+    np.testing.assert_allclose(cal.apply([0.1, 0.9]), [0.75, 0.75], atol=0.01)
+
+
+def test_backward_scores_give_an_increasing_map() -> None:
+    """Scores ranked backwards would fit a < 0, which load() refuses (an inverted map):
+    the fit keeps the flattest increasing slope and refits the intercept for it."""
+    x = np.array([-2.0, -1.0, -0.5, 0.5, 1.0, 2.0])
+    cal = fit("platt", x, [1, 1, 0, 1, 0, 0], "logit")
+    assert cal.a == 0.01 and abs(cal.b) <= 50
+    y = np.array([1, 1, 0, 1, 0, 0])
+    grad_b = np.sum(expit(0.01 * x + cal.b) - y)  # the intercept is optimal for that a
+    assert abs(grad_b) < 1e-9
 
 
 def test_multiclass_all_correct_cannot_be_fitted() -> None:
