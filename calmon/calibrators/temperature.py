@@ -21,9 +21,9 @@ from calmon.calibrators.platt import _logistic
 from calmon.calibrators.scores import is_binary, logsumexp, sigmoid, softmax, to_logits
 from calmon.errors import CalibratorError
 
-LOG_T_MAX: Final = math.log(1e4)
-"""The fitted T is kept in [1e-4, 1e4]: the NLL optimum runs off to 0 on separable data and
-to infinity on uninformative scores; the bound's NLL is then within rounding of the limit."""
+LOG_T_MAX: Final = math.log(100.0)
+"""The fitted T is kept in [0.01, 100], the range load() accepts (calibrators.validate):
+the NLL optimum runs off to 0 on separable data and to infinity on uninformative scores."""
 
 BIAS_SHRINK: Final = 5.0
 """Ridge weight on the multiclass biases: the fit minimises sum_i NLL_i + 5/2 |b|^2, a
@@ -94,6 +94,7 @@ class TemperatureCalibrator(Calibrator):
             t = min(max(1.0 / a, lo), hi) if a > 0 else hi
             if not (a > 0 and 1.0 / a == t):  # clamped (a <= 0: scores ranked backwards)
                 b = float(np.log(y.mean()) - np.log1p(-y.mean())) if t == hi else b
+            b = min(max(b, -BIAS_MAX), BIAS_MAX)  # what a document may carry
             # never do worse than the identity (T = 1, b = 0)
             if not _nll_tb(z, y, t, b) <= _nll_tb(z, y, 1.0, 0.0):
                 t, b = 1.0, 0.0
