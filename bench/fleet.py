@@ -118,7 +118,7 @@ def _config(extra: dict[str, Any]) -> Any:
     from calmon.config import from_dict
 
     base = {"segments": {"slices": [["country"], ["device"]], "max_values": 50},
-            "recalibration": {"enabled": False}, "kafka": {"max_clock_skew": "3650d"}}
+            "recalibration": {"enabled": False}}
     for k, v in extra.items():
         base[k] = {**base.get(k, {}), **v}
     try:

@@ -80,10 +80,15 @@ def _walk_out(x: Any, arrays: list[np.ndarray]) -> Any:
         return {"__map__": [[_walk_out(k, arrays), _walk_out(v, arrays)]
                             for k, v in x.items()]}
     if isinstance(x, list | tuple):
+        if all(type(v) in _PLAIN for v in x):  # ids, pairs: nothing to replace
+            return x
         return [_walk_out(v, arrays) for v in x]
     if isinstance(x, np.generic):
         return x.item()
     return x
+
+
+_PLAIN = frozenset((str, int, float, bool, type(None)))
 
 
 def _walk_in(x: Any, arrays: list[np.ndarray]) -> Any:
@@ -94,6 +99,8 @@ def _walk_in(x: Any, arrays: list[np.ndarray]) -> Any:
             return base64.b64decode(x["__b64__"], validate=True)
         return {_key(_walk_in(k, arrays)): _walk_in(v, arrays) for k, v in x["__map__"]}
     if isinstance(x, list):
+        if all(type(v) in _PLAIN for v in x):
+            return x
         return [_walk_in(v, arrays) for v in x]
     return x
 
