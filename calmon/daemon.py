@@ -290,9 +290,10 @@ class Daemon:
         host, port = self.cfg.server.host, self.cfg.server.port
         try:
             return HttpServer(host, port, self.registry, self.ready, self.status, self.pages,
-                              alive=self.alive)
-        except OSError as e:
-            raise ConfigError([f"server.port: cannot listen on {host}:{port} ({e.strerror})"]
+                              alive=self.alive, unready_reason=self.unready_reason)
+        except (OSError, UnicodeError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise ConfigError([f"server.port: cannot listen on {host}:{port} ({why})"]
                               ) from None
 
     def _restore(self) -> None:

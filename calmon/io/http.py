@@ -1,33 +1,43 @@
 """The HTTP side: /metrics, /healthz, /readyz, /status (and pages added by others).
 
-A stdlib ``ThreadingHTTPServer``: scrapes and probes must never wait on the
-consumer loop, and every handler only reads through the callables it is given.
+Scrapes and probes must never wait on the consumer loop: every handler only
+reads through the callables it is given. Probes must not wait on other clients
+either (the liveness probe restarts calmon when /healthz does not answer), so
+connections are handled in two stages (``_Server``):
 
-Hardened against clients that misbehave (``calmon run`` sits next to model
-servers; anything in the pod can connect):
+- one thread (``calmon-http``) accepts every connection and reads its request
+  line and headers without blocking, for all connections at once (a selector):
+  a connection that has not sent a whole request costs a socket, never a thread
+  or a request slot, and is closed when ``request_timeout_s`` has passed since
+  it connected (one deadline over every read, so a byte every few seconds does
+  not keep it) or when it has sent ``MAX_REQUEST_BYTES`` without ending its
+  headers. At most ``MAX_PENDING`` connections wait so; one more closes the
+  oldest waiting one, so idle connections cannot lock new ones out;
+- a whole request for ``/healthz`` or ``/readyz`` is answered on that thread at
+  once (a few flags read, a few bytes sent): probes are never behind anything;
+- any other request gets a thread of its own, at most ``max_connections`` at
+  once; one more is answered ``503`` at once and closed. The answer must be
+  taken within ``request_timeout_s`` (``sendall`` applies the socket timeout to
+  the whole answer).
 
-- at most ``max_connections`` requests are served at once, each on its own
-  thread; one more connection is answered ``503`` at once from the accepting
-  thread and closed, so 300 half-sent requests cost 300 sockets for a moment,
-  never 300 threads;
-- a request must arrive whole within ``request_timeout_s`` (one deadline over
-  every read, so a byte every few seconds does not keep a slot) and within
-  ``MAX_REQUEST_BYTES``, and the answer must be taken within the timeout too
-  (``sendall`` applies a socket timeout to the whole answer);
-- pages (``/reliability``) are cached for ``page_cache_s`` per query, and built
-  one at a time, so a scrape storm costs one build per few seconds.
+Pages (``/reliability``) are cached for ``page_cache_s`` per query, and built
+one at a time, so a scrape storm costs one build per few seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
+import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -40,78 +50,227 @@ log = logging.getLogger(__name__)
 Page = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
 
 
-MAX_CONNECTIONS = 32
+MAX_CONNECTIONS = 32  # requests other than probes served at once, a thread each
+MAX_PENDING = 256  # connections whose request has not arrived whole yet
 REQUEST_TIMEOUT_S = 10.0
 MAX_REQUEST_BYTES = 64 * 1024  # request line and headers of a GET
+PROBE_SEND_TIMEOUT_S = 1.0  # a probe's answer is a few bytes: the send buffer takes it
+PROBES = frozenset({"/healthz", "/readyz"})
 PAGE_CACHE_S = 5.0
 PAGE_CACHE_ENTRIES = 64
 BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
         b"Content-Length: 5\r\nConnection: close\r\nRetry-After: 1\r\n\r\nbusy\n")
 
 
-class _BoundedServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with a cap on the threads serving requests at once."""
+@dataclass
+class _Waiting:
+    """A connection whose request line and headers are being read."""
 
-    daemon_threads = True
-    request_queue_size = 128  # listen backlog: bursts wait in the kernel, not in threads
+    address: Any
+    deadline: float
+    head: bytearray = field(default_factory=bytearray)
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int) -> None:
+
+@dataclass(frozen=True)
+class Exchange:
+    """What a handler gets as ``self.server``: the request as read, whole."""
+
+    head: bytes
+
+
+def _end_of_head(buf: bytearray, searched_from: int) -> bool:
+    start = max(0, searched_from - 3)
+    return buf.find(b"\r\n\r\n", start) >= 0 or buf.find(b"\n\n", start) >= 0
+
+
+def _path_of(head: bytes) -> str:
+    """The path of ``GET /path?query HTTP/1.1`` (empty when the line is not that)."""
+    line = head.split(b"\n", 1)[0].decode("latin-1").split()
+    if len(line) < 2 or line[0] != "GET":
+        return ""
+    return urlsplit(line[1]).path
+
+
+class _Server:
+    """The listening socket, the thread that reads requests (see the module
+    docstring), and the request threads. ``serve(sock, address, head)`` answers one
+    request on a blocking socket; the caller closes it.
+
+    The one place a connection is accepted (``_accept``) is where TLS would wrap it."""
+
+    def __init__(self, host: str, port: int, serve: Callable[[socket.socket, Any, bytes], None],
+                 *, max_connections: int, request_timeout_s: float,
+                 max_pending: int | None = None) -> None:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+            listener.listen(128)  # bursts wait in the kernel, not in threads
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
+        self.server_address = listener.getsockname()
+        self._serve = serve
         self._slots = threading.BoundedSemaphore(max_connections)
-        self.rejected = 0  # connections answered 503 because every slot was taken
-        super().__init__(address, handler)
+        self._timeout = request_timeout_s
+        self._max_pending = MAX_PENDING if max_pending is None else max_pending
+        self._waiting: dict[socket.socket, _Waiting] = {}  # oldest first
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self.rejected = 0  # requests answered 503 because every request slot was taken
+        self.dropped = 0  # connections closed before a whole request (deadline, size, cap)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.rejected += 1
-            try:  # a fresh socket's send buffer takes these bytes without blocking
-                request.setblocking(False)
-                request.send(BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
+    # -------------------------------------------------------------- the reading thread
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        sel = self._selector
+        sel.register(self._listener, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                first = next(iter(self._waiting.values()), None)  # the oldest: first due
+                wait = poll_interval if first is None else min(
+                    poll_interval, max(0.0, first.deadline - now))
+                for key, _ in sel.select(wait):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        self._wake_r.recv(64)
+                    else:
+                        self._read(key.fileobj)  # type: ignore[arg-type]
+                now = time.monotonic()
+                while self._waiting:  # deadlines are in arrival order
+                    sock, w = next(iter(self._waiting.items()))
+                    if w.deadline > now:
+                        break
+                    self._drop(sock)
+        finally:
+            for sock in list(self._waiting):
+                self._drop(sock)
+            self._stopped.set()
+
+    def _accept(self) -> None:
+        for _ in range(64):  # a burst at a time, then the waiting ones get a turn
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of file descriptors: make room, try next round
+                log.debug("http: accept failed: %s", e)
+                if self._waiting:
+                    self._drop(next(iter(self._waiting)))
+                return
+            if len(self._waiting) >= self._max_pending:
+                self._drop(next(iter(self._waiting)))
+            sock.setblocking(False)
+            self._waiting[sock] = _Waiting(address, time.monotonic() + self._timeout)
+            self._selector.register(sock, selectors.EVENT_READ, "request")
+
+    def _read(self, sock: socket.socket) -> None:
+        w = self._waiting.get(sock)
+        if w is None:
             return
         try:
-            super().process_request(request, client_address)
+            chunk = sock.recv(min(16384, MAX_REQUEST_BYTES - len(w.head)))
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError,
+                ssl.SSLWantWriteError):
+            return
+        except OSError:
+            self._drop(sock)
+            return
+        if not chunk:  # the client went away
+            self._drop(sock)
+            return
+        seen = len(w.head)
+        w.head += chunk
+        if not _end_of_head(w.head, seen):
+            if len(w.head) >= MAX_REQUEST_BYTES:
+                self._drop(sock)
+            return
+        del self._waiting[sock]
+        self._selector.unregister(sock)
+        head = bytes(w.head)
+        if _path_of(head) in PROBES:
+            self._answer(sock, w.address, head, PROBE_SEND_TIMEOUT_S)
+            return
+        if not self._slots.acquire(blocking=False):
+            self.rejected += 1
+            with contextlib.suppress(OSError):  # a fresh send buffer takes them at once
+                sock.send(BUSY)
+            _close(sock)
+            return
+        try:
+            threading.Thread(target=self._work, args=(sock, w.address, head),
+                             name="calmon-http-request", daemon=True).start()
         except BaseException:  # no thread started: give the slot back
             self._slots.release()
+            _close(sock)
             raise
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # a client that vanished mid-answer is not worth a traceback on stderr
-        log.debug("http: error serving %s", client_address, exc_info=True)
+    def _drop(self, sock: socket.socket) -> None:
+        self._waiting.pop(sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(sock)
+        self.dropped += 1
+        _close(sock)
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    # -------------------------------------------------------------- answering
+
+    def _work(self, sock: socket.socket, address: Any, head: bytes) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            self._answer(sock, address, head, self._timeout)
         finally:
             self._slots.release()
 
+    def _answer(self, sock: socket.socket, address: Any, head: bytes, timeout: float) -> None:
+        try:
+            sock.settimeout(timeout)  # bounds sending the whole answer
+            self._serve(sock, address, head)
+        except Exception:  # a client that vanished mid-answer is not worth a traceback
+            log.debug("http: error serving %s", address, exc_info=True)
+        finally:
+            _close(sock)
 
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads that share one deadline and one byte budget: a client trickling a
-    byte at a time cannot hold a connection past the deadline, and one sending
-    megabytes of headers cannot make the server hold them (every page is a GET)."""
+    # -------------------------------------------------------------- lifecycle
 
-    def __init__(self, sock: socket.socket, deadline: float, budget: int) -> None:
+    def shutdown(self) -> None:
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        self._stopped.wait(5)
+
+    def server_close(self) -> None:
+        self._selector.close()
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)  # what was sent goes out before the close
+    sock.close()
+
+
+class _SendAll(io.BufferedIOBase):
+    """A handler's ``wfile``: every write sent whole (``sendall``), under the socket's
+    timeout."""
+
+    def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._deadline = deadline
-        self._budget = budget
 
-    def readable(self) -> bool:
+    def writable(self) -> bool:
         return True
 
-    def readinto(self, buffer: Any) -> int:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("request not received in time")
-        if self._budget <= 0:
-            raise ConnectionAbortedError("request larger than MAX_REQUEST_BYTES")
-        self._sock.settimeout(remaining)
-        view = memoryview(buffer)[:self._budget]
-        n = self._sock.recv_into(view)
-        self._budget -= n
-        return n
+    def write(self, data: Any) -> int:
+        self._sock.sendall(data)
+        return len(memoryview(data))
 
 
 class _PageCache:
@@ -145,24 +304,38 @@ class HttpServer:
                  ready: Callable[[], bool], status: Callable[[], dict[str, Any]],
                  pages: dict[str, Page] | None = None, *,
                  alive: Callable[[], bool] = lambda: True,
+                 unready_reason: Callable[[], str | None] | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  request_timeout_s: float = REQUEST_TIMEOUT_S,
                  page_cache_s: float = PAGE_CACHE_S) -> None:
         self.registry = registry
         self.alive = alive  # /healthz: False when the main loop is stuck
         self.ready = ready
+        self.unready_reason = unready_reason  # /readyz's 503 says why
         self.status = status
         self.pages = dict(pages or {})
         self.request_timeout_s = request_timeout_s
         self.page_cache = _PageCache(page_cache_s)
         handler = _make_handler(self)
-        self._server = _BoundedServer((host, port), handler, max_connections)
+
+        def serve(sock: socket.socket, address: Any, head: bytes) -> None:
+            handler(sock, address, Exchange(head))  # type: ignore[arg-type]
+
+        # the server's construction, in one place (TLS and auth wrap here)
+        self._server = _Server(host, port, serve, max_connections=max_connections,
+                               request_timeout_s=request_timeout_s)
         self._thread: threading.Thread | None = None
 
     @property
     def rejected(self) -> int:
-        """Connections turned away with 503 because ``max_connections`` were busy."""
+        """Requests turned away with 503 because ``max_connections`` were busy."""
         return self._server.rejected
+
+    @property
+    def dropped(self) -> int:
+        """Connections closed before they sent a whole request (too slow, too large,
+        or the oldest of too many waiting)."""
+        return self._server.dropped
 
     @property
     def port(self) -> int:
@@ -192,12 +365,10 @@ def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
         server_version = "calmon"
 
         def setup(self) -> None:
-            super().setup()
-            # every read of the request shares one deadline; sendall of the answer another
-            self.connection.settimeout(app.request_timeout_s)
-            deadline = time.monotonic() + app.request_timeout_s
-            self.rfile = io.BufferedReader(
-                _DeadlineReader(self.connection, deadline, MAX_REQUEST_BYTES))
+            # the request was read whole before a thread was spent on it (_Server)
+            self.connection = self.request
+            self.rfile = io.BytesIO(self.server.head)  # type: ignore[attr-defined]
+            self.wfile = _SendAll(self.connection)
 
         def do_GET(self) -> None:
             url = urlsplit(self.path)
@@ -210,9 +381,10 @@ def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
                     self._send(200 if ok else 503, "text/plain; charset=utf-8",
                                b"ok\n" if ok else b"main loop stalled\n")
                 elif url.path == "/readyz":
-                    ok = app.ready()
-                    self._send(200 if ok else 503, "text/plain; charset=utf-8",
-                               b"ready\n" if ok else b"not ready\n")
+                    why = app.unready_reason() if app.unready_reason is not None else (
+                        None if app.ready() else "not ready")
+                    self._send(200 if why is None else 503, "text/plain; charset=utf-8",
+                               b"ready\n" if why is None else f"not ready: {why}\n".encode())
                 elif url.path == "/status":
                     body = json.dumps(app.status(), indent=2, default=str).encode()
                     self._send(200, "application/json", body + b"\n")
