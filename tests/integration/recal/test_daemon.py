@@ -23,6 +23,7 @@ import pytest
 from scipy.special import expit, log_softmax
 
 from calmon.calibrators import CalibratorWatcher
+from calmon.calibrators.signing import keygen
 from tests.conftest import FAST_CLIENT, _free_port
 from tests.daemon_helpers import (
     CalmonDaemon,
@@ -87,14 +88,27 @@ def send_as_one_batch(bootstrap: str, topic: str, values: list[tuple[bytes, byte
 
 
 def test_drift_is_recalibrated_within_three_runs(
-        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
     (cal_topic,) = kafka_topics(count=1, partitions=1)
     out = tmp_path / "calibrators"
+    # issue 22: documents signed with a key from the environment; a broken file in
+    # output_dir (a 401-digit parameter) is reported at start, and the daemon goes on
+    private, public = keygen()
+    monkeypatch.setenv("CALMON_SIGNING_KEY", private)  # the daemon inherits it
+    keys = [{"id": "k1", "public_key": public}]
+    broken = out / "old" / "__all__" / "latest.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text('{"model": "old", "segment": "__all__", "version": 1, "method": '
+                      '"temperature", "input": "logit", "params": {"temperature": 1'
+                      + "0" * 400 + "}}", encoding="utf-8")
     cfg = write_config(tmp_path / "calmon.yaml", kafka_bootstrap, preds_topic, labels_topic,
                        kafka={"calibrators_topic": cal_topic},
                        metrics={"windows": ["1h", "24h"]},
-                       recalibration={**RECAL, "output_dir": str(out)})
+                       recalibration={**RECAL, "output_dir": str(out)},
+                       calibrators={"signing_key": "${CALMON_SIGNING_KEY}", "key_id": "k1",
+                                    "verify_keys": keys})
     rng = np.random.default_rng(2026)
     first = Stream()
     first.extend(binary_logit_stream(rng, "bin", 3000, BASE_TS, 2400.0, prefix="a"))
@@ -125,7 +139,8 @@ def test_drift_is_recalibrated_within_three_runs(
         assert not any(sc.get("calmon_drift", {}).values()), sc.get("calmon_drift")
         # pre-created at 0 (issue 12), so increase() sees the first refit
         assert not any(sc.get("calmon_recalibrations_total", {}).values())
-        assert not out.exists() or not any(out.rglob("latest.json"))
+        assert [p for p in out.rglob("latest.json")] == [broken]
+        assert "old/__all__/latest.json" in daemon.log_tail(400)  # reported at start
 
         # ---- second half: every prediction first; then each model's labels as one
         # record batch, so its drifted samples join in one engine batch (a run never
@@ -176,13 +191,15 @@ def test_drift_is_recalibrated_within_three_runs(
             assert versions[(m, "__all__")] == doc["version"] == 1
             assert temps[(m, "__all__")] == t
             assert outcomes[(m, "__all__", "temperature", "published")] == 1
+            assert doc["signature"]["key_id"] == "k1"
         assert elapsed < 4 * INTERVAL + 3.0
         evidence = series(sc, "calmon_drift_evidence", "model", "segment")
         assert set(evidence) >= {(m, "__all__") for m in MODELS}
 
         # ---- the same documents on kafka.calibrators_topic, for serving code
         watcher = CalibratorWatcher(topic=cal_topic, bootstrap_servers=kafka_bootstrap,
-                                    min_interval=0.0, consumer_settings=dict(FAST_CLIENT))
+                                    min_interval=0.0, consumer_settings=dict(FAST_CLIENT),
+                                    verify_keys=keys)  # signed by the daemon: accepted
         try:
             def watched() -> bool:
                 watcher.refresh(force=True)
@@ -199,8 +216,11 @@ def test_drift_is_recalibrated_within_three_runs(
             np.testing.assert_allclose(watcher.apply("mc5", zz),
                                        np.exp(log_softmax(zz / tm + bias_mc, axis=1)),
                                        atol=1e-12)
+            assert watcher.refused == 0
         finally:
             watcher.close()
+        assert not any(v for (m, _), v in versions.items() if m == "old")
+        assert private not in daemon.log_tail(100_000)  # the signing key is never logged
 
 
 def test_dead_webhook_neither_blocks_consuming_nor_publishing(

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from scipy.special import expit, softmax
 
-from calmon.calibrators import CalibratorWatcher, watcher as watcher_mod
+from calmon.calibrators import CalibratorWatcher
+from calmon.calibrators import watcher as watcher_mod
 from calmon.calibrators.signing import Signer, keygen
 from calmon.errors import CalibratorError
 from tests.daemon_helpers import wait_until
