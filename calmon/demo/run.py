@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from calmon import config
+from calmon import config, logs
 from calmon.daemon import Daemon
 from calmon.demo.broker import TansuBroker, resolve_binary
 from calmon.demo.traffic import Traffic
@@ -116,10 +116,13 @@ class StatusPrinter:
             live = recal_live(self.daemon, row.model)
             c = cal.get((row.model, row.segment, window)) if live else None
             shown_raw = f"{raw:.3f}" if raw is not None else "  -  "
+            floor = row.stats.noise_floor
+            # an ECE near its noise floor is sampling noise, not miscalibration
+            shown_floor = f"(noise {floor:.3f})" if floor is not None else " " * 13
             shown_cal = f"-> calibrated {c:.3f}" if c is not None else " " * 19
             self.out.write(
                 f"  {row.model:<7} joined {self.daemon.totals.joined.get(row.model, 0):>7}   "
-                f"ECE({window}) raw {shown_raw} {shown_cal}   "
+                f"ECE({window}) raw {shown_raw} {shown_floor} {shown_cal}   "
                 f"calibrator {('v' + str(live)) if live else '-'}\n")
         self.out.flush()
 
@@ -132,9 +135,8 @@ def recal_live(daemon: Daemon, model: str) -> int | None:
 
 
 def run_demo(duration: float | None, rate: float, port: int, out: TextIO = sys.stdout) -> int:
-    logging.basicConfig(level=logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    # warnings and errors only; the scheduler's chatter stays out of the terminal
+    logs.setup(config.LoggingConfig(level="warning"))
     workdir = Path(tempfile.mkdtemp(prefix="calmon-demo-"))
     broker = TansuBroker(resolve_binary(), log=workdir / "broker.log")
     stop = threading.Event()
@@ -162,7 +164,8 @@ def run_demo(duration: float | None, rate: float, port: int, out: TextIO = sys.s
                   f"  calibrators  {cfg.recalibration.output_dir}\n"
                   "ctr drifts after ~10 s, fraud (country=BR) after ~15 s, triage after "
                   "~20 s; search stays calibrated.\nAlarms and recalibrations are printed "
-                  "as they happen. Ctrl+C stops.\n")
+                  "as they happen; an ECE near its noise floor is sampling noise. "
+                  "Ctrl+C stops.\n")
         out.flush()
         code = daemon.run()
         out.write("calmon demo: stopped.\n")

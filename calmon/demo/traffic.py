@@ -92,6 +92,41 @@ class Traffic:
         return {"id": pid, "model": "triage", "ts": now, "segment": seg,
                 "probs": [round(float(v), 9) for v in q]}, y
 
+    def _tick(self, elapsed: float, now: float, tick: float,
+              carry: float) -> tuple[list[tuple[dict[str, object], float | None]], float]:
+        """The predictions of one tick (each with its label's send time, or None) and the
+        fractional rate carried to the next: one schedule for the live run and replay."""
+        carry += self.rate * tick
+        n, carry = int(carry), carry - int(carry)
+        out: list[tuple[dict[str, object], float | None]] = []
+        for _ in range(n):
+            model = MODELS[int(self.rng.integers(len(MODELS)))]
+            rec, y = self._prediction(model, elapsed, now)
+            due = None
+            if y is not None:
+                due = now + float(self.rng.exponential(1.0))
+                rec["_label"] = y
+            out.append((rec, due))
+        return out, carry
+
+    def timeline(self, duration: float, start: float, tick: float = 0.1,
+                 ) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+        """The predictions and labels ``run`` would send over ``duration`` seconds from
+        ``start``, in event time and without a broker: what the demo's own timeline
+        test replays (tests/statistics/test_demo_timeline.py)."""
+        preds: list[dict[str, object]] = []
+        labels: list[dict[str, object]] = []
+        carry, now = 0.0, start
+        while now - start < duration:
+            sent, carry = self._tick(now - start, now, tick, carry)
+            for rec, due in sent:
+                y = rec.pop("_label", None)
+                preds.append(rec)
+                if due is not None:
+                    labels.append({"id": rec["id"], "label": y, "ts": due})
+            now += tick
+        return preds, labels
+
     def run(self, stop: threading.Event) -> None:
         from kafka import KafkaProducer
 
@@ -102,19 +137,15 @@ class Traffic:
         try:
             while not stop.is_set():
                 now = time.time()
-                elapsed = now - start
-                carry += self.rate * tick
-                n, carry = int(carry), carry - int(carry)
-                for _ in range(n):
-                    model = MODELS[int(self.rng.integers(len(MODELS)))]
-                    rec, y = self._prediction(model, elapsed, now)
+                sent, carry = self._tick(now - start, now, tick, carry)
+                for rec, due in sent:
+                    y = rec.pop("_label", None)
                     key = str(rec["id"]).encode()
                     producer.send(self.predictions_topic, key=key, value=json.dumps(rec).encode())
                     self.sent += 1
-                    if y is not None:
-                        delay = float(self.rng.exponential(1.0))
-                        label = json.dumps({"id": rec["id"], "label": y, "ts": now + delay})
-                        heapq.heappush(self._due, (now + delay, self._seq, key, label.encode()))
+                    if due is not None:
+                        label = json.dumps({"id": rec["id"], "label": y, "ts": due})
+                        heapq.heappush(self._due, (due, self._seq, key, label.encode()))
                 while self._due and self._due[0][0] <= now:
                     _, _, key, value = heapq.heappop(self._due)
                     producer.send(self.labels_topic, key=key, value=value)
