@@ -199,3 +199,18 @@ def test_never_raises_fit_nll(seed: int, n: int, scale: float, kind: str) -> Non
     a, b_ref = scipy_temperature_bias(z, y)
     if 1e-2 <= a <= 1e2 and np.abs(b_ref).max() <= 50:
         assert mine <= penalised(z, y, a, b_ref) + 1e-6 * n
+
+
+def test_past_256_classes_temperature_alone(rng: np.random.Generator) -> None:
+    """Beyond BIAS_MAX_K classes no biases are fitted (the Newton step would cost n K^2):
+    the document carries the temperature only, which is the temperature-only optimum."""
+    z, y = multiclass_data(rng, 3_000, 300, scale=1.0)
+    cal = fit("temperature", z * 2.0, y, "logits")
+    assert cal.class_bias is None and set(cal.params()) == {"temperature"}
+
+    def nll(t: float) -> float:
+        return float(-log_softmax(z * 2.0 / t, axis=1)[np.arange(len(y)), y].mean())
+
+    best = minimize(lambda u: nll(float(np.exp(u[0]))), x0=[0.0], method="Nelder-Mead",
+                    options={"xatol": 1e-8, "fatol": 1e-12})
+    assert nll(cal.temperature) <= nll(float(np.exp(best.x[0]))) + 1e-9
