@@ -7,6 +7,10 @@ log-odds, (n,)), "probs" ((n, K) class probabilities), "logits" ((n, K) class lo
     cal.apply(new_logits)                       # (n, K) calibrated probabilities
     doc = cal.to_json(model="m", version=1)     # contract section 6
     load(doc).apply(new_logits)                 # identical outputs
+
+Documents are checked before use (calibrators.validate) and may be signed
+(calibrators.signing); CalibratorWatcher follows a directory or topic of them.
+The format: docs/calibrator-format.md.
 """
 
 from calmon.calibrators.base import Calibrator
@@ -17,11 +21,13 @@ from calmon.calibrators.registry import METHODS, fit, load
 from calmon.calibrators.scores import INPUTS, to_probs
 from calmon.calibrators.temperature import TemperatureCalibrator
 from calmon.calibrators.watcher import CalibratorWatcher
+from calmon.errors import CalibratorError
 
 __all__ = [
     "INPUTS",
     "METHODS",
     "Calibrator",
+    "CalibratorError",
     "CalibratorWatcher",
     "HistogramCalibrator",
     "IsotonicCalibrator",

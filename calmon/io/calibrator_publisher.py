@@ -1,6 +1,7 @@
 """Published calibrator documents onto ``kafka.calibrators_topic``, keyed
 ``<model>/<segment>``, so serving code can follow them; through the daemon's one
-producer (``io/outbox.py``)."""
+producer (``io/outbox.py``). The bytes are the registry's (``recal/registry.py``), signed
+there with ``calibrators.signing_key`` when set: the file and the record are one document."""
 
 from __future__ import annotations
 

@@ -97,8 +97,10 @@ def test_rollback_republishes_v1_as_v3_and_the_directory_watcher_follows(
     assert doc["params"] == {"temperature": T1}
 
     assert_watcher_serves(watcher, 3, T1, U1)
+    watcher.close()
     # a fresh watcher sees the same
-    assert_watcher_serves(CalibratorWatcher(out, min_interval=0.0), 3, T1, U1)
+    with CalibratorWatcher(out, min_interval=0.0) as fresh:
+        assert_watcher_serves(fresh, 3, T1, U1)
     # and so does a running daemon's registry
     live = registry.live("ctr", "__all__")
     assert live is not None and live.version == 3 and live.doc["params"] == {"temperature": T1}
