@@ -105,6 +105,33 @@ def test_a_smaller_shift_is_flagged_through_the_classwise_trigger(seed: int) -> 
     assert cw <= 0.6 * raw_cw
 
 
+def test_a_prior_shift_in_one_segment_is_corrected_there_only() -> None:
+    """per_segment with four countries (6,000 predictions a day each): +2.0 on class 2's
+    true logit in country c1 only. c1 gets its own calibrator with class biases; the
+    other countries keep serving the raw model (nothing published for them)."""
+
+    def scenario(t: float, seg: int, n: int, rng: np.random.Generator):
+        z = rng.normal(0.0, 1.5, (n, K))
+        shift = 2.0 * np.eye(K)[2] if t >= CHANGE and seg == 1 else np.zeros(K)
+        return z, softmax(z + shift, axis=1)
+
+    sim = Simulation(sim_config(per_segment=True), scenario, 4, 6000, seed=3)
+    run = sim.run(2.5)
+    assert {e.segment for e in run.events} == {"country=c1"}, run.events
+    assert run.of("published") and run.of("published")[0].ts - CHANGE <= HOURS_8
+    for seg in range(4):
+        scores, truth = sim.fresh(CHANGE + DAY, seg, 50_000)
+        live = sim.policy.live("m", f"country=c{seg}")
+        raw = true_classwise_ece(None, scores, truth)
+        if seg == 1:
+            assert live is not None and live.doc["segment"] == "country=c1"
+            served = true_classwise_ece(live.calibrator, scores, truth)
+            print(f"\nsegment prior shift: c1 true classwise ECE {raw:.4f} -> {served:.4f}")
+            assert served <= 0.25 * raw
+        else:
+            assert live is None
+
+
 @pytest.mark.parametrize("method", ["isotonic", "histogram", "auto"])
 def test_an_under_confident_multiclass_model_is_fixed_by_every_method(method: str) -> None:
     """A calibrated day, then the model reports logits x 0.5 (true top-label ECE ~0.17):
