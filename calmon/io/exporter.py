@@ -261,6 +261,11 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
                             "Webhook alerts not delivered after retries")
     c.add_metric([], r.alerts_failed)
     yield c
+    c = CounterMetricFamily("calmon_recalibration_overruns_total",
+                            "Scheduled checks skipped because the previous one was still running "
+                            "(recalibration.interval shorter than a check)")
+    c.add_metric([], r.overruns)
+    yield c
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...],

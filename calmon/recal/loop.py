@@ -61,6 +61,7 @@ class Recalibrator:
         self._series: list[tuple[str, str]] = []  # the series the last run evaluated
         self._pushed: list[tuple[tuple[str, str], int]] | None = None
         self.events: list[Event] = []  # this process's events, newest last (bounded)
+        self.overruns = 0  # checks skipped while the previous one still ran
 
     # ------------------------------------------------------------ lifecycle
 
@@ -77,7 +78,15 @@ class Recalibrator:
         self._scheduler.add_job(self.run_once_safely, "interval", seconds=self.rc.interval,
                                 id="recalibrate", max_instances=1, coalesce=True,
                                 misfire_grace_time=None, next_run_time=first)
+        from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+
+        self._scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
         self._scheduler.start()
+
+    def _overrun(self, _event: object) -> None:
+        """A check came due while the previous one still ran: counted, not logged."""
+        with self._lock:
+            self.overruns += 1
 
     def __enter__(self) -> Recalibrator:
         self.start()
@@ -210,7 +219,8 @@ class Recalibrator:
             versions, temps, dict(g.drift),
             calibrated_samples=[(m, s, w, n) for m, s, w, _, n in calibrated],
             drift_evidence=dict(g.evidence), drift_change_ts=dict(g.change_ts),
-            alerts_failed=self.alerts.failed, series=series, methods=self._methods())
+            alerts_failed=self.alerts.failed, series=series, methods=self._methods(),
+            overruns=self.overruns)
 
     def calibrated_rows(self) -> list[tuple[str, str, str, float | None, int]]:
         with self._lock:

@@ -23,6 +23,9 @@ class RecalState:
     drift_evidence: dict[tuple[str, str], float] = field(default_factory=dict)
     drift_change_ts: dict[tuple[str, str], float] = field(default_factory=dict)
     alerts_failed: int = 0
+    # checks skipped because the previous one was still running (APScheduler's
+    # "maximum number of running instances reached"): a metric, not a log line
+    overruns: int = 0
     # (model, segment) series the loop evaluates and the methods a refit may report:
     # their recalibration counters are exported at 0 before the first refit, so
     # increase() sees the first one (no "series born" special case in alert rules)

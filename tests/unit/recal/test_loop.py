@@ -296,3 +296,42 @@ def test_snapshot_restores_the_detectors(tmp_path: Path) -> None:
     other.restore(snap)
     assert other.snapshot() == snap
     assert other.policy.gauges == recal.policy.gauges
+
+
+def test_overrun_checks_are_counted_and_exported(tmp_path: Path) -> None:
+    """A check that outlasts recalibration.interval makes APScheduler skip the next one:
+    a counter (calmon_recalibration_overruns_total), not a warning on the terminal."""
+    import dataclasses
+    import threading
+    import time
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from calmon.io.exporter import recal_metrics
+
+    cfg = recal_config(tmp_path)
+    cfg = dataclasses.replace(cfg, recalibration=dataclasses.replace(cfg.recalibration,
+                                                                     interval=1.0))
+    recal = Recalibrator(cfg, Engine(cfg))
+    release = threading.Event()
+    recal.run_once = lambda: release.wait(30) and []  # type: ignore[method-assign]
+    recal.start()
+    try:
+        deadline = time.monotonic() + 30
+        while recal.metrics_state().overruns == 0:
+            assert time.monotonic() < deadline, "no overrun counted"
+            time.sleep(0.1)  # polling a deadline-bounded condition
+    finally:
+        release.set()
+        recal.stop()
+
+    class One:
+        def collect(self):
+            return recal_metrics(recal.metrics_state())
+
+    reg = CollectorRegistry()
+    reg.register(One())  # type: ignore[arg-type]
+    text = generate_latest(reg).decode()
+    line = next(x for x in text.splitlines()
+                if x.startswith("calmon_recalibration_overruns_total "))
+    assert float(line.split()[1]) >= 1
