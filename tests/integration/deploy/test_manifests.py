@@ -420,7 +420,9 @@ def test_dockerfile_base_and_user() -> None:
     assert froms and all(f == "python:3.11-slim" for f in froms)
     [user] = [a for w, a in ins if w == "USER"]
     assert user.split(":")[0] not in {"0", "root"}
-    assert any(w == "RUN" and "pip install ." in a for w, a in ins)
+    # the package with its fast extra (kafka.library: confluent) and every codec checked
+    assert any(w == "RUN" and 'pip install ".[fast]"' in a and "has_zstd()" in a
+               and "import confluent_kafka" in a for w, a in ins)
 
 
 def test_dockerfile_copies_existing_files() -> None:
