@@ -61,6 +61,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     # passwords, tokens and URL credentials masked (``${KAFKA_PASSWORD}`` is expanded by now)
     sys.stdout.write(yaml.safe_dump(secrets.mask_config(config_mod.to_dict(cfg)),
                                     sort_keys=False, default_flow_style=None))
+    rc = cfg.recalibration
+    if rc.enabled and rc.min_samples > rc.buffer:  # a refit could never start
+        print(f"warning: recalibration.min_samples ({rc.min_samples}) cannot fit in "
+              f"recalibration.buffer ({rc.buffer}): no refit will ever run", file=sys.stderr)
     if getattr(args, "probe", False):
         from calmon.io.probe import probe
 

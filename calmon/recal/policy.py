@@ -9,14 +9,19 @@ side effect is publishing through the registry it was given.
 Per series (a model's ``__all__``, and each segment with ``per_segment``):
 
 1. the series' e-detector (calmon.recal.detect) is fed the samples joined since the
-   last check, scored after the live calibrator; it restarts whenever the live
-   calibrator changes (a new null). Its threshold is 1 / (alpha / S), S the number of
+   last check, scored after the live calibrator and placed by their prediction time;
+   it restarts whenever the live calibrator changes (a new null) and then reads only
+   predictions made after its ``fitted_at``. Its threshold is 1 / (alpha / S), S the number of
    series the model can have, so all of a calibrated model's series together raise a
    false alarm with probability at most alpha between two refits, however long it runs;
-2. once it alarms, the change time is estimated (CUSUM start) and the effect-size
-   triggers read the samples since then: a trigger that fires makes a ``drift`` event;
-3. outside the cooldown, with at least ``min_samples`` post-change samples, those
-   samples alone are refitted (calmon.recal.refit) and published only through the gate.
+2. once it alarms, the change time is estimated (CUSUM start, in prediction time) and
+   the effect-size triggers read the samples since then: the first trigger to fire
+   makes the alarm's one ``drift`` event;
+3. outside the cooldown, with at least ``min_samples`` post-change samples (every
+   buffered sample predicted since the change, whatever its label delay or the
+   window), those samples alone are refitted (calmon.recal.refit) and published only
+   through the gate; a rejection is retried once they have doubled or after
+   ``retry_after``, whichever comes first.
    A segment's calibrator is shrunk toward the model's; a model-level refit is not
    published when it makes a segment with ``min_samples`` samples significantly worse.
 
@@ -48,7 +53,7 @@ from calmon.engine.metrics import (
 )
 from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
-from calmon.recal.detect import Detector, change_point, tilt_log_lr
+from calmon.recal.detect import Detector, tilt_log_lr
 from calmon.recal.refit import (
     Prior,
     Refit,
@@ -66,6 +71,8 @@ from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
 log = logging.getLogger(__name__)
 
 FIRST_FEED = 10_000  # samples a series' detector starts on (bounds the first check's cost)
+GRID_MIN_S = 60.0  # finest spacing of the detector's candidate change times
+MIN_READ = 200  # the triggers read at least this many post-change samples
 SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in "samples of curvature"
 # (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
 # series' ring, with the ring's running total; None when the series has no ring.
@@ -106,24 +113,24 @@ class SeriesState:
     drifting: tuple[str, ...] = ()
     change_ts: float | None = None
     last_refit: float | None = None
-    change_total: int | None = None  # ring total when the change was last estimated
     rejections: int = 0  # rejected refits since the detector restarted
     last_n: int = 0  # post-change samples the last rejected refit had
+    announced: bool = False  # this alarm's drift event was emitted
 
     def snapshot(self) -> dict[str, Any]:
         return {"detector": self.detector.snapshot(), "basis": list(self.basis),
                 "seen": self.seen, "reset_total": self.reset_total,
                 "drifting": list(self.drifting), "change_ts": self.change_ts,
-                "last_refit": self.last_refit, "change_total": self.change_total,
-                "rejections": self.rejections, "last_n": self.last_n}
+                "last_refit": self.last_refit, "rejections": self.rejections,
+                "last_n": self.last_n, "announced": self.announced}
 
     @classmethod
     def restore(cls, s: dict[str, Any]) -> SeriesState:
         b = s["basis"]
         return cls(Detector.restore(s["detector"]), (b[0], b[1]), int(s["seen"]),
                    int(s["reset_total"]), tuple(s["drifting"]), s["change_ts"],
-                   s["last_refit"], s.get("change_total"), int(s.get("rejections", 0)),
-                   int(s.get("last_n", 0)))
+                   s["last_refit"], int(s.get("rejections", 0)), int(s.get("last_n", 0)),
+                   bool(s.get("announced", False)))
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,7 @@ class Policy:
                         st.last_refit = now
                     events.append(Event(now, model, segment, "failed",
                                         {"method": self.rc.method, "trigger": None,
+                                         "fit_samples": 0, "holdout_samples": 0,
                                          "reason": f"{type(e).__name__}: {str(e)[:200]}"}))
             self._publish_readers()
             return events
@@ -209,6 +217,11 @@ class Policy:
         return (None if own is None else own.version,
                 None if model_live is None else model_live.version)
 
+    def _spacing(self) -> float:
+        """The detector's grid of candidate change times: one a check, at least a minute
+        (the change time is estimated to that resolution)."""
+        return max(float(self.rc.interval), GRID_MIN_S)
+
     def _check_series(self, now: float, model: str, segment: str,
                       keys: list[tuple[str, str]], samples_of: SamplesOf) -> list[Event]:
         head = samples_of(model, segment, 0)
@@ -220,83 +233,74 @@ class Policy:
         if st is None:  # first sight: the newest buffered samples are new (at most
             # FIRST_FEED, chosen by position only, so the test stays valid)
             start = max(0, head.total - FIRST_FEED)
-            st = self.states[(model, segment)] = SeriesState(Detector.new(), basis, start,
-                                                             start)
-        elif st.basis != basis:  # a new live calibrator: a new null, a new test
             st = self.states[(model, segment)] = SeriesState(
-                Detector.new(), basis, head.total, head.total, last_refit=st.last_refit)
+                Detector.new(None, self._spacing()), basis, start, start)
+        elif st.basis != basis:  # a new live calibrator: a new null, a new test, on
+            # predictions made after it was fitted only
+            fitted = None if live is None else parse_iso(live.doc.get("fitted_at"))
+            st = self.states[(model, segment)] = SeriesState(
+                Detector.new(fitted, self._spacing()), basis, head.total, head.total,
+                last_refit=st.last_refit)
+        cal = None if live is None else live.calibrator
         new = head.total - st.seen
         if new > 0:
             fresh = samples_of(model, segment, new)
             if fresh is not None and len(fresh):
-                probs, labels = scored(None if live is None else live.calibrator, fresh)
+                probs, labels = scored(cal, fresh)
                 p, y = confidence_and_correct(probs, labels)
-                st.detector.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels))
+                # by prediction time: the detector's grid places each sample by its ts
+                st.detector.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels),
+                                   ts=fresh.ts, now=now)
                 st.seen = fresh.total
         if not st.detector.alarmed:
-            st.drifting, st.change_ts, st.change_total = (), None, None
+            st.drifting, st.change_ts = (), None
             return []
-        cal = None if live is None else live.calibrator
-        fresh_estimate = st.change_total is None
-        if fresh_estimate:
-            self._estimate_change(model, segment, st, cal, samples_of)
+        st.change_ts = st.detector.change_ts()
         decision, post = self._effects(now, model, segment, st, live, samples_of)
         events: list[Event] = []
-        if decision.fired and not st.drifting:
+        if decision.fired and not st.announced:  # one drift event per alarm
+            st.announced = True
             events.append(Event(now, model, segment, "drift",
                                 {"trigger": decision.fired[0], "change_ts": st.change_ts}))
         st.drifting = decision.fired
-        if st.rejections:  # after a rejection: try again once the evidence has doubled
-            cooled = len(post) >= 2 * st.last_n
+        if not decision.fired:
+            return events
+        if st.rejections:  # after a rejection: again once the evidence has doubled, or
+            # after retry_after at the latest, so an alarm never stays latched idle
+            cooled = len(post) >= 2 * st.last_n or (
+                st.last_refit is None or now - st.last_refit >= self.rc.retry_after)
         else:
             cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
-        if (decision.fired and cooled and len(post) >= self.rc.min_samples
-                and not self._deferred(model, segment, keys)):
-            if not fresh_estimate:  # more samples since the alarm: estimate again
-                self._estimate_change(model, segment, st, cal, samples_of)
-                decision, post = self._effects(now, model, segment, st, live, samples_of)
-            if decision.fired and len(post) >= self.rc.min_samples:
-                events.append(self._refit(now, model, segment, st, post, live,
-                                          decision.fired[0], keys, samples_of))
+        if cooled and len(post) >= self.rc.min_samples and not self._deferred(
+                model, segment, keys):
+            events.append(self._refit(now, model, segment, st, post, live,
+                                      decision.fired[0], keys, samples_of))
         return events
 
-    def _since_restart(self, model: str, segment: str, st: SeriesState,
-                       samples_of: SamplesOf) -> SampleSet | None:
-        return samples_of(model, segment, st.seen - st.reset_total)
-
-    def _estimate_change(self, model: str, segment: str, st: SeriesState,
-                         cal: Calibrator | None, samples_of: SamplesOf) -> None:
-        """Where did the change begin? The CUSUM start over the samples since the
-        detector's restart, taken in prediction-time order (labels arrive in any order;
-        the model changed at a moment of prediction time). Done at the alarm and again
-        before each refit; in between the estimate is kept (this scan is the costly part
-        of a check)."""
-        st.change_total = st.seen  # when it was estimated
-        recent = self._since_restart(model, segment, st, samples_of)
-        if recent is None or len(recent) == 0:
-            st.change_ts = None
-            return
-        order = np.argsort(recent.ts, kind="stable")
-        probs, labels = scored(cal, recent)
-        p, y = confidence_and_correct(probs, labels)
-        tilt = tilt_log_lr(probs, labels)
-        k = change_point(p[order], y[order], None if tilt is None else tilt[:, order])
-        st.change_ts = float(recent.ts[order][k])
+    def _post_change(self, model: str, segment: str, st: SeriesState,
+                     samples_of: SamplesOf) -> SampleSet | None:
+        """Every buffered sample predicted at or after the estimated change (and after
+        the detector's origin: the live calibrator's fit), whatever its label delay and
+        whatever ``recalibration.window``: what ``min_samples`` counts and a refit fits."""
+        every = samples_of(model, segment, None)
+        if every is None:
+            return None
+        since = max(x for x in (st.change_ts, st.detector.origin, -math.inf)
+                    if x is not None)
+        return every.select(every.ts >= since)
 
     def _effects(self, now: float, model: str, segment: str, st: SeriesState,
                  live: Live | None, samples_of: SamplesOf) -> tuple[Decision, SampleSet]:
-        """The effect-size triggers on the samples since the detector's restart predicted
-        at or after the estimated change, inside ``recalibration.window`` (also what a
-        refit is fitted on)."""
-        post = self._since_restart(model, segment, st, samples_of)
-        if post is not None:
-            keep = in_window(post.ts, self.cfg.window(self.rc.window).seconds, now)
-            if st.change_ts is not None:
-                keep &= post.ts >= st.change_ts
-            post = post.select(keep)
+        """The effect-size triggers on the post-change samples predicted inside
+        ``recalibration.window`` (the newest ``MIN_READ`` post-change ones when the
+        window holds fewer, as under label delay), and all post-change samples."""
+        post = self._post_change(model, segment, st, samples_of)
         if post is None or len(post) == 0:
             return Decision(0.0, (), None), SampleSet(*(np.zeros(0),) * 4)
-        probs, labels = scored(None if live is None else live.calibrator, post)
+        read = in_window(post.ts, self.cfg.window(self.rc.window).seconds, now)
+        if int(read.sum()) < min(MIN_READ, len(post)):
+            read = post.ts >= np.sort(post.ts)[-min(MIN_READ, len(post))]
+        probs, labels = scored(None if live is None else live.calibrator, post.select(read))
         p, y = confidence_and_correct(probs, labels)
         classwise = (classwise_ece_from_samples(probs, labels, self.cfg.metrics.bins)[0]
                      if self.cfg.metrics.classwise and probs.ndim == 2 else None)
@@ -373,7 +377,8 @@ class Policy:
         fresh = samples_of(model, segment, 0)
         total = post.total if fresh is None else fresh.total
         self.states[(model, segment)] = SeriesState(
-            Detector.new(), self._basis(model, segment), total, total, last_refit=now)
+            Detector.new(float(math.ceil(now)), self._spacing()), self._basis(model, segment),
+            total, total, last_refit=now)
         log.info("published %s calibrator v%d for %r/%r (holdout ECE %.4f -> %.4f)",
                  result.method, doc["version"], model, segment,
                  result.before.ece if result.before else math.nan, result.after.ece)

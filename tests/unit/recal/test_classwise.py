@@ -74,15 +74,16 @@ def test_the_detector_takes_tilts_on_its_first_batch_and_survives_batches_withou
     conf, correct = p.max(axis=1), (p.argmax(axis=1) == y).astype(float)
     d = Detector.new()
     d.update(conf, correct, math.log(100), tilt_log_lr(p, y))
-    assert d.log_s.shape == (len(ALTERNATIVES) + 5 * len(TILTS),)
+    assert d.off.shape == (len(ALTERNATIVES) + 5 * len(TILTS),)
     d.update(conf, correct, math.log(100))  # no tilts: ratio 1 for them, nothing breaks
     d.update(conf, correct, math.log(100), tilt_log_lr(p[:, :3] / p[:, :3].sum(1, keepdims=True),
                                                        np.minimum(y, 2)))  # another K
     assert d.k == 150 and np.isfinite(d.log_m)
     again = Detector.restore(d.snapshot())
-    np.testing.assert_array_equal(again.log_s, d.log_s)
-    bad = d.snapshot() | {"log_s": [0.0] * (len(ALTERNATIVES) + 3)}
-    assert Detector.restore(bad).log_s.shape == (len(ALTERNATIVES),)  # not a grid of ours
+    np.testing.assert_array_equal(again.log_p, d.log_p)
+    assert again.log_m == d.log_m
+    bad = d.snapshot() | {"off": [0.0] * (len(ALTERNATIVES) + 3)}
+    assert Detector.restore(bad).off.shape == (len(ALTERNATIVES),)  # not a grid of ours
 
 
 def test_change_point_reads_the_tilts() -> None:
