@@ -141,12 +141,23 @@ class Run:
                 and (segment is None or e.segment == segment)]
 
 
+# (labels, rng) -> each label's delay in seconds after its prediction
+Delay = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+
+
+def uniform_delay(lo: float, hi: float) -> Delay:
+    return lambda y, rng: rng.uniform(lo, hi, len(y))
+
+
 class Simulation:
-    """Samples per segment at a fixed daily rate, labelled at once, checked every
-    ``interval`` of event time; per_segment fans each sample out as the engine does."""
+    """Samples per segment at a fixed daily rate, checked every ``interval`` of event
+    time; per_segment fans each sample out as the engine does. Labels come at once, or
+    ``delay`` after their prediction: a sample joins the rings (in label-arrival order,
+    with its prediction time) once its label has arrived."""
 
     def __init__(self, cfg: Config, scenario: Scenario, segments: int, per_day: float,
-                 seed: int, model: str = "m", registry: Registry | None = None) -> None:
+                 seed: int, model: str = "m", registry: Registry | None = None,
+                 delay: Delay | None = None) -> None:
         self.cfg = cfg
         self.scenario = scenario
         self.segments = segments
@@ -158,6 +169,9 @@ class Simulation:
         self.names = [f"country=c{i}" for i in range(segments)]
         self.t = T0
         self._carry = np.zeros(segments)
+        self.delay = delay
+        # labelled samples waiting for their label: (arrival, seg, ts, label, kind, score)
+        self._pending: list[tuple[np.ndarray, ...]] = []
 
     def samples_of(self, model: str, segment: str, last: int | None = None
                    ) -> SampleSet | None:
@@ -185,15 +199,34 @@ class Simulation:
                 scores, truth = self.scenario(self.t, seg, n, self.rng)
                 labels = draw_labels(truth, self.rng)
                 kind = np.full(n, 1 if scores.ndim == 1 else 3, np.int8)
-                classes = 0 if scores.ndim == 1 else scores.shape[1]
-                self.buffers.add(0, classes, ts, labels, kind, scores)
-                if self.cfg.recalibration.per_segment:
-                    self.buffers.add(seg + 1, classes, ts, labels, kind, scores)
+                arrival = ts if self.delay is None else ts + self.delay(labels, self.rng)
+                self._pending.append((arrival, np.full(n, seg), ts, labels, kind, scores))
+            self._deliver(self.t + interval)
             self.t += interval
             out.events += self.policy.check(self.t, self.series(), self.samples_of)
             for key, v in self.policy.gauges.evidence.items():
                 out.max_evidence[key] = max(out.max_evidence.get(key, 0.0), v)
         return out
+
+    def _deliver(self, until: float) -> None:
+        """Add every sample whose label arrived before ``until``, in arrival order."""
+        if not self._pending:
+            return
+        cols = [np.concatenate(c) for c in zip(*self._pending)]
+        arrival, seg, ts, labels, kind, scores = cols
+        due = arrival < until
+        rest = [c[~due] for c in cols]
+        self._pending = [tuple(rest)] if len(rest[0]) else []
+        order = np.argsort(arrival[due], kind="stable")
+        seg, ts, labels, kind, scores = (c[due][order] for c in (seg, ts, labels, kind, scores))
+        if not len(ts):
+            return
+        classes = 0 if scores.ndim == 1 else scores.shape[1]
+        self.buffers.add(0, classes, ts, labels, kind, scores)
+        if self.cfg.recalibration.per_segment:
+            for s in np.unique(seg).tolist():
+                m = seg == s
+                self.buffers.add(s + 1, classes, ts[m], labels[m], kind[m], scores[m])
 
     def fresh(self, t: float, seg: int, n: int, seed: int = 99) -> tuple[np.ndarray, np.ndarray]:
         """Fresh samples of the scenario at time t: (reported scores, true probabilities)."""
