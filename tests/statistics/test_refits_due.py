@@ -101,7 +101,7 @@ def test_labels_6_to_48_hours_late_at_24k_a_day() -> None:
 
 def test_labels_6_to_48_hours_late_at_8k_a_day() -> None:
     change = T0 + DAY
-    sim, tr = _delayed(8_000, uniform_delay(6 * HOUR, 48 * HOUR), seed=32, days=4)
+    _, tr = _delayed(8_000, uniform_delay(6 * HOUR, 48 * HOUR), seed=32, days=4)
     drift, pub = tr.first("drift"), tr.first("published")
     assert drift is not None and pub is not None, tr.events
     dated = tr.of("drift")[0].fields["change_ts"]
@@ -115,7 +115,7 @@ def test_labels_6_to_48_hours_late_at_8k_a_day() -> None:
 
 def test_implicit_negatives_after_30_minutes() -> None:
     change = T0 + DAY
-    sim, tr = _delayed(24_000, implicit_negatives, seed=33, days=2)
+    _, tr = _delayed(24_000, implicit_negatives, seed=33, days=2)
     drift, pub = tr.first("drift"), tr.first("published")
     assert drift is not None and pub is not None, tr.events
     print(f"\nimplicit negatives: alarm {(drift - change) / HOUR:.2f} h, published after "
