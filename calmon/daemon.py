@@ -111,7 +111,8 @@ class Daemon:
         self.engine = Engine(cfg)
         self.store = CheckpointStore(cfg.state.dir)
         self.source: Source = source if source is not None else ProcessSource(
-            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS)
+            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS,
+            longest_window_s=max(w.seconds for w in cfg.metrics.windows))
         self.outbox = Outbox(cfg.kafka)  # the one producer: dead letters and calibrators
         self.dead_letters = DeadLetters(self.outbox)
         self.positions: dict[tuple[str, int], int] = {}

@@ -76,6 +76,10 @@ KAFKA_PYTHON_TO_LIBRDKAFKA: dict[str, tuple[str, frozenset[str], Callable[[Any],
     "enable_idempotence": ("enable.idempotence", PRODUCER, _same),
 }
 
+# librdkafka properties only a consumer takes (an admin client is given the rest)
+CONSUMER_ONLY = frozenset(name for name, roles, _ in KAFKA_PYTHON_TO_LIBRDKAFKA.values()
+                          if roles == CONSUMER)
+
 # kafka-python keys calmon itself reads when the library is confluent (not librdkafka's)
 CALMON_KEYS = frozenset({"bootstrap_timeout_ms"})
 

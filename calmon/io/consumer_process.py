@@ -35,6 +35,7 @@ from calmon import logs, secrets
 from calmon.children import die_with_parent
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
+from calmon.io import topic_checks
 from calmon.io.source import (
     Batch,
     Chunk,
@@ -59,8 +60,10 @@ class ProcessSource:
     """The daemon's ``Source``: the ``kafka.library`` source running in a child process."""
 
     def __init__(self, config: KafkaConfig, *, metadata_timeout_s: float = 30.0,
-                 max_records: int = 5000) -> None:
+                 max_records: int = 5000, longest_window_s: float | None = None) -> None:
         self._config = config
+        # with it, the child checks the input topics' configuration once it has assigned
+        self._longest_window_s = longest_window_s
         self._metadata_timeout_s = metadata_timeout_s
         self._max_records = max_records
         self._kinds = {config.predictions_topic: Kind.PREDICTION, config.labels_topic: Kind.LABEL}
@@ -86,7 +89,7 @@ class ProcessSource:
         proc = ctx.Process(
             target=_child, name="calmon-consumer", daemon=True,
             args=(config, positions, from_checkpoint, self._metadata_timeout_s,
-                  self._max_records, data_child, cmd_child, level))
+                  self._max_records, data_child, cmd_child, level, self._longest_window_s))
         proc.start()
         self._proc = proc
         data_child.close()
@@ -184,7 +187,7 @@ class ProcessSource:
 
 def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_checkpoint: bool,
            metadata_timeout_s: float, max_records: int, data: Connection, cmd: Connection,
-           level: int) -> None:
+           level: int, longest_window_s: float | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent()  # and pipe EOF ends it where that is not available
@@ -202,6 +205,9 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
             data.send(("error", str(e)))
             return
         data.send(("assigned", owned))
+        if longest_window_s is not None:  # warnings only, beside the polling
+            threading.Thread(target=topic_checks.check, args=(config, longest_window_s),
+                             name="calmon-topic-checks", daemon=True).start()
         # a sender thread, so polling goes on while the previous batch crosses the pipe
         # (sending mostly waits in write(2), outside the GIL); the queue bounds read-ahead
         outbox: queue.Queue[Any] = queue.Queue(maxsize=AHEAD)

@@ -28,6 +28,7 @@ from tests.daemon_helpers import (
     load_config,
     make_dataset,
     series,
+    wait_until,
     write_config,
 )
 
@@ -285,3 +286,23 @@ def test_a_checkpoint_without_the_shape_restores_as_one_instance(
     assert "written by instance {index: 0, count: 1}" in refused.log.read_text()
     with CalmonDaemon(cfg) as daemon:  # one instance: restored, counters and all
         assert daemon.status()["counters"] == before
+
+
+@LIBRARIES
+def test_topic_settings_that_need_describe_configs_only_warn(
+    kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path, library: str
+) -> None:
+    (preds_topic,) = kafka_topics(partitions=2)
+    (labels_topic,) = kafka_topics(partitions=2, configs={"cleanup.policy": "compact",
+                                                          "retention.ms": "3600000"})
+    cfg = write_config(tmp_path / "warned.yaml", kafka_bootstrap, preds_topic, labels_topic,
+                       kafka={"library": library, "instance": {"index": 0, "count": 2}})
+    with CalmonDaemon(cfg) as daemon:  # ready: warnings never refuse
+        wait_until(lambda: "retention.ms" in daemon.log.read_text(), START_TIMEOUT_S,
+                   "the retention warning", detail=daemon.log_tail)
+        log = daemon.log.read_text()
+        assert daemon.status()["ready"]
+    assert (f"kafka.labels_topic: topic {labels_topic!r} has cleanup.policy compact" in log)
+    assert (f"kafka.labels_topic: topic {labels_topic!r} keeps records for 1 h "
+            "(retention.ms), less than the largest window (168 h)") in log
+    assert f"kafka.predictions_topic: topic {preds_topic!r}" not in log

@@ -282,6 +282,20 @@ def test_sidecar_shares_the_pod_with_a_model_server() -> None:
     assert reads and all(m["readOnly"] for m in reads), "the model server reads the calibrators"
 
 
+def test_sidecar_state_volume_takes_one_pod() -> None:
+    """Two replicas on one state volume would each count every sample: the claim
+    admits one pod (not one node), and the state dir is calmon's own."""
+    [(path, dep)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "Deployment"]
+    state = parsed_config(path, dep)["state"]["dir"]
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m for m in calmon_container(dep)["volumeMounts"]}
+    [holder] = [m for p, m in mounts.items() if state.startswith(p + "/")]
+    claim_name = volumes[holder["name"]]["persistentVolumeClaim"]["claimName"]
+    [claim] = [d for d in same_file(path, "PersistentVolumeClaim")
+               if d["metadata"]["name"] == claim_name]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOncePod"]
+
+
 # --- restricted Pod Security, schemas, disruption and network -----------------
 
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",

@@ -1,5 +1,5 @@
-"""The state directory's lock (one process at a time) and the instance shape a
-checkpoint records."""
+"""The state directory's lock (one process at a time), the instance shape a
+checkpoint records, and the topic settings that only warn."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from calmon.config import Instance
 from calmon.errors import StateError
 from calmon.io.shape import mismatch, of_checkpoint, of_config
 from calmon.io.statelock import LOCK_NAME, StateLock
+from calmon.io.topic_checks import warnings_for
 
 HOLD = """
 import sys, time
@@ -62,3 +63,15 @@ def test_the_shape_of_a_checkpoint() -> None:
     text = mismatch({"index": 1, "count": 2}, {"index": 1, "count": 3}, "/s")
     assert text is not None and "{index: 1, count: 2}" in text and "count: 3}" in text
     assert "calmon run --rescale" in text
+
+
+def test_topic_settings_that_warn() -> None:
+    week = 7 * 86400.0
+    assert warnings_for("labels_topic", "l", {"cleanup.policy": "delete",
+                                              "retention.ms": "604800000"}, week) == []
+    assert warnings_for("labels_topic", "l", {"retention.ms": "-1"}, week) == []  # forever
+    assert warnings_for("labels_topic", "l", {}, week) == []  # the broker said nothing
+    [compact] = warnings_for("labels_topic", "l", {"cleanup.policy": "compact, delete"}, week)
+    assert compact.startswith("kafka.labels_topic: topic 'l' has cleanup.policy compact")
+    [short] = warnings_for("predictions_topic", "p", {"retention.ms": "86400000"}, week)
+    assert "keeps records for 24 h" in short and "largest window (168 h)" in short
