@@ -21,7 +21,9 @@ Workloads (default windows 1h/24h/7d, 15 bins, 1,000 fine bins, slices
 * ``week-8x50``: 8 models x 50 values (808 series), 35,000 records spread the same
   way: samples in every bucket of the week (the issue's report: +2.9 GiB, 686 MiB);
 * ``busy``: 10 series (no slices) with 1,500 samples in every bucket of every
-  window, so every bucket is full (dense): the per-series ceiling.
+  window, so every bucket is full (dense): the per-series ceiling (fed in time
+  order with ``join.ttl`` 1m, so the joined ids remembered for duplicates stay
+  few and the growth is the series').
 
 "before" is the same measurement on the code of another commit (default: the
 one before issue 19's sparse state), checked out in a temporary ``git worktree``
@@ -80,27 +82,27 @@ def _records(models: int, per_model: int, values: int = 50) -> Iterator[list[Any
 
 
 def _busy(series: int, per_bucket: int) -> Iterator[list[Any]]:
-    """``per_bucket`` samples in every bucket of every window of ``series`` series."""
+    """``per_bucket`` samples in every bucket of every window of ``series`` series, in
+    time order (with ``join.ttl`` 1m, so the ids remembered for duplicates stay few
+    and the growth is the series')."""
     import random
 
     from calmon.engine.records import Kind, Raw
 
     rng = random.Random(20)
+    grid = sorted(T_END - b * (span / 16) - (span / 16) * (i + 0.5) / per_bucket
+                  for span in (WEEK, DAY, HOUR) for b in range(16) for i in range(per_bucket))
     batch: list[Any] = []
-    for m in range(series):
-        for span in (WEEK, DAY, HOUR):
-            width = span / 16
-            for b in range(16):
-                for i in range(per_bucket):
-                    ts = T_END - b * width - width * (i + 0.5) / per_bucket
-                    pid = f"b{m}-{span}-{b}-{i}"
-                    rec = {"id": pid, "model": f"busy-{m}", "ts": ts, "prob": rng.random()}
-                    batch.append(Raw(Kind.PREDICTION, json.dumps(rec).encode()))
-                    batch.append(Raw(Kind.LABEL, json.dumps(
-                        {"id": pid, "label": rng.randrange(2)}).encode()))
-                    if len(batch) >= BATCH:
-                        yield batch
-                        batch = []
+    for n, ts in enumerate(grid):
+        for m in range(series):
+            pid = f"b{m}-{n}"
+            rec = {"id": pid, "model": f"busy-{m}", "ts": ts, "prob": rng.random()}
+            batch.append(Raw(Kind.PREDICTION, json.dumps(rec).encode()))
+            batch.append(Raw(Kind.LABEL, json.dumps(
+                {"id": pid, "label": rng.randrange(2)}).encode()))
+            if len(batch) >= BATCH:
+                yield batch
+                batch = []
     if batch:
         yield batch
 
@@ -110,7 +112,7 @@ WORKLOADS: dict[str, tuple[dict[str, Any], Callable[[], Iterator[list[Any]]], in
     "sparse-1k": ({}, lambda: _records(10, 150), 1010),
     "sparse-10k": ({"limits": {"max_series": 20000}}, lambda: _records(99, 150), 9999),
     "week-8x50": ({}, lambda: _records(8, 4375), 808),
-    "busy": ({"segments": {"slices": []}}, lambda: _busy(10, 1500), 10),
+    "busy": ({"segments": {"slices": []}, "join": {"ttl": "1m"}}, lambda: _busy(10, 1500), 10),
 }
 
 

@@ -65,6 +65,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if rc.enabled and rc.min_samples > rc.buffer:  # a refit could never start
         print(f"warning: recalibration.min_samples ({rc.min_samples}) cannot fit in "
               f"recalibration.buffer ({rc.buffer}): no refit will ever run", file=sys.stderr)
+    _print_worst_case(cfg)
     if getattr(args, "probe", False):
         from calmon.io.probe import probe
 
@@ -73,6 +74,19 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         sys.stdout.write("# probe:\n" + "".join(f"# {line}\n" for line in report.lines))
         return 1 if report.failed else 0
     return 0
+
+
+def _print_worst_case(cfg: config_mod.Config) -> None:
+    """The worst case as YAML comments (stdout stays the effective config); a warning
+    on stderr when it is over limits.memory, else the cgroup's limit."""
+    from calmon import capacity
+
+    budget = cfg.limits.memory if cfg.limits.memory is not None else capacity.cgroup_limit()
+    lines, warning = capacity.report(cfg, budget)
+    sys.stdout.write("\n".join(lines) + "\n")
+    if warning is not None:
+        where = "limits.memory" if cfg.limits.memory is not None else "the cgroup memory limit"
+        print(f"calmon: {warning} ({where})", file=sys.stderr)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

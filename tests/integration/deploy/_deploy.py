@@ -31,6 +31,8 @@ CONTRACT_CONFIG_KEYS: dict[str, set[str] | None] = {
         "instance",
         "client",
     },
+    "limits": {"max_models", "max_classes", "max_id_bytes", "max_name_bytes", "max_series",
+               "memory"},
     "fields": {"id", "model", "ts", "segment", "label"},
     "join": {"ttl", "label_ttl", "max_pending", "missing_label"},
     "metrics": {"bins", "fine_bins", "windows", "classwise", "mce_min_samples",

@@ -202,6 +202,36 @@ def cpu_cores(value: str | int | float) -> float:
     return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
+def memory_bytes(value: str | int) -> int:
+    """A Kubernetes memory quantity in bytes (Ki/Mi/Gi/Ti, k/M/G/T, or plain)."""
+    text = str(value)
+    for suffix, factor in (("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30), ("Ti", 2**40),
+                           ("k", 10**3), ("M", 10**6), ("G", 10**9), ("T", 10**12)):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(float(text))
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
+def test_memory_covers_the_worst_case_of_the_shipped_configs(
+        item: tuple[Path, dict[str, Any]]) -> None:
+    """Memory limit and request >= calmon check-config's worst case, for the ConfigMap's
+    config and for the image's deploy/config.yaml: calmon is never OOM-killed there."""
+    from calmon.capacity import worst_case
+    from calmon.config import loads
+
+    path, workload = item
+    resources = calmon_container(workload)["resources"]
+    limit = memory_bytes(resources["limits"]["memory"])
+    request = memory_bytes(resources["requests"]["memory"])
+    env = container_env(calmon_container(workload))
+    for text in (config_text(path, workload), (DEPLOY / "config.yaml").read_text()):
+        worst = worst_case(loads(text, env)).memory
+        assert limit >= worst and request >= worst, (path.name, worst / 2**30)
+    # and not needlessly more: within 1 GiB of the ConfigMap's worst case
+    assert limit - worst_case(loads(config_text(path, workload), env)).memory < 2**30
+
+
 def test_statefulset_instance_from_pod_ordinal() -> None:
     [(path, sts)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "StatefulSet"]
     c = calmon_container(sts)

@@ -1,0 +1,130 @@
+"""The worst case a config allows: series, memory and checkpoint size under its limits.
+
+Every term is a bound the daemon enforces (``limits``, ``join.max_pending``,
+``segments.max_values``, ``recalibration.buffer``) times a cost per item measured by
+``bench/fleet.py`` and ``bench/engine.py`` (README, "Worst case"). The worst case
+is every series with a full (dense) bucket in every window, every pending slot taken
+by a ``limits.max_classes``-class prediction with the longest id: real fleets sit far
+below it, and ``bench/fleet.py`` shows how far.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from calmon.config import Config
+
+BUCKETS = 16  # windows.BUCKETS (engine/ is not imported: this runs before any state)
+MiB = 2**20
+GiB = 2**30
+# measured costs, in bytes (bench/fleet.py, bench/engine.py, Python 3.11, numpy 2)
+BASE = 200 * MiB  # the daemon and its consumer process, idle, with two polls in flight
+CELL_OVERHEAD = 250  # a held bucket beyond its int64 entries: array header, dict slot
+SERIES_OVERHEAD = 4096  # a series' bucket dicts, its index entries, its view rows
+PENDING = 115  # a pending binary prediction, beyond its id (bench/engine.py)
+WAITING_LABEL = 200  # a label waiting for its prediction, beyond its id
+REMEMBERED = 100  # a joined id remembered for duplicates, beyond the id
+RING_ROW = 3 * 8  # a recalibration buffer row beyond its scores: ts, label, kind
+CGROUP_FILES = ("/sys/fs/cgroup/memory.max",  # cgroup v2
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v1
+NO_LIMIT = 2**60  # what cgroup v1 reports when there is none
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    series_per_model: int
+    models: int
+    series: int  # per instance
+    memory: int  # bytes
+    checkpoint: int  # bytes
+    parts: dict[str, int]  # memory by part
+
+
+def series_per_model(cfg: Config) -> int:
+    """``__all__`` plus, per slice, every combination of its keys' values (each key
+    folds past ``segments.max_values`` into ``__other__``, one more value)."""
+    values = cfg.segments.max_values + 1
+    return 1 + sum(int(values ** len(keys)) for keys in cfg.segments.slices)
+
+
+def worst_case(cfg: Config) -> WorstCase:
+    lim, m = cfg.limits, cfg.metrics
+    per_model = series_per_model(cfg)
+    models = lim.max_models
+    # past limits.max_series a new segment folds into its model's __other__ of its slice
+    series = min(models * per_model, lim.max_series + models * len(cfg.segments.slices))
+    windows = len(m.windows)
+    size = 3 * m.bins + 3 * m.fine_bins + 3  # a bucket's int64 entries (windows.Layout)
+    cell = 8 * size
+    hist = 8 * m.bins  # a score-histogram bucket, kept for two window lengths
+    series_state = windows * BUCKETS * cell + windows * 2 * BUCKETS * hist
+    if m.classwise:  # a pseudo-series per class, with one fine bin
+        series_state += lim.max_classes * windows * BUCKETS * 8 * (3 * m.bins + 6)
+    cells = windows * BUCKETS * (1 + 2) + (
+        lim.max_classes * windows * BUCKETS if m.classwise else 0)
+    mem_series = series * (series_state + cells * CELL_OVERHEAD + SERIES_OVERHEAD)
+    ckpt_series = series * (series_state + cells * 16)  # + each bucket's key
+    k = lim.max_classes
+    ids = lim.max_id_bytes
+    slots = cfg.join.max_pending
+    mem_join = slots * (PENDING + 8 * k + ids) + slots * (WAITING_LABEL + ids) + slots * (
+        REMEMBERED + ids)
+    ckpt_join = slots * (3 * ids + 8 * k + 64)
+    rc = cfg.recalibration
+    rings = (series if rc.per_segment else models) if rc.enabled else 0
+    mem_buffers = rings * rc.buffer * (RING_ROW + 8 * k)
+    parts = {"series": mem_series, "join": mem_join, "buffers": mem_buffers, "base": BASE}
+    return WorstCase(per_model, models, series, sum(parts.values()),
+                     ckpt_series + ckpt_join + mem_buffers, parts)
+
+
+def cgroup_limit(files: tuple[str, ...] = CGROUP_FILES) -> int | None:
+    """The container's memory limit in bytes, or None when there is none."""
+    for name in files:
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        return value if 0 < value < NO_LIMIT else None
+    return None
+
+
+def human(n: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{math.ceil(n)} B"
+
+
+def report(cfg: Config, budget: int | None) -> tuple[list[str], str | None]:
+    """Lines for check-config (YAML comments) and a warning when the worst case is
+    over ``budget``."""
+    w = worst_case(cfg)
+    lim = cfg.limits
+    slices = " + ".join(f"{cfg.segments.max_values + 1}^{len(k)}" if len(k) > 1
+                        else str(cfg.segments.max_values + 1) for k in cfg.segments.slices)
+    lines = [
+        "# worst case under these limits (README: Worst case):",
+        f"#   series per model: {w.series_per_model:,} (1{' + ' + slices if slices else ''})",
+        f"#   series per instance: {w.series:,} (limits.max_models {lim.max_models:,} x "
+        f"{w.series_per_model:,}, at most limits.max_series {lim.max_series:,} + one "
+        f"__other__ per model and slice)",
+        f"#   memory: {human(w.memory)} (" + ", ".join(
+            f"{k} {human(v)}" for k, v in w.parts.items()) + ")",
+        f"#   checkpoint: {human(w.checkpoint)}",
+    ]
+    warning = None
+    if budget is not None and w.memory > budget:
+        warning = (f"warning: the worst case of this config, {human(w.memory)}, exceeds the "
+                   f"memory budget of {human(budget)}; lower limits.max_series, "
+                   f"limits.max_models, limits.max_classes or join.max_pending, or raise "
+                   f"the budget")
+    return lines, warning
