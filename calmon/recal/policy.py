@@ -116,6 +116,9 @@ class SeriesState:
     rejections: int = 0  # rejected refits since the detector restarted
     last_n: int = 0  # post-change samples the last rejected refit had
     announced: bool = False  # this alarm's drift event was emitted
+    # read from the ring but predicted too recently to have all their labels (not
+    # checkpointed: dropping them depends on their prediction time only)
+    held: SampleSet | None = None
 
     def snapshot(self) -> dict[str, Any]:
         return {"detector": self.detector.snapshot(), "basis": list(self.basis),
@@ -217,6 +220,12 @@ class Policy:
         return (None if own is None else own.version,
                 None if model_live is None else model_live.version)
 
+    def _hold(self) -> float:
+        """How long a prediction's label stays open: ``join.missing_label.after`` (its
+        implicit negative comes then), else 0 (labels arrive whatever their value)."""
+        ml = self.cfg.join.missing_label
+        return 0.0 if ml is None else float(ml.after)
+
     def _spacing(self) -> float:
         """The detector's grid of candidate change times: one a check, at least a minute
         (the change time is estimated to that resolution)."""
@@ -243,15 +252,23 @@ class Policy:
                 last_refit=st.last_refit)
         cal = None if live is None else live.calibrator
         new = head.total - st.seen
-        if new > 0:
-            fresh = samples_of(model, segment, new)
-            if fresh is not None and len(fresh):
-                probs, labels = scored(cal, fresh)
+        fresh = samples_of(model, segment, new) if new > 0 else None
+        if fresh is not None:
+            st.seen = fresh.total
+        batch = _concat(st.held, fresh)
+        if batch is not None and len(batch):
+            # with implicit negatives, a recent prediction's label is still open (a
+            # positive may come, its 0 has not): read only predictions whose label is
+            # settled, else which samples arrive would depend on their labels
+            due = batch.ts <= now - self._hold()
+            st.held = None if due.all() else batch.select(~due)
+            ready = batch.select(due)
+            if len(ready):
+                probs, labels = scored(cal, ready)
                 p, y = confidence_and_correct(probs, labels)
                 # by prediction time: the detector's grid places each sample by its ts
                 st.detector.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels),
-                                   ts=fresh.ts, now=now)
-                st.seen = fresh.total
+                                   ts=ready.ts, now=now - self._hold())
         if not st.detector.alarmed:
             st.drifting, st.change_ts = (), None
             return []
@@ -277,7 +294,7 @@ class Policy:
                                       decision.fired[0], keys, samples_of))
         return events
 
-    def _post_change(self, model: str, segment: str, st: SeriesState,
+    def _post_change(self, now: float, model: str, segment: str, st: SeriesState,
                      samples_of: SamplesOf) -> SampleSet | None:
         """Every buffered sample predicted at or after the estimated change (and after
         the detector's origin: the live calibrator's fit), whatever its label delay and
@@ -287,14 +304,14 @@ class Policy:
             return None
         since = max(x for x in (st.change_ts, st.detector.origin, -math.inf)
                     if x is not None)
-        return every.select(every.ts >= since)
+        return every.select((every.ts >= since) & (every.ts <= now - self._hold()))
 
     def _effects(self, now: float, model: str, segment: str, st: SeriesState,
                  live: Live | None, samples_of: SamplesOf) -> tuple[Decision, SampleSet]:
         """The effect-size triggers on the post-change samples predicted inside
         ``recalibration.window`` (the newest ``MIN_READ`` post-change ones when the
         window holds fewer, as under label delay), and all post-change samples."""
-        post = self._post_change(model, segment, st, samples_of)
+        post = self._post_change(now, model, segment, st, samples_of)
         if post is None or len(post) == 0:
             return Decision(0.0, (), None), SampleSet(*(np.zeros(0),) * 4)
         read = in_window(post.ts, self.cfg.window(self.rc.window).seconds, now)
@@ -504,6 +521,16 @@ def live_calibrators(registry: Registry) -> dict[tuple[str, str], tuple[Any, Any
             lambda scores, kind, cal=cal: apply_or_identity(cal, scores, kind), ref_arr,
             live.version)
     return out
+
+
+def _concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:
+    if a is None or len(a) == 0:
+        return b
+    if b is None or len(b) == 0 or a.score.shape[1:] != b.score.shape[1:]:
+        return a if b is None or len(b) == 0 else b  # another K: the held ones go
+    return SampleSet(np.concatenate((a.ts, b.ts)), np.concatenate((a.label, b.label)),
+                     np.concatenate((a.kind, b.kind)), np.concatenate((a.score, b.score)),
+                     b.total)
 
 
 def _slice_of(segment: str) -> tuple[str, ...]:

@@ -29,7 +29,8 @@ T0 = 1_764_460_800.0  # 2025-11-30T00:00:00Z
 BINS = 15
 
 
-def sim_config(tmp: Path | None = None, *, classwise: bool = False, **recal: Any) -> Config:
+def sim_config(tmp: Path | None = None, *, classwise: bool = False,
+               join: dict[str, Any] | None = None, **recal: Any) -> Config:
     base: dict[str, Any] = {
         "interval": "5m", "cooldown": "1h", "min_samples": 1000, "alpha": 0.01,
         "method": "temperature", "buffer": 50_000, "window": "24h",
@@ -40,6 +41,7 @@ def sim_config(tmp: Path | None = None, *, classwise: bool = False, **recal: Any
         "metrics": {"bins": BINS, "windows": ["1h", "24h"], "classwise": classwise},
         "segments": {"slices": [["country"]], "max_values": 50},
         "recalibration": base,
+        **({"join": join} if join else {}),
     })
 
 

@@ -72,9 +72,10 @@ def implicit_negatives(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 SHARPEN = binary(mu=-2.0, sd=1.2, change_at=T0 + DAY, scale=2.5)
 
 
-def _delayed(per_day: float, delay: Delay, seed: int, days: float) -> tuple[Simulation, Trace]:
-    sim = Simulation(sim_config(min_samples=2000), SHARPEN, segments=1, per_day=per_day,
-                     seed=seed, delay=delay)
+def _delayed(per_day: float, delay: Delay, seed: int, days: float,
+             join: dict | None = None) -> tuple[Simulation, Trace]:
+    sim = Simulation(sim_config(min_samples=2000, join=join), SHARPEN, segments=1,
+                     per_day=per_day, seed=seed, delay=delay)
     return sim, run(sim, days)
 
 
@@ -115,9 +116,11 @@ def test_labels_6_to_48_hours_late_at_8k_a_day() -> None:
 
 def test_implicit_negatives_after_30_minutes() -> None:
     change = T0 + DAY
-    _, tr = _delayed(24_000, implicit_negatives, seed=33, days=2)
+    _, tr = _delayed(24_000, implicit_negatives, seed=33, days=2,
+                     join={"missing_label": {"value": 0, "after": "30m"}})
     drift, pub = tr.first("drift"), tr.first("published")
     assert drift is not None and pub is not None, tr.events
+    assert drift > change  # a click's label comes first, its 0 later: no false alarm
     print(f"\nimplicit negatives: alarm {(drift - change) / HOUR:.2f} h, published after "
           f"{(pub - change) / HOUR:.1f} h, served {tr.served[-1]:.4f}")
     assert drift - change <= 2 * HOUR
