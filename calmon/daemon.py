@@ -71,6 +71,7 @@ POLL_TIMEOUT_MS = 250
 MAX_RECORDS = 5000
 ASSIGN_TIMEOUT_S = 5.0
 STALL_LOG_INTERVAL_S = 60.0
+REFUSED_RETRY_S = 10.0  # topics that stopped co-partitioning: a new consumer process each
 INVALID_LOG_INTERVAL_S = 60.0  # an invalid record is logged at most once per reason per minute
 # /healthz fails when the running loop has not come round for this long. An iteration
 # is at most a poll, one batch and a checkpoint; a (re)assign may block for about
@@ -360,7 +361,7 @@ class Daemon:
                     if not self._ever_assigned:  # at start: a configuration error
                         raise ConfigError([str(e)]) from None
                     self._refused = str(e)  # later (a re-assignment): unready, retrying
-                    self._stop.wait(STALL_LOG_INTERVAL_S / 6)
+                    self._stop.wait(REFUSED_RETRY_S)
                     continue
                 except KafkaSourceError as e:
                     if time.monotonic() - last_warn >= STALL_LOG_INTERVAL_S:

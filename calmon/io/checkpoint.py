@@ -46,6 +46,7 @@ import numpy as np
 
 from calmon.errors import StateError
 from calmon.files import atomic_write
+from calmon.io.shape import of_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,7 @@ def check_document(doc: Any) -> None:
             isinstance(p, list) and len(p) == 3 and isinstance(p[0], str)
             and type(p[1]) is int and type(p[2]) is int for p in positions):
         raise ValueError("positions: not a list of [topic, partition, offset]")
+    of_checkpoint(doc["state"])  # the instance section, when there is one
 
 
 class CheckpointStore:
