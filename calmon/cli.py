@@ -57,7 +57,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from calmon.io import webconfig
+
     cfg = _load_config(args.config)
+    webconfig.load(cfg.server.web_config_file)  # its problems are config errors too
     # passwords, tokens and URL credentials masked (``${KAFKA_PASSWORD}`` is expanded by now)
     sys.stdout.write(yaml.safe_dump(secrets.mask_config(config_mod.to_dict(cfg)),
                                     sort_keys=False, default_flow_style=None))

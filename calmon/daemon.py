@@ -48,7 +48,7 @@ from calmon.engine.engine import TOPICS, Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.errors import ConfigError, StateError
-from calmon.io import reliability
+from calmon.io import landing, reliability, webconfig
 from calmon.io.calibrator_publisher import CalibratorPublisher
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.consumer_process import ProcessSource
@@ -159,6 +159,7 @@ class Daemon:
                 standard(registry=self.registry)
         cal_bins = self.recal.calibrated_bins if self.recal is not None else None
         self.pages: dict[str, Page] = {
+            "/": landing.page,
             "/reliability": lambda query: reliability.page(self.engine, cal_bins, query)}
         self.http: HttpServer | None = None
 
@@ -271,7 +272,8 @@ class Daemon:
                 stack.enter_context(StateLock(self.cfg.state.dir))
                 # serving first: /healthz answers while a large state loads, /readyz 503
                 self.http = stack.enter_context(self._http_server())
-                log.info("serving metrics on http://%s:%d/metrics", self.cfg.server.host,
+                log.info("serving metrics on %s://%s:%d/metrics",
+                         "https" if self.http.tls else "http", self.cfg.server.host,
                          self.http.port)
                 stack.callback(self.dead_letters.close)
                 stack.callback(self.source.close)
@@ -292,7 +294,8 @@ class Daemon:
         host, port = self.cfg.server.host, self.cfg.server.port
         try:
             return HttpServer(host, port, self.registry, self.ready, self.status, self.pages,
-                              alive=self.alive, unready_reason=self.unready_reason)
+                              alive=self.alive, unready_reason=self.unready_reason,
+                              web=webconfig.load(self.cfg.server.web_config_file))
         except (OSError, UnicodeError) as e:
             why = getattr(e, "strerror", None) or e
             raise ConfigError([f"server.port: cannot listen on {host}:{port} ({why})"]

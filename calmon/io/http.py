@@ -44,6 +44,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from calmon.io.webconfig import WebConfig
+
 log = logging.getLogger(__name__)
 
 # A page handler takes the query string's parameters and returns (status, content type, body).
@@ -60,6 +62,9 @@ PAGE_CACHE_S = 5.0
 PAGE_CACHE_ENTRIES = 64
 BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
         b"Content-Length: 5\r\nConnection: close\r\nRetry-After: 1\r\n\r\nbusy\n")
+UNAUTHORIZED = (b"HTTP/1.0 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"calmon\"\r\n"
+                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 13\r\n"
+                b"Connection: close\r\n\r\nunauthorized\n")
 
 
 @dataclass
@@ -69,6 +74,7 @@ class _Waiting:
     address: Any
     deadline: float
     head: bytearray = field(default_factory=bytearray)
+    handshaken: bool = True  # False until a TLS connection's handshake is done
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,16 @@ def _path_of(head: bytes) -> str:
     return urlsplit(line[1]).path
 
 
+def header_of(head: bytes, name: str) -> str | None:
+    """The value of header ``name`` in a request head (case-insensitive), or None."""
+    want = name.lower().encode("latin-1")
+    for line in head.split(b"\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == want:
+            return value.strip().decode("latin-1")
+    return None
+
+
 class _Server:
     """The listening socket, the thread that reads requests (see the module
     docstring), and the request threads. ``serve(sock, address, head)`` answers one
@@ -100,7 +116,8 @@ class _Server:
 
     def __init__(self, host: str, port: int, serve: Callable[[socket.socket, Any, bytes], None],
                  *, max_connections: int, request_timeout_s: float,
-                 max_pending: int | None = None) -> None:
+                 max_pending: int | None = None, ssl_context: ssl.SSLContext | None = None,
+                 authorize: Callable[[bytes], bool] | None = None) -> None:
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         listener = socket.socket(family, kind, proto)
@@ -115,6 +132,8 @@ class _Server:
         self._listener = listener
         self.server_address = listener.getsockname()
         self._serve = serve
+        self._ssl = ssl_context  # TLS on every connection, probes included
+        self._authorize = authorize  # basic auth on every request but the probes
         self._slots = threading.BoundedSemaphore(max_connections)
         self._timeout = request_timeout_s
         self._max_pending = MAX_PENDING if max_pending is None else max_pending
@@ -170,7 +189,15 @@ class _Server:
             if len(self._waiting) >= self._max_pending:
                 self._drop(next(iter(self._waiting)))
             sock.setblocking(False)
-            self._waiting[sock] = _Waiting(address, time.monotonic() + self._timeout)
+            if self._ssl is not None:  # the handshake runs in _read, without blocking
+                try:
+                    sock = self._ssl.wrap_socket(sock, server_side=True,
+                                                 do_handshake_on_connect=False)
+                except (OSError, ssl.SSLError):
+                    _close(sock)
+                    continue
+            self._waiting[sock] = _Waiting(address, time.monotonic() + self._timeout,
+                                           handshaken=self._ssl is None)
             self._selector.register(sock, selectors.EVENT_READ, "request")
 
     def _read(self, sock: socket.socket) -> None:
@@ -178,11 +205,19 @@ class _Server:
         if w is None:
             return
         try:
+            if not w.handshaken:
+                sock.do_handshake()  # type: ignore[attr-defined] # an SSLSocket here
+                w.handshaken = True
             chunk = sock.recv(min(16384, MAX_REQUEST_BYTES - len(w.head)))
+            # TLS may hold decrypted bytes the selector cannot see: take them now
+            while chunk and isinstance(sock, ssl.SSLSocket) and sock.pending() and (
+                    len(w.head) + len(chunk) < MAX_REQUEST_BYTES):
+                chunk += sock.recv(min(sock.pending(),
+                                       MAX_REQUEST_BYTES - len(w.head) - len(chunk)))
         except (BlockingIOError, InterruptedError, ssl.SSLWantReadError,
                 ssl.SSLWantWriteError):
             return
-        except OSError:
+        except OSError:  # ssl.SSLError included: a failed handshake
             self._drop(sock)
             return
         if not chunk:  # the client went away
@@ -225,6 +260,13 @@ class _Server:
 
     def _work(self, sock: socket.socket, address: Any, head: bytes) -> None:
         try:
+            # checked here, not on the reading thread: bcrypt takes its time on purpose
+            if self._authorize is not None and not self._authorize(head):
+                with contextlib.suppress(OSError):
+                    sock.settimeout(self._timeout)
+                    sock.sendall(UNAUTHORIZED)
+                _close(sock)
+                return
             self._answer(sock, address, head, self._timeout)
         finally:
             self._slots.release()
@@ -307,7 +349,7 @@ class HttpServer:
                  unready_reason: Callable[[], str | None] | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  request_timeout_s: float = REQUEST_TIMEOUT_S,
-                 page_cache_s: float = PAGE_CACHE_S) -> None:
+                 page_cache_s: float = PAGE_CACHE_S, web: WebConfig | None = None) -> None:
         self.registry = registry
         self.alive = alive  # /healthz: False when the main loop is stuck
         self.ready = ready
@@ -321,9 +363,16 @@ class HttpServer:
         def serve(sock: socket.socket, address: Any, head: bytes) -> None:
             handler(sock, address, Exchange(head))  # type: ignore[arg-type]
 
-        # the server's construction, in one place (TLS and auth wrap here)
-        self._server = _Server(host, port, serve, max_connections=max_connections,
-                               request_timeout_s=request_timeout_s)
+        # the server's construction, in one place: TLS and basic auth from the web config
+        self.extra_headers = dict(web.headers) if web is not None else {}
+        self.tls = web is not None and web.ssl_context is not None
+        auth = web.auth if web is not None else None
+        self._server = _Server(
+            host, port, serve, max_connections=max_connections,
+            request_timeout_s=request_timeout_s,
+            ssl_context=web.ssl_context if web is not None else None,
+            authorize=None if auth is None else (
+                lambda head: auth.check(header_of(head, "Authorization"))))
         self._thread: threading.Thread | None = None
 
     @property
@@ -406,6 +455,8 @@ def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in app.extra_headers.items():  # http_server_config.headers
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 
