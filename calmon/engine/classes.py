@@ -41,6 +41,11 @@ class ClassCounts:
         self.classes.append(classes)
         self._admits.append({})
 
+    def set_model(self, model: int, classes: int) -> None:
+        """A dropped model's index, reused by a new model."""
+        self.classes[model] = classes
+        self._admits[model] = {}
+
     def _floor(self, now: float) -> int:
         return math.floor(now / self.width) - BUCKETS if math.isfinite(now) else -(2**62)
 
@@ -70,8 +75,9 @@ class ClassCounts:
         self._batch = {k: v for k, v in self._batch.items() if k[0] != model}
         self.marks[model] = (n_joined, len(arrivals))
 
-    def settle(self, models: np.ndarray, ts: np.ndarray, now: float) -> None:
-        """Count the batch's admitted predictions (stale ones already left out)."""
+    def settle(self, models: np.ndarray, ts: np.ndarray, now: list[float]) -> None:
+        """Count the batch's admitted predictions (stale ones already left out); ``now``:
+        each model's now, by index."""
         self._batch, self._scanned, self.marks = {}, 0, {}
         if len(models) == 0:
             return
@@ -79,7 +85,6 @@ class ClassCounts:
         lo = int(buckets.min())
         span = int(buckets.max()) - lo + 1  # one or two buckets per batch, as a rule
         keys, counts = np.unique(models * span + (buckets - lo), return_counts=True)
-        floor_ = self._floor(now)
         touched = set()
         for key, c in zip(keys.tolist(), counts.tolist()):
             m, b = divmod(key, span)
@@ -87,6 +92,7 @@ class ClassCounts:
             mine[b + lo] = mine.get(b + lo, 0) + c
             touched.add(m)
         for m in touched:  # old buckets go: memory stays BUCKETS per model
+            floor_ = self._floor(now[m])
             old = [b for b in self._admits[m] if b <= floor_]
             for b in old:
                 del self._admits[m][b]

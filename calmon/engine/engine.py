@@ -117,16 +117,18 @@ class Engine:
         self._classes_of: dict[int, list[int]] = {}  # series -> its class pseudo-series
         rc = cfg.recalibration
         self.buffers = Buffers(rc.buffer) if rc.enabled else None
-        self.models: list[str] = []
+        self.models: list[str] = []  # model index -> name ("" while the index is free)
         self._model_idx: dict[str, int] = {}
+        self._free_models: list[int] = []  # indices of dropped models, reused first
         self.batch_parser = BatchParser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits,
                                         cfg.kafka.max_clock_skew)
         # per model counts of this batch's labels that met no prediction, with one more
         # slot at the end, [-1], for "model not known yet"
         self._batch_labels: list[int] = [0]
         self._combo_model = np.zeros(0, np.int64)  # combo -> model index
+        self._series_model = np.zeros(0, np.int64)  # series id -> model index
+        self._maps_at = (-1, -1)  # the index generation they were built at
         self._arrivals: list[int] = []  # a batch fed one by one: its arrivals so far
-        self.now = -math.inf
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
         self.last_delta = Delta()  # what the last feed did (process counters add it up)
         self.lock = threading.RLock()
@@ -135,6 +137,17 @@ class Engine:
         self._view_cache: View | None = None
         self._stale_classes = False  # a class reset happened: check joins for the old K
         self.class_counts = ClassCounts(max(w.seconds for w in cfg.metrics.windows))
+
+    @property
+    def now(self) -> float:
+        """The instance's event time: the largest prediction ts of any model."""
+        return self.join.clock
+
+    def now_of(self, model: str) -> float:
+        """The model's event time: its largest prediction ts (-inf if unknown)."""
+        with self.lock:
+            midx = self._model_idx.get(model)
+            return -math.inf if midx is None else self.join.nows[midx]
 
     # ------------------------------------------------------------ writing
 
@@ -192,14 +205,13 @@ class Engine:
                             np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
                             b.p_vec)
         self.join.prepare(cols, b.p_id, b.l_id, _int_column(b.l_label),
-                          np.array(b.l_ts, np.float64))  # None -> NaN
+                          np.array(b.l_ts, np.float64), pm)  # None -> NaN
+        self.join.combo_model = self._combo_models()  # every pending slot's combo
         rejected: list[tuple[int, Rejected]] = []
-        now = self.now
         if plain:
             combos = self.index.combo_ids(b.p_model, b.p_segkey, b.p_segment)
             cols.combo[:] = combos
-            now = self.join.run_all(b, now)
-            self.now = now
+            self.join.run_all(b)
             self._count_waiting(b)
             keep = np.ones(n_pred, bool)
             keep[np.asarray(self.join.events.dups, np.int64)] = False
@@ -229,7 +241,7 @@ class Engine:
                 if reason is None:
                     combos[p] = self.index.combo(b.p_model[p], b.p_segment[p], b.p_segkey[p])
                     seen = len(dups)
-                    p_next, q, self.now = self.join.run(b, i, i + 1, p, q, self.now)
+                    p_next, q = self.join.run(b, i, i + 1, p, q)
                     if len(dups) == seen:
                         arrivals.append(p)
                     p = p_next
@@ -238,7 +250,7 @@ class Engine:
                     rejected.append((i, self._rejected(b, raws, i, reason, Kind.PREDICTION)))
                     p += 1
             elif k == LABEL:
-                p, q, self.now = self.join.run(b, i, i + 1, p, q, self.now)
+                p, q = self.join.run(b, i, i + 1, p, q)
                 self._count_waiting(b)
         return arrivals
 
@@ -247,12 +259,12 @@ class Engine:
         model, classes = b.p_model[p], b.p_classes[p]
         midx = self._model_idx.get(model)
         if midx is None:
-            if len(self.models) >= self.max_models:
+            if len(self.models) - len(self._free_models) >= self.max_models:
                 return "too_many_models"
             midx = self._new_model(model, classes)
         pm[p] = midx
         if self.class_counts.classes[midx] != classes:
-            now = max(self.now, b.p_ts[p])
+            now = max(self.join.nows[midx], b.p_ts[p])
             if self.class_counts.live(midx, now, self._arrivals, pm, b.p_ts):
                 return "classes_mismatch"  # its live series have another K
             self._reset_classes(midx, classes, pm, b.p_ts)
@@ -307,23 +319,53 @@ class Engine:
                 self.buffers.rings.pop(sid, None)
 
     def _new_model(self, model: str, classes: int) -> int:
-        midx = len(self.models)
-        self.models.append(model)
+        if self._free_models:  # a dropped model's index
+            midx = self._free_models.pop()
+            self.models[midx] = model
+            self.class_counts.set_model(midx, classes)
+        else:
+            midx = len(self.models)
+            self.models.append(model)
+            self.class_counts.add_model(classes)
+            self._batch_labels.insert(midx, 0)  # keeps [-1], "model unknown", last
         self._model_idx[model] = midx
-        self.class_counts.add_model(classes)
-        self._batch_labels.insert(midx, 0)  # keeps [-1], "model unknown", last
+        self.join.add_model(midx)
         return midx
 
     def _invalid(self, kind: Kind, reason: str) -> None:
         self.counters["invalid"] += 1
         self.last_delta.invalid[(TOPICS[kind], reason)] += 1
 
+    def _maps(self) -> None:
+        """combo -> model and series -> model, rebuilt when the index changed."""
+        at = (self.index.generation, len(self.index.combos))
+        if self._maps_at != at:
+            get = self._model_idx.get
+            self._combo_model = np.fromiter((get(m, 0) for m, _ in self.index.combos),
+                                            np.int64, len(self.index.combos))
+            self._series_model = np.fromiter((get(m, 0) for m, _ in self.index.series),
+                                             np.int64, len(self.index.series))
+            self._maps_at = at
+
+    def _combo_models(self) -> np.ndarray:
+        self._maps()
+        return self._combo_model
+
     def _models_of(self, combos: np.ndarray) -> np.ndarray:
         """The model index of each combo."""
-        if len(self._combo_model) != len(self.index.combos):
-            self._combo_model = np.array([self._model_idx[m] for m, _ in self.index.combos],
-                                         np.int64)
-        out: np.ndarray = self._combo_model[combos]
+        out: np.ndarray = self._combo_models()[combos]
+        return out
+
+    def _nows(self) -> np.ndarray:
+        """Each model's now, by model index."""
+        return np.asarray(self.join.nows, np.float64)
+
+    def _series_nows(self) -> np.ndarray:
+        """Each series' model's now, by series id."""
+        self._maps()
+        nows = self._nows()
+        out: np.ndarray = nows[self._series_model] if len(nows) else np.full(
+            len(self._series_model), -math.inf)
         return out
 
     def _count_models(self, counter: Counter[str], counts: np.ndarray) -> int:
@@ -343,7 +385,8 @@ class Engine:
         self.counters["predictions"] += self._count_models(
             self.last_delta.predictions, np.bincount(admitted, minlength=len(self.models)))
         marks = self.class_counts.marks  # before settle() clears them
-        ev = self.join.finish(self.now, arrivals)
+        self.join.combo_model = self._combo_models()  # the batch's new combos too
+        ev = self.join.finish(arrivals)
         met = np.bincount(self._models_of(ev.met), minlength=len(self.models))
         self.counters["labels"] += self._count_models(self.last_delta.labels, met)
         for midx, c in enumerate(self._batch_labels):
@@ -386,13 +429,14 @@ class Engine:
             arrivals = arrivals[keep]
         if len(arrivals):  # as columns, once, for the class counts and the score histograms
             ts_col = cols.ts[arrivals]
-            self.class_counts.settle(self._models_of(cols.combo[arrivals]), ts_col, self.now)
+            self.class_counts.settle(self._models_of(cols.combo[arrivals]), ts_col,
+                                     self.join.nows)
             try:
                 self._add_arrivals(cols, arrivals)
             except Exception:  # the score histograms must never stop the joins
                 log.exception("counting %d arrivals for score_psi raised", len(arrivals))
         else:
-            self.class_counts.settle(np.zeros(0, np.int64), np.zeros(0), self.now)
+            self.class_counts.settle(np.zeros(0, np.int64), np.zeros(0), self.join.nows)
         joined = ev.joined
         if len(joined) and (self._stale_classes or marks):
             joined = self._drop_stale(joined, marks)
@@ -410,10 +454,24 @@ class Engine:
         self.version += 1
         smallest = min(self.windows.widths)
         if self.now - self._evicted_at >= smallest:
-            self.windows.evict(self.now)
-            self.scores.evict(self.now)
+            self._evict()
             self._evicted_at = self.now
         return rejected
+
+    def _evict(self) -> None:
+        """Buckets that slid out of their series' windows (on their model's clock) go."""
+        nows = self._series_nows()
+        self.windows.evict(nows)
+        self.scores.evict(nows)
+        if self.classwise is not None:
+            self.classwise.evict(self._class_nows(nows))
+
+    def _class_nows(self, series_nows: np.ndarray) -> np.ndarray:
+        """Each classwise pseudo-series' model's now, by its id."""
+        out = np.full(len(self._class_series), -math.inf)
+        for (sid, _c), cid in self._class_series.items():
+            out[cid] = series_nows[sid]
+        return out
 
     def _add_arrivals(self, cols: BatchColumns, rows: np.ndarray) -> None:
         """Raw confidences of admitted predictions into the score histograms."""
@@ -426,7 +484,8 @@ class Engine:
             for at, given in _by_classes(cols.vectors, rows, np.flatnonzero(~binary)):
                 conf[at] = _probs(given, kind[at]).max(axis=1)
         sample, sid = self.index.fan_out(cols.combo[rows])
-        self.scores.add(sid, cols.ts[rows][sample], conf[sample], self.now)
+        now = self._nows()[self._models_of(cols.combo[rows])]  # each one's model's now
+        self.scores.add(sid, cols.ts[rows][sample], conf[sample], now[sample])
 
     def _sample_classes(self, j: Joined) -> np.ndarray:
         out = np.zeros(len(j), np.int64)
@@ -497,18 +556,19 @@ class Engine:
         # the writes
         self.counters["joined"] += self._count_models(
             self.last_delta.joined, np.bincount(models, minlength=len(self.models)))
+        now = self._nows()[models]  # each sample's model's now
         for ii, probs in classwise:
             onehot = np.zeros_like(probs)
             onehot[np.arange(len(ii)), label[ii]] = 1.0
-            self._add_classwise(combos[ii], ts[ii], probs, onehot)
-        self.windows.add(samples, self.now)
+            self._add_classwise(combos[ii], ts[ii], probs, onehot, now[ii])
+        self.windows.add(samples, now[sample])
         self._count_bins(samples)
         self._count_delays(j.label_ts - ts, models)
         if self.buffers is not None:
             self._buffer(combos, ts, label, kinds, scores, rows)
 
     def _add_classwise(self, combos: np.ndarray, ts: np.ndarray, probs: np.ndarray,
-                       onehot: np.ndarray) -> None:
+                       onehot: np.ndarray, now: np.ndarray) -> None:
         """Every class k of every sample, as a sample of the (series, k) pseudo-series."""
         assert self.classwise is not None
         sample, sid = self.index.fan_out(combos)
@@ -526,15 +586,15 @@ class Engine:
         zeros = np.zeros(len(rows))
         self.classwise.add(Samples(np.array(ids, np.int64), ts[rows], probs[rows, cls],
                                    onehot[rows, cls].astype(np.int64),
-                                   zeros.astype(np.int64), zeros, zeros), self.now)
+                                   zeros.astype(np.int64), zeros, zeros), now[rows])
 
-    def _classwise_ece(self, sid: int, w: int) -> float | None:
+    def _classwise_ece(self, sid: int, w: int, now: float) -> float | None:
         """Mean over classes of the ECE of p_k against [y = k] (Kull et al. 2019)."""
         assert self.classwise is not None
         lay = self.classwise.layout
         values = []
         for cid in self._classes_of.get(sid, ()):
-            vec = self.classwise.totals(cid, w, self.now)
+            vec = self.classwise.totals(cid, w, now)
             if vec is None:
                 continue
             count = vec[lay.count:lay.count + lay.bins]
@@ -543,14 +603,14 @@ class Engine:
                                           vec[lay.correct:lay.correct + lay.bins]))
         return float(np.mean(values)) if values else None
 
-    def _worst_class(self, sid: int, w: int) -> WorstClass | None:
+    def _worst_class(self, sid: int, w: int, now: float) -> WorstClass | None:
         """The class of largest one-vs-rest ECE in window w, with its bins."""
         assert self.classwise is not None
         lay = self.classwise.layout
         worst: WorstClass | None = None
         for c in range(len(self._classes_of.get(sid, ()))):
             cid = self._class_series.get((sid, c))
-            vec = None if cid is None else self.classwise.totals(cid, w, self.now)
+            vec = None if cid is None else self.classwise.totals(cid, w, now)
             if vec is None:
                 continue
             b = metrics.Bins(vec[lay.count:lay.count + lay.bins],
@@ -621,11 +681,9 @@ class Engine:
             cached = self._view_cache
             if cached is not None and cached.version == self.version:
                 return cached
-            self.windows.evict(self.now)
-            if self.classwise is not None:
-                self.classwise.evict(self.now)
-            self.scores.evict(self.now)
-            pending = self._pending_estimates()
+            self._evict()
+            series_nows = self._series_nows()
+            pending = self._pending_estimates(series_nows)
             work: list[tuple[str, str, str, bool, np.ndarray, float | None, Estimates,
                              WorstClass | None]] = []
             shown = self.windows.series() | self.scores.series() | {s for s, _ in pending}
@@ -633,16 +691,17 @@ class Engine:
                 model, segment = self.index.series[sid]
                 binary = self.class_counts.classes[self._model_idx[model]] == 0
                 live = self._calibrator(model, segment)
+                now = float(series_nows[sid])  # the windows slide on their model's clock
                 for w, win in enumerate(m.windows):
-                    vec = self.windows.totals(sid, w, self.now)  # a fresh array
+                    vec = self.windows.totals(sid, w, now)  # a fresh array
                     if vec is None:
                         vec = np.zeros(lay.size)
                     joined = vec[lay.count:lay.count + lay.bins].sum() > 0
-                    cw = (self._classwise_ece(sid, w)
+                    cw = (self._classwise_ece(sid, w, now)
                           if self.classwise is not None and not binary and joined else None)
                     est = self._estimates(sid, w, binary, pending.get((sid, w)),
-                                          None if live is None else live[1])
-                    worst = self._worst_class(sid, w) if cw is not None else None
+                                          None if live is None else live[1], now)
+                    worst = self._worst_class(sid, w, now) if cw is not None else None
                     work.append((model, segment, win.name, binary, vec, cw, est, worst))
             version = self.version
             parts = (self.now, dict(self.counters), self.join.pending,
@@ -669,7 +728,8 @@ class Engine:
         live = self.calibrators.get((model, segment))
         return live if live is not None else self.calibrators.get((model, ALL))
 
-    def _pending_estimates(self) -> dict[tuple[int, int], tuple[int, float, float]]:
+    def _pending_estimates(self, series_nows: np.ndarray
+                           ) -> dict[tuple[int, int], tuple[int, float, float]]:
         """(series, window) -> (pending predictions, summed calibrated confidence of the
         predicted class, summed calibrated P(y=1)) over the predictions with no label yet."""
         combo, ts, kind, score, vectors = self.join.waiting()
@@ -678,9 +738,10 @@ class Engine:
             return out
         model = self._models_of(combo)
         buckets = [np.floor(ts / width).astype(np.int64) for width in self.windows.widths]
-        floors = [self.windows.current(w, self.now) - BUCKETS
-                  for w in range(len(self.windows.widths))]
         sample, sid = self.index.fan_out(combo)
+        # each sample's window floor, on its series' model's clock
+        floors = [self.windows.current(w, series_nows[sid]) - BUCKETS
+                  for w in range(len(self.windows.widths))]
         # calibrated once per (model's rows, calibrator), then summed per series and window
         cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         order = np.argsort(sid, kind="stable")
@@ -698,7 +759,7 @@ class Engine:
             mine, top, pos = hit
             at = np.searchsorted(mine, rows)
             for w, bkt in enumerate(buckets):
-                keep = bkt[rows] > floors[w]
+                keep = bkt[rows] > floors[w][part]
                 n = int(keep.sum())
                 if n:  # fixed-point sums: the same whatever order the join keeps them in
                     out[(s, w)] = (n, _fixed_sum(top[at][keep]), _fixed_sum(pos[at][keep]))
@@ -742,10 +803,10 @@ class Engine:
 
     def _estimates(self, sid: int, w: int, binary: bool,
                    pending: tuple[int, float, float] | None,
-                   reference: np.ndarray | None) -> Estimates:
-        current = self.scores.counts(sid, w, self.now)
+                   reference: np.ndarray | None, now: float) -> Estimates:
+        current = self.scores.counts(sid, w, now)
         if reference is None or len(reference) != len(current):
-            reference = self.scores.counts(sid, w, self.now, previous=True)
+            reference = self.scores.counts(sid, w, now, previous=True)
         score_psi = psi(current, np.asarray(reference, np.float64))
         if pending is None:
             return Estimates(0, None, None, score_psi)
@@ -787,6 +848,7 @@ class Engine:
                 "version": SNAPSHOT_VERSION,
                 "layout": self._layout(),
                 "now": self.now,
+                "model_now": list(self.join.nows),  # event time per model (v3)
                 "models": [[m, *row] for m, row in zip(self.models,
                                                        self.class_counts.snapshot())],
                 "counters": dict(self.counters),
@@ -813,7 +875,6 @@ class Engine:
             raise ValueError(f"the state was kept with metrics {snap.get('layout')}, but the "
                              f"config now says {self._layout()}; use a new state.dir")
         with self.lock:
-            self.now = float(snap["now"])
             self.models = [row[0] for row in snap["models"]]
             # a snapshot from before v2 has no admission counts: its models count as live
             now = float(snap["now"])
@@ -821,15 +882,20 @@ class Engine:
                      if math.isfinite(now) else [])
             self.class_counts.restore([[row[1], row[2] if len(row) > 2 else guard]
                                        for row in snap["models"]])
-            self._combo_model = np.zeros(0, np.int64)
+            self._maps_at = (-1, -1)
             self._batch_labels = [0] * (len(self.models) + 1)
-            self._model_idx = {m: i for i, m in enumerate(self.models)}
+            self._model_idx = {m: i for i, m in enumerate(self.models) if m}
+            self._free_models = [i for i, m in enumerate(self.models) if not m][::-1]
             self.counters = Counter({k: 0 for k in COUNTER_KEYS})
             self.counters.update(snap["counters"])
             self._stale_classes = self.counters["class_resets"] > 0
             self.index = SeriesIndex(self.cfg.segments.slices, self.cfg.segments.max_values)
             self.index.restore(snap["series"])
             self.join = Join(self.cfg.join)
+            # before v3 "now" was one for all models: each model's now starts there
+            nows = snap.get("model_now") or [now] * len(self.models)
+            self.join.nows = [float(x) for x in nows]
+            self.join.clock = now
             self.join.restore(snap["join"])
             self.windows.restore(snap["windows"])
             self.scores.restore(snap.get("scores") or [])

@@ -74,7 +74,8 @@ class ScoreHist(BucketTables):
         self.bins = bins
         super().__init__(windows, bins)
 
-    def add(self, sid: np.ndarray, ts: np.ndarray, conf: np.ndarray, now: float) -> None:
+    def add(self, sid: np.ndarray, ts: np.ndarray, conf: np.ndarray,
+            now: float | np.ndarray) -> None:
         if len(sid) == 0:
             return
         b = bin_index(conf, self.bins)

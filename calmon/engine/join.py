@@ -1,11 +1,27 @@
 """Pending predictions and labels: the join by id, whichever arrives first.
 
-Event time drives everything (``now`` is the largest prediction ts seen), so a
-replay is deterministic. Deadlines are checked exactly on every lookup; the
-sweep that finalises or expires what nobody looked up runs once per batch. The
-bounds (``join.max_pending`` pending predictions, waiting labels, remembered
-joined ids) hold record by record, so what they evict never depends on where a
-poll ends.
+Event time drives everything, so a replay is deterministic, and it is kept per
+model: ``nows[m]`` is the largest prediction ts of model m, and a pending
+prediction's deadline (ts + ``join.ttl``, or ts + ``missing_label.after``) is
+checked against its own model's now only, so no record of one model expires or
+finalises another's predictions. ``clock`` (the largest of all) times only what
+belongs to no model yet: waiting labels (``join.label_ttl``) and the ids already
+joined (duplicates), as before v3. A label's model is known only once it meets
+its prediction, and a sweep and a lookup must use the same clock for the outcome
+not to depend on where polls end, so a future record of one model (at most
+``kafka.max_clock_skew`` ahead) can expire a label that waits for another
+model's prediction that much early: labels normally come after predictions. Deadlines are checked
+exactly on every lookup; the sweep that finalises or expires what nobody looked
+up runs once per batch. The bounds (``join.max_pending`` pending predictions,
+waiting labels, remembered joined ids) hold record by record, so what they evict
+never depends on where a poll ends.
+
+Fair capacity: past ``join.max_pending``, the oldest pending prediction of the
+model holding the most is expired (ties: the lowest model index). A flood of one
+model then evicts its own predictions, and a model holding no more than its fair
+share (``max_pending`` / models with predictions pending) is never evicted. Chosen
+over a fixed per-model share, which would leave a lone busy model a fraction of
+the pool, and over per-model pools, which cost memory for idle models.
 
 Columnar: ``run_all`` decides a batch over numpy columns where no decision
 depends on another (each id once per kind, far from every bound), and sends only
@@ -131,6 +147,13 @@ class Join:
         self.max_pending = cfg.max_pending
         self.implicit = cfg.missing_label
         self.columns_from = COLUMNS_FROM  # records: smaller batches go one by one
+        # event time: per model index (the engine's), and the largest of all
+        self.nows: list[float] = []
+        self.clock = -INF
+        self.combo_model = _EI  # combo -> model index, set by the engine before a batch
+        self._pm: list[int | None] = []  # the batch's model index by prediction ordinal
+        self._counts: list[int] = []  # pending per model, kept while _heaps is not None
+        self._dirty: set[int] = set()  # models whose now moved since their heap was settled
         n = max(16, min(capacity_hint, cfg.max_pending))
         # pending predictions: those of earlier batches in the index (slot), and for
         # the batch being run, its ids that were found there plus its own predictions
@@ -160,8 +183,9 @@ class Join:
         self._batch = _NO_BATCH
         self._ids: list[str] = []
         self._labels_of_batch = (_EI, _E)
-        # pending predictions by deadline and by ts, kept only near join.max_pending
-        self._heaps: tuple[list[Any], list[tuple[float, str]]] | None = None
+        # per model: pending predictions by deadline and by ts, kept only near
+        # join.max_pending (with _counts)
+        self._heaps: dict[int, tuple[list[Any], list[tuple[float, str]]]] | None = None
         self.events = JoinEvents()
         self._begin()
 
@@ -192,17 +216,32 @@ class Join:
         """Samples joined by the batch's records so far (the sweep's come after)."""
         return len(self._j_src)
 
+    def add_model(self, midx: int) -> None:
+        """A model admitted at index ``midx`` (new, or a dropped model's index reused)."""
+        while len(self.nows) <= midx:
+            self.nows.append(-INF)
+        self.nows[midx] = -INF
+
+    def _model_of(self, v: int) -> int:
+        """The model index of the pending prediction ``v`` (a slot, or ``~p``)."""
+        if v >= 0:
+            return int(self.combo_model[self._combo.item(v)])
+        return self._pm[~v]  # type: ignore[return-value]
+
+    def _now_of(self, v: int) -> float:
+        return self.nows[self._model_of(v)]
+
     def _after(self, kind: int) -> float:
         """How long a prediction of this kind waits: ttl, or the implicit-negative delay."""
         return self.implicit.after if self.implicit is not None and kind < MULTICLASS else self.ttl
 
     # ------------------------------------------------------------ the batch loop
 
-    def run(self, b: Parsed, lo: int, hi: int, p: int, q: int, now: float
-            ) -> tuple[int, int, float]:
-        """Records ``lo..hi-1`` of the batch, every prediction among them admitted;
-        ``p``, ``q``: the ordinals of the range's first prediction and label. Returns the
-        ordinals after the range and the new now.
+    def run(self, b: Parsed, lo: int, hi: int, p: int, q: int) -> tuple[int, int]:
+        """Records ``lo..hi-1`` of the batch, every prediction among them admitted (its
+        model index in the list given to ``prepare``); ``p``, ``q``: the ordinals of the
+        range's first prediction and label. Returns the ordinals after the range. Moves
+        ``nows`` and ``clock``.
 
         A prediction of this batch is ``~p`` in ``_slot`` until the batch ends (most
         join within their batch and never take a slot); older ones are their slot."""
@@ -219,6 +258,8 @@ class Join:
         labels = self._labels
         j_src, j_q = self._j_src, self._j_q
         ts_item = self._ts.item
+        nows, pm = self.nows, self._pm
+        clock = self.clock
         ttl = self.ttl
         implicit = self.implicit is not None
         after = self.implicit.after if self.implicit is not None else ttl
@@ -239,14 +280,20 @@ class Join:
             if k == PRED:
                 pid = p_id[p]
                 ts = p_ts[p]
+                m = pm[p]
+                now = nows[m]  # type: ignore[index]
                 if ts > now:
-                    now = ts
+                    now = nows[m] = ts  # type: ignore[index]
+                    if ts > clock:
+                        clock = self.clock = ts
+                    if full:
+                        self._dirty.add(m)  # type: ignore[arg-type]
                 if undated:  # the first prediction ever: its time starts their clocks
-                    self._date_labels(now)
+                    self._date_labels(clock)
                     undated = False
                 v = slot_get(pid)
                 if v is not None:
-                    if self._deadline(v) > now:
+                    if self._deadline(v) > self._now_of(v):
                         ev.duplicate_predictions += 1
                         ev.dups.append(p)
                         p += 1
@@ -254,27 +301,28 @@ class Join:
                     self._finish(v, pid)  # overdue: settle it as the sweep would have
                 if done:
                     d = done.get(pid)
-                    if d is not None and d > now:
+                    if d is not None and d > clock:  # joined ids go on the clock
                         ev.duplicate_predictions += 1
                         ev.dups.append(p)
                         p += 1
                         continue
-                if labels and pid in labels and self._meet_waiting(b, p, now):
+                if labels and pid in labels and self._meet_waiting(b, p, clock):
                     p += 1
                     continue
                 slot_of[pid] = ~p
                 self._fresh += 1
                 if full:
-                    self._make_room(pid, ts, ~p, now)
+                    self._make_room(pid, ts, ~p, m)  # type: ignore[arg-type]
                 p += 1
             elif k == LABEL:
                 lid = l_id[q]
                 v = slot_get(lid)
-                if v is not None and now >= next_deadline and self._deadline(v) <= now:
+                if (v is not None and clock >= next_deadline
+                        and self._deadline(v) <= self._now_of(v)):
                     self._finish(v, lid)
                     v = None
                 if v is None:
-                    self._wait(b, q, now)
+                    self._wait(b, q)
                     undated = self._undated_labels
                     q += 1
                     continue
@@ -288,6 +336,8 @@ class Join:
                     continue
                 j_src.append(v)
                 j_q.append(q)
+                if self._heaps is not None:
+                    self._counts[self._model_of(v)] -= 1
                 if v < 0:
                     done[lid] = p_ts[~v] + ttl
                     self._fresh -= 1
@@ -301,20 +351,42 @@ class Join:
                     while len(done) > max_pending and done_order:
                         done.pop(done_order.popleft(), None)
                 q += 1
-        return p, q, now
+        return p, q
 
-    def run_all(self, b: Parsed, now: float) -> float:
-        """The whole batch, every prediction admitted; returns the new now. The same
-        result as ``run(b, 0, len(b), 0, 0, now)``, which it falls back to where the
-        batch is not plain (see ``_run_columns``) or small: the columns' fixed cost
-        pays from about 2,000 records (measured: +8% at 5,000, +3% at 2,000, -2% at
-        1,000 and -10% at 100 joined samples/s)."""
-        out = self._run_columns(b, now) if len(b.kinds) >= self.columns_from else None
-        if out is None:
-            return self.run(b, 0, len(b), 0, 0, now)[2]
+    def run_all(self, b: Parsed) -> None:
+        """The whole batch, every prediction admitted. The same result as
+        ``run(b, 0, len(b), 0, 0)``, which it falls back to where the batch is not plain
+        (see ``_run_columns``) or small: the columns' fixed cost pays from about 2,000
+        records (measured: +8% at 5,000, +3% at 2,000, -2% at 1,000 and -10% at 100
+        joined samples/s)."""
+        if len(b.kinds) < self.columns_from or not self._run_columns(b):
+            self.run(b, 0, len(b), 0, 0)
+
+    def _model_runs(self, pts: np.ndarray) -> dict[int, tuple[np.ndarray | None, np.ndarray]]:
+        """Per model of the batch: the ordinals of its predictions (None: all of them)
+        and its now after each (a running max from its now before the batch)."""
+        pm = np.asarray(self._pm, np.int64)
+        if not len(pm):
+            return {}
+        first = int(pm[0])
+        if (pm == first).all():  # the common batch: one model
+            return {first: (None, np.maximum.accumulate(np.maximum(pts, self.nows[first])))}
+        out: dict[int, tuple[np.ndarray | None, np.ndarray]] = {}
+        for m in np.unique(pm).tolist():
+            ords = np.flatnonzero(pm == m)
+            out[m] = (ords, np.maximum.accumulate(np.maximum(pts[ords], self.nows[m])))
         return out
 
-    def _run_columns(self, b: Parsed, now0: float) -> float | None:
+    @staticmethod
+    def _now_before(run: tuple[np.ndarray | None, np.ndarray], k: np.ndarray,
+                    before: float) -> np.ndarray:
+        """A model's now once the batch's first ``k`` predictions were seen."""
+        ords, acc = run
+        n = k if ords is None else np.searchsorted(ords, k)  # its predictions among them
+        out: np.ndarray = np.where(n > 0, acc[np.maximum(n - 1, 0)], before)
+        return out
+
+    def _run_columns(self, b: Parsed) -> bool:
         """``run`` over a whole batch, decided over columns where no decision depends on
         another: each id at most once among the batch's predictions and once among its
         labels, far from every bound, no implicit negatives. A record is "plain" when
@@ -328,29 +400,39 @@ class Join:
         slot_of, done, labels = self._slot, self._done, self._labels
         cap = self.max_pending
         if (self.implicit is not None or self._heaps is not None or self._undated_labels
-                or now0 == -INF or n_p + self.pending > cap or len(labels) + n_l > cap
+                or self.clock == -INF or n_p + self.pending > cap or len(labels) + n_l > cap
                 or len(b.kinds) > cap - len(done)):
-            return None
+            return False
         p_of = dict(zip(p_id, range(n_p)))
         if len(p_of) != n_p or len(set(l_id)) != n_l:
-            return None
+            return False
         ttl = self.ttl
         cols = self._batch
         kinds = np.frombuffer(bytes(b.kinds), np.uint8)
         p_pos = np.flatnonzero(kinds == PRED)
         l_pos = np.flatnonzero(kinds == LABEL)
         pts = cols.ts
+        clock0 = self.clock
+        nows0 = list(self.nows)
+        runs = self._model_runs(pts)
         if n_p:
-            now_p = np.maximum.accumulate(np.maximum(pts, now0))
             self._next_deadline = min(self._next_deadline, float(pts.min()) + ttl)
-        else:
-            now_p = _E
         before = np.searchsorted(p_pos, l_pos)  # predictions before each label
-        now_l = np.where(before > 0, now_p[before - 1] if n_p else now0, now0)
-        next_deadline = self._next_deadline
         # the state of each id before the batch (its slot: what prepare found)
         pair = np.fromiter(map(p_of.get, l_id, repeat(-1)), np.int64, n_l)
         old = self._found[n_p:]
+        # each label's now: that of the model of the prediction it meets, as it stood
+        # at the label (labels that meet none wait, one by one)
+        m_l = np.full(n_l, -1, np.int64)
+        has_old = (pair < 0) & (old >= 0)
+        m_l[pair >= 0] = np.asarray(self._pm, np.int64)[pair[pair >= 0]]
+        m_l[has_old] = self.combo_model[self._combo[old[has_old]]]
+        now_l = np.full(n_l, -INF)
+        for m in np.unique(m_l[m_l >= 0]).tolist():
+            sel = m_l == m
+            run = runs.get(m)
+            now_l[sel] = nows0[m] if run is None else self._now_before(run, before[sel],
+                                                                       nows0[m])
         odd_p = self._found[:n_p] >= 0  # predictions whose id has state: one by one
         if done:
             odd_p |= np.fromiter(map(done.__contains__, p_id), bool, n_p)
@@ -362,7 +444,7 @@ class Join:
         # a label joins in time: its prediction's deadline (ts + ttl) not yet passed
         p_deadline = np.where(paired, pts[np.where(paired, pair, 0)] if n_p else 0.0,
                               old_ts) + ttl
-        overdue = (now_l >= next_deadline) & (p_deadline <= now_l)
+        overdue = p_deadline <= now_l  # (a deadline is never below _next_deadline)
         odd_l = np.where(paired, False, old < 0) | overdue
         if len(pp):
             odd_l[paired] |= odd_p[pp] | (p_pos[pp] > l_pos[paired])
@@ -383,8 +465,12 @@ class Join:
         joins = np.flatnonzero(plain_l & ~wrong)
         # the others, one by one, in batch order
         odd = np.sort(np.concatenate([p_pos[odd_p], l_pos[odd_l]]))
-        odd_freed = (self._run_odd(b, odd.tolist(), p_pos, l_pos, now_p, now_l, now0)
+        odd_freed = (self._run_odd(b, odd.tolist(), p_pos, l_pos, runs, nows0, clock0)
                      if len(odd) else [])
+        for m, (_, acc) in runs.items():  # every model's now as the batch leaves it
+            self.nows[m] = float(acc[-1])
+        if n_p:
+            self.clock = max(clock0, float(pts.max()))
         ev = self.events
         if wrong.any():
             ev.out_of_range = sorted(ev.out_of_range + np.flatnonzero(wrong).tolist())
@@ -411,25 +497,34 @@ class Join:
         pend[pair[joins][paired[joins]]] = False
         # (no plain id is looked up again in this batch: finish gives them their slots)
         self._fresh += int(np.count_nonzero(pend))
-        return float(now_p[-1]) if n_p else now0
+        return True
 
     def _run_odd(self, b: Parsed, odd: list[int], p_pos: np.ndarray, l_pos: np.ndarray,
-                 now_p: np.ndarray, now_l: np.ndarray, now0: float) -> list[tuple[int, int]]:
-        """Records ``odd`` (batch indices, in order) through ``run``, each with the now
-        it would have seen in a whole-batch ``run``. Returns the slots they freed, with
-        the batch index of the record that did."""
+                 runs: dict[int, tuple[np.ndarray | None, np.ndarray]], nows0: list[float],
+                 clock0: float) -> list[tuple[int, int]]:
+        """Records ``odd`` (batch indices, in order) through ``run``, each with the clocks
+        it would have seen in a whole-batch ``run``: the instance's, and those of the
+        models it can meet (its own, the pending prediction's with its id).
+        Returns the slots they freed, with the batch index of the record that did."""
         is_p = np.isin(odd, p_pos).tolist()
         p_ord = np.searchsorted(p_pos, odd).tolist()  # predictions before: one's ordinal
         l_ord = np.searchsorted(l_pos, odd).tolist()
+        pts = self._batch.ts
+        clocks = np.maximum.accumulate(np.maximum(pts, clock0)) if len(pts) else _E
         run = self.run
         freed = self._freed
+        nows, pm = self.nows, self._pm
         out = []
         for i, pred, p, q in zip(odd, is_p, p_ord, l_ord):
             n = len(freed)
-            if pred:
-                run(b, i, i + 1, p, q, float(now_p[p - 1]) if p else now0)
-            else:
-                run(b, i, i + 1, p, q, float(now_l[q]))
+            self.clock = float(clocks[p - 1]) if p else clock0
+            pid = b.p_id[p] if pred else b.l_id[q]
+            v = self._slot.get(pid)
+            meet = (pm[p] if pred else None, None if v is None else self._model_of(v))
+            for m in meet:
+                if m is not None and m in runs:
+                    nows[m] = float(self._now_before(runs[m], np.array(p), nows0[m]))
+            run(b, i, i + 1, p, q)
             out += [(i, v) for v in freed[n:]]
         return out
 
@@ -461,41 +556,62 @@ class Join:
         tail = [done_order.pop() for _ in range(len(o_src))][::-1]  # theirs: one per join
         done_order.extend([(tail + ids)[i] for i in order.tolist()])
 
-    def _make_room(self, pid: str, ts: float, v: int, now: float) -> None:
-        """Prediction ``pid`` (at ``ts``, ``v``) just became pending. Past
+    def _make_room(self, pid: str, ts: float, v: int, m: int) -> None:
+        """Prediction ``pid`` (at ``ts``, ``v``, of model ``m``) just became pending. Past
         ``join.max_pending``, what is overdue is settled first (it is no longer pending:
         the sweep would have settled it), then the oldest pending prediction (ties: the
-        smallest id) is expired for capacity. While pending predictions are near the
-        bound, a heap of (ts, id) is kept, and with implicit negatives (whose deadlines
-        are not in ts order) one of (deadline, ts, id) too; entries of predictions that
-        left are skipped when they surface."""
-        if self._heaps is None:
+        smallest id) of the model holding the most (ties: the lowest index) is expired
+        for capacity. While pending predictions are near the bound, per model a heap of
+        (ts, id) is kept, and with implicit negatives (whose deadlines are not in ts
+        order) one of (deadline, ts, id) too, with each model's pending count; entries
+        of predictions that left are skipped when they surface."""
+        heaps = self._heaps
+        if heaps is None:
+            heaps = self._heaps = {}
+            self._counts = [0] * len(self.nows)
             pending = [(u, i) for u, i in enumerate(self._pid) if i is not None]
             pending += [(u, i) for i, u in self._slot.items() if u < 0]
-            by_ts = [(self._ts_of(u), i) for u, i in pending]
-            by_deadline = ([] if self.implicit is None else
-                           [(self._deadline(u), t, i) for (u, _), (t, i) in zip(pending, by_ts)])
-            heapq.heapify(by_ts)
-            heapq.heapify(by_deadline)
-            self._heaps = (by_deadline, by_ts)
+            for u, i in pending:
+                t = self._ts_of(u)
+                mu = self._model_of(u)
+                self._counts[mu] += 1
+                by_deadline, by_ts = heaps.setdefault(mu, ([], []))
+                by_ts.append((t, i))
+                if self.implicit is not None:
+                    by_deadline.append((self._deadline(u), t, i))
+            for by_deadline, by_ts in heaps.values():
+                heapq.heapify(by_ts)
+                heapq.heapify(by_deadline)
+            self._dirty = set(heaps)
         else:
-            by_deadline, by_ts = self._heaps
+            by_deadline, by_ts = heaps.setdefault(m, ([], []))
             heapq.heappush(by_ts, (ts, pid))
             if self.implicit is not None:
                 heapq.heappush(by_deadline, (self._deadline(v), ts, pid))
+            if m >= len(self._counts):  # a model admitted since the heaps were built
+                self._counts.extend([0] * (m + 1 - len(self._counts)))
+            self._counts[m] += 1
         if self.pending <= self.max_pending:
             return
-        if self.implicit is None:  # one ttl: the oldest is also the first due
-            while by_ts and by_ts[0][0] + self.ttl <= now:
-                self._settle_top(by_ts)
-        else:
-            while by_deadline and by_deadline[0][0] <= now:
-                self._settle_top(by_deadline)
+        for mo in self._dirty:  # the models whose now moved: their overdue ones
+            now = self.nows[mo]
+            by_deadline, by_ts = heaps.get(mo, ([], []))
+            if self.implicit is None:  # one ttl: the oldest is also the first due
+                while by_ts and by_ts[0][0] + self.ttl <= now:
+                    self._settle_top(by_ts)
+            else:
+                while by_deadline and by_deadline[0][0] <= now:
+                    self._settle_top(by_deadline)
+        self._dirty.clear()
+        counts = self._counts
         while self.pending > self.max_pending:
-            old_ts, old = heapq.heappop(by_ts)
-            u = self._lookup(old)
-            if u is None or self._ts_of(u) != old_ts:
+            big = counts.index(max(counts))
+            old_ts, old = heapq.heappop(heaps[big][1])
+            found = self._lookup(old)
+            if found is None or self._ts_of(found) != old_ts or self._model_of(found) != big:
                 continue  # it left (or came back later): a stale entry
+            u = found
+            counts[big] -= 1
             self._exp.append((u, "capacity"))
             self._held.pop(u, None)
             self._slot.pop(old, None)
@@ -504,7 +620,8 @@ class Join:
             else:
                 self._pid[u] = None
                 self._freed.append(u)
-        if max(len(by_deadline), len(by_ts)) > 2 * self.pending + 1024:
+        stale = sum(len(a) + len(b) for a, b in heaps.values())
+        if stale > 2 * (1 + (self.implicit is not None)) * self.pending + 1024:
             self._heaps = None  # mostly stale entries: built afresh when next needed
 
     def _settle_top(self, heap: list[Any]) -> None:
@@ -598,8 +715,10 @@ class Join:
         self._next_label_deadline = min(self._next_label_deadline, now + self.label_ttl)
         self._undated_labels = False
 
-    def _wait(self, b: Parsed, q: int, now: float) -> None:
-        """A label with no pending prediction: a duplicate of a joined one, or it waits."""
+    def _wait(self, b: Parsed, q: int) -> None:
+        """A label with no pending prediction: a duplicate of a joined one, or it waits
+        (timed on the instance's clock)."""
+        now = self.clock
         lid = b.l_id[q]
         ev = self.events
         ev.waiting.append(q)
@@ -630,6 +749,8 @@ class Join:
     def _finish(self, v: int, pid: str) -> None:
         """Settle a pending prediction (a slot, or ``~p``) whose deadline passed: joined
         with its held label, its implicit label, or expired by ttl. Frees the slot."""
+        if self._heaps is not None:
+            self._counts[self._model_of(v)] -= 1
         if v >= 0:
             kind = self._kind.item(v)
             ts = self._ts.item(v)
@@ -656,11 +777,14 @@ class Join:
     # ------------------------------------------------------------ the batch's end
 
     def prepare(self, cols: BatchColumns, ids: list[str], l_ids: list[str],
-                labels: np.ndarray, label_ts: np.ndarray) -> None:
+                labels: np.ndarray, label_ts: np.ndarray, models: list[int | None]) -> None:
         """The batch's prediction columns and ids, and its labels' ids, classes and times
-        (NaN when unknown), before the first ``run``. The batch's ids are looked up in
-        the index at once: the per-record loop needs only those it found."""
+        (NaN when unknown), before the first ``run``; ``models``: each prediction's
+        model index (the caller fills it in before ``run`` reaches a prediction). The
+        batch's ids are looked up in the index at once: the per-record loop needs only
+        those it found."""
         self._batch = cols
+        self._pm = models
         self._ids = ids
         self._labels_of_batch = (labels, label_ts)
         self._found = np.full(len(ids) + len(l_ids), -1, np.int64)
@@ -670,7 +794,7 @@ class Join:
             found = np.flatnonzero(slots >= 0)
             self._slot = dict(zip(map(names.__getitem__, found.tolist()), slots[found].tolist()))
 
-    def finish(self, now: float, arrivals: np.ndarray) -> JoinEvents:
+    def finish(self, arrivals: np.ndarray) -> JoinEvents:
         """Gather what joined, give the batch's still pending predictions their slots,
         free what was freed, sweep; returns the batch's events. ``arrivals``: the
         ordinals of the predictions admitted and not duplicates."""
@@ -685,7 +809,7 @@ class Join:
         self._release(self._freed)
         self._settle_new(arrivals, np.concatenate([~src[src < 0], ~expired[expired < 0]]))
         self._begin()
-        self._sweep(now)
+        self._sweep()
         ev.joined = concat([ev.joined, self._gather()])
         self._count_expired(ev)
         self._release(self._freed)
@@ -695,9 +819,29 @@ class Join:
         self._found = _EI
         self._fresh = 0
         self._batch = _NO_BATCH
+        self._pm = []
         self._ids = []
         self._labels_of_batch = (_EI, _E)
         return ev
+
+    def drop_models(self, models: list[int]) -> np.ndarray:
+        """Forget the pending predictions of these models (dropped when idle, between
+        batches); returns their combos, to be counted as expired by ttl."""
+        self._heaps = None
+        for m in models:
+            self.nows[m] = -INF
+        slots = self._index.slots()
+        if not len(slots):
+            return _EI
+        gone = slots[np.isin(self.combo_model[self._combo[slots]], models)]
+        combos: np.ndarray = self._combo[gone].astype(np.int64)
+        gone_list = gone.tolist()
+        for slot in gone_list:
+            self._held.pop(slot, None)
+        self._release(gone_list)
+        for slot in gone_list:
+            self._pid[slot] = None
+        return combos
 
     def _settle_new(self, arrivals: np.ndarray, gone: np.ndarray) -> None:
         """The batch's predictions still pending take a slot each, written as columns.
@@ -853,17 +997,26 @@ class Join:
 
     # ------------------------------------------------------------ sweeping
 
+    def _slot_nows(self) -> np.ndarray:
+        """Each slot's model's now (free slots: any)."""
+        nows = np.asarray(self.nows, np.float64)
+        if not len(nows):
+            return np.full(len(self._ts), -INF)
+        out: np.ndarray = nows[self.combo_model[self._combo]]
+        return out
+
     def _deadlines(self) -> np.ndarray:
         if self.implicit is None:
             out: np.ndarray = self._ts + self.ttl
             return out
         return self._ts + np.where(self._kind < MULTICLASS, self.implicit.after, self.ttl)
 
-    def _sweep(self, now: float) -> None:
-        """Settle everything whose deadline passed, then enforce the capacity bound."""
-        if now >= self._next_deadline:
+    def _sweep(self) -> None:
+        """Settle everything whose deadline passed on its model's clock, then enforce the
+        capacity bound. Waiting labels and joined ids go on the clock less the margin."""
+        if self.clock >= self._next_deadline:  # no model's now is past the clock
             deadline = self._deadlines()
-            due = np.flatnonzero(deadline <= now)
+            due = np.flatnonzero(deadline <= self._slot_nows())
             if len(due):
                 # in deadline order, so what joins is emitted in a repeatable order
                 due = due[np.lexsort((self._ts[due], deadline[due]))]
@@ -871,6 +1024,7 @@ class Join:
                     self._finish(slot, self._pid[slot])  # type: ignore[arg-type]
                 deadline[due] = INF
             self._next_deadline = float(deadline.min()) if len(deadline) else INF
+        now = self.clock
         if now >= self._next_label_deadline or (self._undated_labels and now > -INF):
             nxt = INF
             for lid, (lab, deadline_) in list(self._labels.items()):

@@ -41,6 +41,7 @@ class SeriesIndex:
         self._flat = np.zeros(0, np.int64)
         self._start = np.zeros(0, np.int64)
         self._len = np.zeros(0, np.int64)
+        self.generation = 0  # bumped whenever a combo or a series is added or dropped
 
     def combo_ids(self, models: list[str], keys: list[Hashable],
                   segments: list[dict[str, str]]) -> list[int]:
@@ -97,6 +98,7 @@ class SeriesIndex:
         return OTHER
 
     def _intern(self, model: str, folded: tuple[str | None, ...]) -> int:
+        self.generation += 1
         cid = len(self.combos)
         self.combos.append((model, folded))
         self._combo_ids[(model, folded)] = cid

@@ -140,7 +140,15 @@ class BucketTables:
         # [window][series] -> {bucket index: cell}
         self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
 
-    def current(self, w: int, now: float) -> int:
+    def current(self, w: int, now: Any) -> Any:
+        """The bucket holding ``now``: an int, or an int64 array for an array of nows
+        (event time is per model: each sample or series goes by its model's now)."""
+        if isinstance(now, np.ndarray):
+            width = self.widths[w]
+            out = np.full(now.shape, -(2**62), np.int64)
+            ok = np.isfinite(now)
+            out[ok] = np.floor(now[ok] / width)
+            return out
         return math.floor(now / self.widths[w]) if math.isfinite(now) else -(2**62)
 
     # ------------------------------------------------------------ cells
@@ -205,12 +213,15 @@ class BucketTables:
 
     # ------------------------------------------------------------ upkeep
 
-    def evict(self, now: float) -> None:
-        """Drop buckets that slid out of what is kept, and series left empty."""
+    def evict(self, now: float | np.ndarray) -> None:
+        """Drop buckets that slid out of what is kept, and series left empty. ``now``:
+        one for all, or each series' own (by series id)."""
+        per_series = isinstance(now, np.ndarray)
         for w in range(len(self.windows)):
-            floor_ = self.current(w, now) - self.keep
+            floors = self.current(w, now) - self.keep
             tab = self._data[w]
             for sid in list(tab):
+                floor_ = floors[sid] if per_series else floors
                 buckets = tab[sid]
                 for idx in [i for i in buckets if i <= floor_]:
                     del buckets[idx]
@@ -324,7 +335,8 @@ class Windows(BucketTables):
         self.layout = Layout(bins, fine_bins)
         super().__init__(windows, self.layout.size)
 
-    def add(self, s: Samples, now: float) -> None:
+    def add(self, s: Samples, now: float | np.ndarray) -> None:
+        """Add samples; ``now``: one for all, or each sample's own (its model's)."""
         if len(s.sid) == 0:
             return
         lay = self.layout

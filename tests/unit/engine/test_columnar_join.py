@@ -235,10 +235,11 @@ class Reference:
 def reference(events: list[Event]) -> Reference:
     """CONTRACT.md §2, one record at a time, no implicit negatives, no capacity bound.
 
-    "now" is the largest prediction ts seen. A prediction waits until ts + ttl: any
-    lookup at or past that expires it (ttl). A label waits until its ts (or, without
-    one, the now it arrived at, or the first prediction's ts when none came before
-    it) + label_ttl. Whichever of a prediction and its label
+    "now" is the largest prediction ts seen, of all models (the clock), and of each
+    model (v3). A prediction waits until ts + ttl: any lookup at or past that on its
+    model's now expires it (ttl); labels and joined ids go on the clock. A label
+    waits until its ts (or, without one, the now it arrived at, or the first
+    prediction's ts when none came before it) + label_ttl. Whichever of a prediction and its label
     comes first waits for the other; a prediction that finds its label waiting joins it
     (unless the label's wait is over, or the label is out of range for it: then the
     label is invalid and the prediction waits). One id joins at most once within
@@ -247,7 +248,8 @@ def reference(events: list[Event]) -> Reference:
     A label counts as a label once it is not out of range for what it met."""
     c: Counter[str] = Counter()
     now = -math.inf
-    pending: dict[str, tuple[int, float, int]] = {}  # id -> (record, ts, classes)
+    nows: dict[str, float] = {}  # model -> its now
+    pending: dict[str, tuple[int, float, int, str]] = {}  # id -> (record, ts, classes, model)
     waiting: dict[str, tuple[int, float]] = {}  # id -> (label, deadline)
     done: dict[str, float] = {}  # id -> until when a second record is a duplicate
     pairs: Counter[tuple[int, int]] = Counter()
@@ -264,11 +266,12 @@ def reference(events: list[Event]) -> Reference:
             c["predictions"] += 1
             ts = T0 + ev.t * STEP
             now = max(now, ts)
+            nows[ev.model] = max(nows.get(ev.model, -math.inf), ts)
             for lid, (label, deadline) in waiting.items():  # undated labels start now
                 if deadline == math.inf:
                     waiting[lid] = (label, now + LABEL_TTL)
             if ev.id in pending:
-                if pending[ev.id][1] + TTL > now:
+                if pending[ev.id][1] + TTL > nows[pending[ev.id][3]]:
                     c["duplicates"] += 1
                     continue
                 del pending[ev.id]
@@ -287,13 +290,13 @@ def reference(events: list[Event]) -> Reference:
                 else:
                     join(ev.id, k, ts, label)
                     continue
-            pending[ev.id] = (k, ts, classes)
+            pending[ev.id] = (k, ts, classes, ev.model)
         else:
-            if ev.id in pending and pending[ev.id][1] + TTL <= now:
+            if ev.id in pending and pending[ev.id][1] + TTL <= nows[pending[ev.id][3]]:
                 del pending[ev.id]
                 c["expired"] += 1
             if ev.id in pending:
-                pk, pts, classes = pending[ev.id]
+                pk, pts, classes, _ = pending[ev.id]
                 if ev.label >= classes:
                     c["invalid"] += 1
                     continue
@@ -313,7 +316,7 @@ def reference(events: list[Event]) -> Reference:
             base = T0 + ev.t * STEP if ev.t is not None else now
             waiting[ev.id] = (ev.label, base + LABEL_TTL if base > -math.inf else math.inf)
     # what nobody looked up: over at the last now
-    for pid in [p for p, (_, ts, _) in pending.items() if ts + TTL <= now]:
+    for pid in [p for p, (_, ts, _, m) in pending.items() if ts + TTL <= nows[m]]:
         del pending[pid]
         c["expired"] += 1
     for lid in [i for i, (_, d) in waiting.items() if d <= now]:

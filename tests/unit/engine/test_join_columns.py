@@ -64,19 +64,19 @@ def streams(draw: st.DrawFn) -> list[Any]:
 
 @contextmanager
 def counting() -> Iterator[dict[str, int]]:
-    """Counts the batches ``_run_columns`` decided (not None) and the records of them
+    """Counts the batches ``_run_columns`` decided (True) and the records of them
     it sent through ``run`` one by one."""
     seen = {"columns": 0, "odd": 0}
     columns, odd = Join._run_columns, Join._run_odd
 
-    def run_columns(self: Join, *args: Any) -> float | None:
+    def run_columns(self: Join, *args: Any) -> bool:
         out = columns(self, *args)
-        seen["columns"] += out is not None
+        seen["columns"] += out
         return out
 
-    def run_odd(self: Join, b: Any, records: list[int], *args: Any) -> None:
+    def run_odd(self: Join, b: Any, records: list[int], *args: Any) -> Any:
         seen["odd"] += len(records)
-        odd(self, b, records, *args)
+        return odd(self, b, records, *args)
 
     Join._run_columns = run_columns  # type: ignore[method-assign]
     Join._run_odd = run_odd  # type: ignore[method-assign]
@@ -88,7 +88,7 @@ def counting() -> Iterator[dict[str, int]]:
 
 
 def one_by_one(e: Engine) -> Engine:
-    e.join._run_columns = lambda b, now: None  # type: ignore[method-assign]
+    e.join._run_columns = lambda b: False  # type: ignore[method-assign]
     return e
 
 
