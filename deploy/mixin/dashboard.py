@@ -282,7 +282,8 @@ def build(cfg: dict[str, Any]) -> dict[str, Any]:
         ], axis_label="records/s", minimum=0))
     lay.add(timeseries(
         "Expired and duplicate records", "Predictions expired unjoined (ttl, capacity), "
-        "unmatched labels dropped, duplicates ignored.", "reqps", [
+        "unmatched labels dropped, duplicates ignored, and records whose Kafka key is not "
+        "their id (scaled out, they cannot co-partition).", "reqps", [
             target(f"sum by (reason) (rate(calmon_join_expired_total{sel(segment=False)}"
                    f"[$__rate_interval]))", "expired {{reason}}", "A"),
             target(f"sum (rate(calmon_labels_expired_total{sel(model=False, segment=False)}"
@@ -290,6 +291,9 @@ def build(cfg: dict[str, Any]) -> dict[str, Any]:
             target(f"sum by (topic) (rate(calmon_duplicates_total"
                    f"{sel(model=False, segment=False)}[$__rate_interval]))",
                    "duplicates {{topic}}", "C"),
+            target(f"sum by (topic) (rate(calmon_key_mismatch_total"
+                   f"{sel(model=False, segment=False)}[$__rate_interval]))",
+                   "key not id {{topic}}", "D"),
         ], axis_label="records/s", minimum=0))
     lay.add(timeseries(
         "Consumer lag", "Records in each partition after calmon's position.", "short", [

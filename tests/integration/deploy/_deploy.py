@@ -106,6 +106,8 @@ CONTRACT_METRICS = {
     "calmon_drift_change_timestamp_seconds",
     "calmon_dead_letters_failed_total",
     "calmon_alerts_failed_total",
+    # v3 (CONTRACT.md section 5)
+    "calmon_key_mismatch_total",
     # issue 12: the daemon's own health (to be added to the contract)
     "calmon_build_info",
     "calmon_consumer_lag_records",
