@@ -21,7 +21,8 @@ MiB = 2**20
 GiB = 2**30
 # measured costs, in bytes (bench/fleet.py, bench/engine.py, Python 3.11, numpy 2)
 BASE = 200 * MiB  # the daemon and its consumer process, idle, with two polls in flight
-CELL_OVERHEAD = 250  # a held bucket beyond its int64 entries: array header, dict slot
+CELL_OVERHEAD = 250  # a small held bucket beyond its int64 entries: header, dict slot
+DENSE_SLACK = 4096  # a full (dense) bucket beyond its entries, allocator slack included
 SERIES_OVERHEAD = 4096  # a series' bucket dicts, its index entries, its view rows
 PENDING = 115  # a pending binary prediction, beyond its id (bench/engine.py)
 WAITING_LABEL = 200  # a label waiting for its prediction, beyond its id
@@ -62,9 +63,10 @@ def worst_case(cfg: Config) -> WorstCase:
     series_state = windows * BUCKETS * cell + windows * 2 * BUCKETS * hist
     if m.classwise:  # a pseudo-series per class, with one fine bin
         series_state += lim.max_classes * windows * BUCKETS * 8 * (3 * m.bins + 6)
-    cells = windows * BUCKETS * (1 + 2) + (
-        lim.max_classes * windows * BUCKETS if m.classwise else 0)
-    mem_series = series * (series_state + cells * CELL_OVERHEAD + SERIES_OVERHEAD)
+    small = windows * 2 * BUCKETS + (lim.max_classes * windows * BUCKETS if m.classwise else 0)
+    cells = windows * BUCKETS + small
+    mem_series = series * (series_state + windows * BUCKETS * DENSE_SLACK
+                           + small * CELL_OVERHEAD + SERIES_OVERHEAD)
     ckpt_series = series * (series_state + cells * 16)  # + each bucket's key
     k = lim.max_classes
     ids = lim.max_id_bytes
