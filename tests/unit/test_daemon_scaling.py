@@ -17,6 +17,7 @@ from calmon.daemon import Daemon
 from calmon.engine.engine import Engine
 from calmon.errors import ConfigError, StateError
 from calmon.io.source import CoPartitionError, Position
+from tests.daemon_helpers import http_get
 from tests.fakes import ListSource, partitions_of
 from tests.unit.io.checkpoint_fixture import FIXTURE, batches
 from tests.unit.io.checkpoint_fixture import config as fixture_config
@@ -81,6 +82,9 @@ def test_topics_that_stop_co_partitioning_fail_readiness_with_the_reason(
         run.wait(d.ready, "ready")
         source.why = PROBLEM  # found at a metadata refresh
         assert not d.ready() and d.unready_reason() == PROBLEM
+        assert d.http is not None
+        code, body = http_get(d.http.port, "/readyz")
+        assert code == 503 and PROBLEM in body.decode()
         source.why = None
         assert d.ready()
         # a re-assignment refused later: unready with the reason, never an exit
