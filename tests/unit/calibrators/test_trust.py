@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import expit
 
-from calmon.calibrators import fit, load
+from calmon.calibrators import Calibrator, fit, load
 from calmon.errors import CalibratorError
 from tests.unit.calibrators.conftest import binary_data
 
@@ -188,3 +188,15 @@ def test_fits_stay_within_what_load_accepts(rng: np.random.Generator) -> None:
     load(iso.to_json(**META))
     with pytest.raises(CalibratorError):
         fit("histogram", z, yy, "logit", bins=10_001)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_any_bytes_are_a_calibrator_or_calibrator_error(data: bytes) -> None:
+    from calmon.calibrators.registry import parse_document
+
+    try:
+        out = load(parse_document(data))
+    except CalibratorError:
+        return  # the only exception allowed
+    assert isinstance(out, Calibrator)
