@@ -190,6 +190,14 @@ class CalibratorWatcher:
                     continue
                 if isinstance(doc, Mapping) and "model" not in doc and "segment" not in doc:
                     continue  # a marker of the publishing owner, not a document (§7)
+                if isinstance(doc, Mapping) and rec.key is not None and (
+                        rec.key != f"{doc.get('model')}/{doc.get('segment')}".encode(
+                            "utf-8", "surrogatepass")):
+                    # compaction keeps one record per key: a document under another
+                    # series' key could outlive that series' own documents
+                    offers.append((where, None, f"offset {rec.offset}: keyed {where!r}, "
+                                                "not <model>/<segment> of the document"))
+                    continue
                 offers.append((where, doc, None))
         changed = self._offer_all(offers)
         if not self._ready.is_set() and self._ends is not None and all(

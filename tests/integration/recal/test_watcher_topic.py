@@ -90,6 +90,7 @@ def test_the_topic_watcher_refuses_forged_and_broken_documents(
             as_bytes({**signer.sign(doc("ctr", 2, 0.9)), "params": {"temperature": 0.5}}),
             as_bytes(Signer(keygen()[0], "k2").sign(doc("ctr", 2, 0.5))),  # unknown key
             b"{not json",
+            as_bytes(signer.sign(intent(3, 0.5))),  # under ctr's key
         ]
         assert len(bad[7]) > 1 << 20
         # the bad ones, a marker (no model, no segment: not a document) and a tombstone,
