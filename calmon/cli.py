@@ -112,7 +112,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         view, engine = bt.view, bt.engine
     else:
         engine = replay.run(cfg, Path(args.predictions), Path(args.labels), invalid=invalid)
-        view = engine.view()
+        view = replay.final(engine)
     if args.json:
         out = replay.to_json(view, cfg.metrics.classwise, bt)
         out["invalid_reasons"] = replay.invalid_reasons(invalid)

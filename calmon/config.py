@@ -527,6 +527,12 @@ def _cross_checks(cfg: Config, errors: list[str]) -> None:
             errors.append(f"metrics.export.windows[{i}]: must be one of metrics.windows "
                           f"{names}, got {wname!r}")
     _check_keys(cfg, errors)
+    from calmon.io.exporter import FAMILIES  # the exporter owns the names (lazily: it imports us)
+
+    for key in ("families", "segment_families"):
+        for i, fam in enumerate(getattr(cfg.metrics.export, key) or ()):
+            if fam not in FAMILIES:
+                errors.append(f"metrics.export.{key}[{i}]: unknown family {fam!r}")
     band = cfg.recalibration.triggers.observed_over_expected
     if band is not None and not (0 < band[0] < band[1]):
         errors.append("recalibration.triggers.observed_over_expected: need 0 < low < high")

@@ -11,8 +11,12 @@ Threads, and what each owns:
 - the loop thread (the one that calls ``run``) is the only writer of the engine,
   the positions, the checkpoint store and the dead-letter producer. After each
   batch it publishes the positions as an immutable mapping for readers.
-- HTTP threads only read: ``Engine.view()``/``status()`` (copies taken under the
-  engine's lock), the published positions, and immutable recalibration state.
+- the statistics thread owns the ``Refresher`` (``calmon.engine.snapshot``): it reads
+  the engine under its lock in short holds and publishes immutable ``Snapshot``s,
+  within a CPU share (``STATS_CPU_SHARE``) so the join keeps priority.
+- HTTP threads only read: the latest snapshot (rendered once per snapshot and shared,
+  ``io/exposition``), ``Engine.status()``, the published positions, and immutable
+  recalibration state. A scrape never computes a statistic.
 - the scheduler thread (APScheduler, in ``recal``) reads engine copies the same
   way and owns the recalibration state; the loop takes that state's snapshot
   through ``Recalibrator.snapshot()``, which copies under the recalibrator's lock.
@@ -47,13 +51,15 @@ from calmon.config import Config
 from calmon.engine.engine import TOPICS, Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
+from calmon.engine.snapshot import Refresher
 from calmon.errors import ConfigError, StateError
 from calmon.io import landing, reliability, webconfig
 from calmon.io.calibrator_publisher import CalibratorPublisher
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.consumer_process import ProcessSource
 from calmon.io.dead_letter import DeadLetters
-from calmon.io.exporter import FIT_METHODS, CalmonCollector
+from calmon.io.exporter import FIT_METHODS, CalmonCollector, WindowCollector
+from calmon.io.exposition import Exposition
 from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.io.outbox import Outbox
@@ -77,6 +83,11 @@ INVALID_LOG_INTERVAL_S = 60.0  # an invalid record is logged at most once per re
 # is at most a poll, one batch and a checkpoint; a (re)assign may block for about
 # ASSIGN_TIMEOUT_S + 30 s (consumer process start), so stay well above that.
 LOOP_STALL_S = 120.0
+# the statistics thread spends at most this share of one core (CPU time of its own
+# updates, then a pause in proportion), and pauses at least STATS_MIN_PAUSE_S between
+# updates: the join, on the loop thread, keeps the rest
+STATS_CPU_SHARE = 0.25
+STATS_MIN_PAUSE_S = 0.1
 
 
 class RunState(enum.Enum):
@@ -142,25 +153,35 @@ class Daemon:
         self.stall_after_s = LOOP_STALL_S
         self._beat = time.monotonic()  # the loop's last progress (monotonic, for /healthz)
         self._beat_wall: float | None = None  # the same in Unix time, for the metric
+        # statistics as a read model: readers render refresher.latest, never compute
+        self.refresher = Refresher(self.engine)
+        self._stats_stop = threading.Event()
         self.recal: Recalibrator | None = None
         if cfg.recalibration.enabled:
             topic = cfg.kafka.calibrators_topic
             publish = None if topic is None else CalibratorPublisher(self.outbox, topic)
-            self.recal = Recalibrator(cfg, self.engine, publish)
+            self.recal = Recalibrator(cfg, self.engine, publish,
+                                      rows=lambda: self.refresher.latest.rows)
+        windows = WindowCollector(lambda: self.refresher.latest, cfg)
         collector = CalmonCollector(
             self.engine, lambda: self.last_checkpoint, self._recal_state,
             lag=self.consumer_lag, heartbeat=lambda: self._beat_wall, totals=self.totals,
-            dead_letters_failed=lambda: self.dead_letters.dead_letters_failed)
+            dead_letters_failed=lambda: self.dead_letters.dead_letters_failed,
+            snapshot=lambda: self.refresher.latest, windows=False,
+            statistics_age=self.statistics_age)
         self.registry = registry if registry is not None else CollectorRegistry(
             auto_describe=False)
+        self.registry.register(windows)
         self.registry.register(collector)
+        others: list[Any] = [collector]
         for standard in (ProcessCollector, PlatformCollector):  # process_*, python_info
             with contextlib.suppress(ValueError):  # already there (the default registry)
-                standard(registry=self.registry)
+                others.append(standard(registry=self.registry))
+        self.exposition = Exposition(windows, lambda: self.refresher.latest.serial, others)
         cal_bins = self.recal.calibrated_bins if self.recal is not None else None
         self.pages: dict[str, Page] = {
             "/": landing.page,
-            "/reliability": lambda query: reliability.page(self.engine, cal_bins, query)}
+            "/reliability": reliability.Page(cfg, lambda: self.refresher.latest, cal_bins)}
         self.http: HttpServer | None = None
 
     # ------------------------------------------------------------ readers
@@ -190,6 +211,11 @@ class Daemon:
         """False once the running loop has made no progress for ``stall_after_s``."""
         return (self.state is not RunState.RUNNING
                 or time.monotonic() - self._beat < self.stall_after_s)
+
+    def statistics_age(self) -> float | None:
+        """Age of the expensive statistics being served (None before the first snapshot)."""
+        snap = self.refresher.latest
+        return None if snap.version < 0 else snap.age(time.time())
 
     def consumer_lag(self) -> dict[tuple[str, int], int]:
         ends = getattr(self.source, "end_offsets", None)  # a Source may not know them
@@ -221,6 +247,10 @@ class Daemon:
                           for (t, p), o in sorted(self.published_positions.items())},
             "checkpoint_positions": {f"{t}/{p}": o for (t, p), o
                                      in sorted(self.checkpoint_positions.items())},
+            # which engine state the served statistics reflect ("current": the latest)
+            "statistics": {"version": self.refresher.latest.version,
+                           "current": self.refresher.latest.version == s.get("version"),
+                           "age_seconds": self.statistics_age()},
         }
 
     def _recal_state(self) -> RecalState:
@@ -282,6 +312,7 @@ class Daemon:
                 if self.recal is not None:
                     stack.enter_context(self.recal)
                 stack.callback(setattr, self, "state", RunState.STOPPING)
+                stack.enter_context(self._stats_thread())
                 self._heartbeat()
                 self.state = RunState.RUNNING
                 self._loop()
@@ -295,11 +326,35 @@ class Daemon:
         try:
             return HttpServer(host, port, self.registry, self.ready, self.status, self.pages,
                               alive=self.alive, unready_reason=self.unready_reason,
-                              web=webconfig.load(self.cfg.server.web_config_file))
+                              web=webconfig.load(self.cfg.server.web_config_file),
+                              metrics=self.exposition.render)
         except (OSError, UnicodeError) as e:
             why = getattr(e, "strerror", None) or e
             raise ConfigError([f"server.port: cannot listen on {host}:{port} ({why})"]
                               ) from None
+
+    @contextlib.contextmanager
+    def _stats_thread(self) -> Any:
+        """The statistics thread (see the module docstring), stopped on the way out."""
+        self._stats_stop.clear()
+        thread = threading.Thread(target=self._stats_loop, name="calmon-stats", daemon=True)
+        thread.start()
+        try:
+            yield thread
+        finally:
+            self._stats_stop.set()
+            thread.join(timeout=5)
+
+    def _stats_loop(self) -> None:
+        while not self._stats_stop.is_set():
+            spent = time.thread_time()
+            try:
+                self.refresher.update()
+            except Exception:  # statistics must never stop: the next update tries again
+                log.exception("refreshing the statistics raised")
+            spent = time.thread_time() - spent
+            self._stats_stop.wait(max(STATS_MIN_PAUSE_S,
+                                      spent * (1.0 - STATS_CPU_SHARE) / STATS_CPU_SHARE))
 
     def _restore(self) -> None:
         ckpt = self.store.load(self.cfg.state.on_corrupt)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from calmon.config import Config
 from calmon.engine.engine import Engine, View
 from calmon.engine.records import Kind, Raw, parse_ts
+from calmon.engine.snapshot import Refresher
 
 if TYPE_CHECKING:
     from calmon.recal.policy import Event
@@ -79,8 +80,8 @@ def run(cfg: Config, predictions: Path, labels: Path, *,
 
 def replay(cfg: Config, predictions: Path, labels: Path, *,
            invalid: Counter[tuple[str, str]] | None = None) -> View:
-    """Feed both files through a fresh engine; return its final view."""
-    return run(cfg, predictions, labels, invalid=invalid).view()
+    """Feed both files through a fresh engine; return its final statistics."""
+    return final(run(cfg, predictions, labels, invalid=invalid))
 
 
 def invalid_reasons(invalid: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
@@ -89,6 +90,11 @@ def invalid_reasons(invalid: Counter[tuple[str, str]]) -> dict[str, dict[str, in
     for (topic, reason), n in sorted(invalid.items()):
         out.setdefault(topic, {})[reason] = n
     return out
+
+
+def final(engine: Engine) -> View:
+    """Every statistic at the end, fresh (no refresh age), with the daemon's functions."""
+    return Refresher(engine).update(full=True)
 
 
 @dataclass
@@ -157,7 +163,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     for (m, s), (apply, _, _) in live.items():
         doc = policy.registry.live(m, s)
         cals[(m, s)] = (apply, None if doc is None else parse_iso(doc.doc.get("fitted_at")))
-    return Backtest(engine.view(), events, calibrated, engine, cals)
+    return Backtest(final(engine), events, calibrated, engine, cals)
 
 
 def to_json(view: View, classwise: bool = False,

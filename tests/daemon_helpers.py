@@ -165,7 +165,10 @@ def write_config(
             "client": dict(FAST_CLIENT),
         },
         "join": {"ttl": "7d", "label_ttl": "2d"},
-        "metrics": {"bins": 15, "windows": ["1h", "24h", "7d"]},
+        # every family of every series (the tests compare them all with replay), and the
+        # expensive statistics refreshed every second
+        "metrics": {"bins": 15, "windows": ["1h", "24h", "7d"], "refresh": "1s",
+                    "export": {"bins": "all", "segment_families": None}},
         "segments": {"slices": [["country"], ["device"]], "max_values": 50},
         "recalibration": {"enabled": False},
         "server": {"host": "127.0.0.1", "port": _free_port()},
@@ -295,7 +298,16 @@ class CalmonDaemon:
     def counters(self) -> dict[str, int]:
         return self.status()["counters"]
 
-    def scrape(self) -> Scrape:
+    def scrape(self, fresh: float = 15.0) -> Scrape:
+        """/metrics, once the statistics served reflect the engine's latest batch (the
+        statistics thread publishes them shortly after it), waiting at most ``fresh``
+        seconds for that (a daemon still consuming may never be caught)."""
+        deadline = time.monotonic() + fresh
+        while time.monotonic() < deadline:
+            st = self.status().get("statistics") or {}
+            if st.get("current"):
+                break
+            time.sleep(0.05)
         return scrape(self.port)
 
     def log_tail(self, lines: int = 40) -> str:

@@ -102,7 +102,7 @@ class StatusPrinter:
             self.out.flush()
 
     def _status(self) -> None:
-        view = self.daemon.engine.view()
+        view = self.daemon.refresher.latest  # computed off this thread
         window = self.daemon.cfg.metrics.windows[0].name
         cal = {}
         if self.daemon.recal is not None:

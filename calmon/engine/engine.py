@@ -135,6 +135,10 @@ class Engine:
         self.version = 0  # bumped by every feed; lets readers cache views
         self._evicted_at = -math.inf
         self._view_cache: View | None = None
+        # series whose window sums changed since a snapshot refresher last took them
+        # (calmon.engine.snapshot); all of them after a restore
+        self.changed: set[int] = set()
+        self.changed_all = True
         self._stale_classes = False  # a class reset happened: check joins for the old K
         self.class_counts = ClassCounts(max(w.seconds for w in cfg.metrics.windows))
 
@@ -311,6 +315,7 @@ class Engine:
         model = self.models[midx]
         sids = [sid for sid, (m, _seg) in enumerate(self.index.series) if m == model]
         self.windows.forget(sids)
+        self.changed.update(sids)
         self.scores.forget(sids)
         if self.classwise is not None:
             self.classwise.forget([c for sid in sids for c in self._classes_of.get(sid, ())])
@@ -562,6 +567,7 @@ class Engine:
             onehot[np.arange(len(ii)), label[ii]] = 1.0
             self._add_classwise(combos[ii], ts[ii], probs, onehot, now[ii])
         self.windows.add(samples, now[sample])
+        self.changed.update(np.unique(sid).tolist())
         self._count_bins(samples)
         self._count_delays(j.label_ts - ts, models)
         if self.buffers is not None:
@@ -837,7 +843,8 @@ class Engine:
         """Counters, pending counts and event time: what /status needs, without a view."""
         with self.lock:
             return {"counters": dict(self.counters), "pending": self.join.pending,
-                    "pending_labels": self.join.pending_labels, "now": self.now}
+                    "pending_labels": self.join.pending_labels, "now": self.now,
+                    "version": self.version}
 
     # ------------------------------------------------------------ checkpoints
 
@@ -908,6 +915,7 @@ class Engine:
                 self._classes_of = {}
                 for (s, _c), i in sorted(self._class_series.items(), key=lambda kv: kv[1]):
                     self._classes_of.setdefault(s, []).append(i)
+            self.changed_all = True
             self.version += 1
 
 

@@ -15,7 +15,7 @@ import math
 import struct
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -311,6 +311,25 @@ def _uncertainty(vec: np.ndarray, count: np.ndarray, conf: np.ndarray, correct: 
 def from_vector(vec: np.ndarray, layout: Layout, binary: bool, mce_min_samples: int = 1,
                 interval_level: float = 0.9) -> Stats:
     """Stats of one window from its summed bucket vector (see ``windows.Layout``)."""
+    st = plugin_stats(vec, layout, binary, mce_min_samples)
+    if st.samples == 0:
+        return st
+    lay = layout
+    f = lay.fine_bins
+    count, conf, correct = st.bins.count, st.bins.conf, st.bins.correct
+    fcount = vec[lay.fcount:lay.fcount + f]
+    fconf = vec[lay.fconf:lay.fconf + f] / CONF_SCALE
+    fcorrect = vec[lay.fcorrect:lay.fcorrect + f]
+    smooth, lower, upper = _uncertainty(vec, count, conf, correct, fcount, fconf, fcorrect,
+                                        interval_level)
+    return replace(st, ece_l2_debiased=ece_l2_debiased(count, conf, correct), smece=smooth,
+                   ece_lower=lower, ece_upper=upper)
+
+
+def plugin_stats(vec: np.ndarray, layout: Layout, binary: bool,
+                 mce_min_samples: int = 1) -> Stats:
+    """The cheap exact part of ``from_vector`` (counts and plug-in metrics, the noise
+    floor): the uncertainty fields are left None."""
     lay = layout
     b, f = lay.bins, lay.fine_bins
     # copies, not views: a view would keep the whole window vector (24 KB with the
@@ -327,8 +346,6 @@ def from_vector(vec: np.ndarray, layout: Layout, binary: bool, mce_min_samples: 
     fcorrect = vec[lay.fcorrect:lay.fcorrect + f]
     sum_conf = float(conf.sum())
     sum_correct = float(correct.sum())
-    smooth, lower, upper = _uncertainty(vec, count, conf, correct, fcount, fconf, fcorrect,
-                                        interval_level)
     return Stats(
         samples=n,
         ece=ece(count, conf, correct),
@@ -342,10 +359,6 @@ def from_vector(vec: np.ndarray, layout: Layout, binary: bool, mce_min_samples: 
         observed_over_expected=(sum_correct / sum_conf if binary and sum_conf > 0 else None),
         noise_floor=noise_floor(count, conf),
         bins=bins,
-        ece_l2_debiased=ece_l2_debiased(count, conf, correct),
-        smece=smooth,
-        ece_lower=lower,
-        ece_upper=upper,
     )
 
 

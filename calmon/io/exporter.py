@@ -1,10 +1,12 @@
-"""Prometheus exposition: one custom collector that reads engine views at scrape time.
+"""Prometheus exposition: custom collectors that read immutable state at scrape time.
 
 Every metric name calmon exports is spelt here and only here, as in CONTRACT.md §5
 (counters with their ``_total``, which prometheus-client keeps in the exposition).
-Nothing on the hot path calls a metric: each scrape asks the engine for a
-``View`` (cached until the next batch) and turns it into metric families, so a
-series disappears as soon as its segment has left every window.
+Nothing on the hot path calls a metric, and a scrape computes no statistic: the
+window families are rendered from the latest ``Snapshot`` (built off the request
+path, see ``calmon.engine.snapshot``), so a series disappears as soon as its segment
+has left every window. ``metrics.export`` (the series budget) chooses the windows,
+the per-bin counters and the per-window families of ``__all__`` and segment series.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from calmon import __version__
+from calmon.config import Config
 from calmon.engine.engine import Engine, View
 from calmon.engine.records import REASONS
+from calmon.engine.series import ALL
 from calmon.io.totals import DELAY_BUCKETS, ProcessTotals
 from calmon.recal.readmodel import RecalState
 
@@ -61,8 +65,62 @@ ESTIMATE_GAUGES = (
      "Population stability index of the raw confidences against the reference histogram"),
 )
 ROW_LABELS = ("model", "segment", "window")
+# per (model, segment) gauges that metrics.export.families / segment_families filter too
+SERIES_GAUGES = ("calibrator_temperature", "drift_evidence", "drift_change_timestamp_seconds")
+# every family a (model, segment[, window]) series may carry that the export policy filters,
+# by its name without ``calmon_``: what metrics.export.families and segment_families name
+SERIES_FAMILIES = ("window_samples", *(n[len("calmon_"):] for n, _, _ in ROW_GAUGES),
+                   *(n[len("calmon_"):] for n, _, _ in ESTIMATE_GAUGES), "classwise_ece",
+                   "calibrated_ece", "calibrated_samples", *SERIES_GAUGES)
+# never filtered by families (counters, drift, versions, recalibration outcomes, and the
+# families without a series): known names, so a config may list them
+UNFILTERED_FAMILIES = (
+    "bin_samples_total", "bin_confidence_total", "bin_correct_total", "predictions_total",
+    "labels_total", "joined_total", "class_resets_total", "join_expired_total",
+    "labels_expired_total", "duplicates_total", "invalid_records_total", "join_pending",
+    "label_delay_seconds", "recalibrations_total", "calibrator_version", "drift",
+    "alerts_failed_total", "dead_letters_failed_total", "last_checkpoint_timestamp_seconds",
+    "statistics_age_seconds", "build_info", "consumer_lag_records",
+    "loop_heartbeat_timestamp_seconds")
+FAMILIES = SERIES_FAMILIES + UNFILTERED_FAMILIES
 OUTCOMES = ("published", "rejected", "failed")
 FIT_METHODS = ("temperature", "platt", "isotonic", "histogram")  # what ``auto`` may choose
+
+
+class ExportPolicy:
+    """``metrics.export``: which windows, per-bin counters and per-series families."""
+
+    def __init__(self, cfg: Config) -> None:
+        ex = cfg.metrics.export
+        self.windows = frozenset(ex.windows if ex.windows is not None
+                                 else (w.name for w in cfg.metrics.windows))
+        self.bins = ex.bins
+        self.families = None if ex.families is None else frozenset(ex.families)
+        seg = ex.segment_families if ex.segment_families is not None else ex.families
+        self.segment_families = None if seg is None else frozenset(seg)
+
+    def keep(self, family: str, segment: str) -> bool:
+        """Whether a series of this segment carries ``family`` (a name without calmon_)."""
+        allowed = self.families if segment == ALL else self.segment_families
+        return allowed is None or family in allowed
+
+    def keep_bins(self, segment: str) -> bool:
+        return self.bins == "all" or (self.bins == "models" and segment == ALL)
+
+
+class WindowCollector(Collector):
+    """The per-window families of the latest snapshot, as ``metrics.export`` allows: the
+    bulk of the exposition, rendered once per snapshot (see ``calmon.io.exposition``)."""
+
+    def __init__(self, snapshot: Callable[[], View], cfg: Config) -> None:
+        self.snapshot = snapshot
+        self.policy = ExportPolicy(cfg)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from window_metrics(self.snapshot(), self.policy)
 
 
 class CalmonCollector(Collector):
@@ -72,8 +130,18 @@ class CalmonCollector(Collector):
                  lag: Callable[[], dict[tuple[str, int], int]] | None = None,
                  heartbeat: Callable[[], float | None] | None = None,
                  totals: ProcessTotals | None = None,
-                 dead_letters_failed: Callable[[], int] | None = None) -> None:
+                 dead_letters_failed: Callable[[], int] | None = None,
+                 snapshot: Callable[[], View] | None = None,
+                 windows: bool = True,
+                 statistics_age: Callable[[], float | None] | None = None) -> None:
+        """``snapshot``: where the rows come from (default: ``engine.view``, which
+        computes; the daemon passes its refresher's latest snapshot). ``windows``: False
+        when a ``WindowCollector`` exports the window families instead."""
         self.engine = engine
+        self.snapshot = snapshot if snapshot is not None else engine.view
+        self.windows = windows
+        self.policy = ExportPolicy(engine.cfg)
+        self.statistics_age = statistics_age
         # the process counters; the daemon adds each feed's delta to them
         self.totals = totals if totals is not None else ProcessTotals()
         self.last_checkpoint = last_checkpoint
@@ -86,13 +154,22 @@ class CalmonCollector(Collector):
         return []  # dynamic families: nothing to check at registration
 
     def collect(self) -> Iterator[Metric]:
-        view = self.engine.view()
-        yield from self._windows(view)
+        view = self.snapshot()
+        if self.windows:
+            yield from window_metrics(view, self.policy)
         totals = self.totals.copy()
-        yield from self._bins(totals)
+        yield from self._bins(totals, self.policy)
         yield from self._flow(view, totals)
         if self.recal is not None:
-            yield from recal_metrics(self.recal())
+            yield from recal_metrics(self.recal(), self.policy)
+        if self.statistics_age is not None:
+            age = self.statistics_age()
+            g = GaugeMetricFamily("calmon_statistics_age_seconds",
+                                  "Age of the expensive statistics being served (intervals, "
+                                  "debiased and smooth ECE, estimates, PSI)")
+            if age is not None:
+                g.add_metric([], age)
+            yield g
         ts = self.last_checkpoint()
         g = GaugeMetricFamily("calmon_last_checkpoint_timestamp_seconds",
                               "Unix time of the last checkpoint written")
@@ -126,37 +203,7 @@ class CalmonCollector(Collector):
         yield g
 
     @staticmethod
-    def _windows(view: View) -> Iterator[Metric]:
-        samples = GaugeMetricFamily("calmon_window_samples", "Joined samples in the window",
-                                    labels=ROW_LABELS)
-        fams = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr)
-                for name, attr, doc in ROW_GAUGES]
-        ests = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr)
-                for name, attr, doc in ESTIMATE_GAUGES]
-        for row in view.rows:
-            key = [row.model, row.segment, row.window]
-            samples.add_metric(key, row.stats.samples)
-            for fam, attr in fams:
-                v = getattr(row.stats, attr)
-                if v is not None:
-                    fam.add_metric(key, v)
-            for fam, attr in ests:
-                v = getattr(row.estimates, attr)
-                if v is not None:
-                    fam.add_metric(key, v)
-        yield samples
-        for fam, _ in fams + ests:
-            yield fam
-        classwise = GaugeMetricFamily(
-            "calmon_classwise_ece", "Mean over classes of the ECE of p_k against [y = k] "
-            "(multiclass models, with metrics.classwise)", labels=ROW_LABELS)
-        for row in view.rows:
-            if row.classwise_ece is not None:
-                classwise.add_metric([row.model, row.segment, row.window], row.classwise_ece)
-        yield classwise
-
-    @staticmethod
-    def _bins(totals: ProcessTotals) -> Iterator[Metric]:
+    def _bins(totals: ProcessTotals, policy: ExportPolicy) -> Iterator[Metric]:
         labels = ("model", "segment", "bin")
         n = CounterMetricFamily("calmon_bin_samples_total", "Joined samples per bin since start",
                                 labels=labels)
@@ -165,6 +212,8 @@ class CalmonCollector(Collector):
         corr = CounterMetricFamily("calmon_bin_correct_total",
                                    "Summed correct outcomes per bin since start", labels=labels)
         for (model, segment), arr in sorted(totals.bins.items()):
+            if not policy.keep_bins(segment):
+                continue
             for b in range(arr.shape[1]):
                 key = [model, segment, str(b)]
                 n.add_metric(key, arr[0, b])
@@ -227,11 +276,62 @@ class CalmonCollector(Collector):
         yield hist
 
 
-def recal_metrics(r: RecalState) -> Iterator[Metric]:
+def window_metrics(view: View, policy: ExportPolicy) -> Iterator[Metric]:
+    """The per (model, segment, window) families of a view or snapshot."""
+    samples = GaugeMetricFamily("calmon_window_samples", "Joined samples in the window",
+                                labels=ROW_LABELS)
+    fams = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr, name[len("calmon_"):])
+            for name, attr, doc in ROW_GAUGES]
+    ests = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr, name[len("calmon_"):])
+            for name, attr, doc in ESTIMATE_GAUGES]
+    classwise = GaugeMetricFamily(
+        "calmon_classwise_ece", "Mean over classes of the ECE of p_k against [y = k] "
+        "(multiclass models, with metrics.classwise)", labels=ROW_LABELS)
+    keep_cache: dict[str, tuple[list[tuple[GaugeMetricFamily, str, str]],
+                                list[tuple[GaugeMetricFamily, str, str]], bool, bool]] = {}
+    for row in view.rows:
+        if row.window not in policy.windows:
+            continue
+        kind = ALL if row.segment == ALL else ""
+        hit = keep_cache.get(kind)
+        if hit is None:
+            hit = keep_cache[kind] = (
+                [f for f in fams if policy.keep(f[2], row.segment)],
+                [f for f in ests if policy.keep(f[2], row.segment)],
+                policy.keep("window_samples", row.segment),
+                policy.keep("classwise_ece", row.segment))
+        my_fams, my_ests, keep_samples, keep_cw = hit
+        key = [row.model, row.segment, row.window]
+        if keep_samples:
+            samples.add_metric(key, row.stats.samples)
+        for fam, attr, _ in my_fams:
+            v = getattr(row.stats, attr)
+            if v is not None:
+                fam.add_metric(key, v)
+        for fam, attr, _ in my_ests:
+            v = getattr(row.estimates, attr)
+            if v is not None:
+                fam.add_metric(key, v)
+        if keep_cw and row.classwise_ece is not None:
+            classwise.add_metric(key, row.classwise_ece)
+    yield samples
+    for fam, _, _ in fams + ests:
+        yield fam
+    yield classwise
+
+
+def recal_metrics(r: RecalState, policy: ExportPolicy | None = None) -> Iterator[Metric]:
+    def keep(family: str, segment: str) -> bool:
+        return policy is None or policy.keep(family, segment)
+
+    def win(window: str) -> bool:
+        return policy is None or window in policy.windows
+
     g = GaugeMetricFamily("calmon_calibrated_ece",
                           "ECE of the same window after the live calibrator", labels=ROW_LABELS)
     for model, segment, window, v in r.calibrated_ece:
-        g.add_metric([model, segment, window], v)
+        if keep("calibrated_ece", segment) and win(window):
+            g.add_metric([model, segment, window], v)
     yield g
     c = CounterMetricFamily("calmon_recalibrations_total", "Refits by outcome",
                             labels=("model", "segment", "method", "outcome"))
@@ -245,18 +345,20 @@ def recal_metrics(r: RecalState) -> Iterator[Metric]:
     yield _gauge("calmon_calibrator_version", "Live calibrator version", series, r.versions)
     yield _gauge("calmon_calibrator_temperature",
                  "Temperature of the live calibrator, when temperature scaling", series,
-                 r.temperatures)
+                 {k: v for k, v in r.temperatures.items() if keep("calibrator_temperature", k[1])})
     yield _gauge("calmon_drift", "1 while a drift trigger fires",
                  ("model", "segment", "trigger"), r.drift)
     yield _gauge("calmon_calibrated_samples",
                  "Samples behind calmon_calibrated_ece (predicted after the fit)", ROW_LABELS,
-                 {(m, s, w): n for m, s, w, n in r.calibrated_samples})
+                 {(m, s, w): n for m, s, w, n in r.calibrated_samples
+                  if keep("calibrated_samples", s) and win(w)})
     yield _gauge("calmon_drift_evidence",
                  "Drift detector statistic over its threshold (>= 1 alarms)", series,
-                 r.drift_evidence)
+                 {k: v for k, v in r.drift_evidence.items() if keep("drift_evidence", k[1])})
     yield _gauge("calmon_drift_change_timestamp_seconds",
                  "Estimated start of the current change, while alarming", series,
-                 r.drift_change_ts)
+                 {k: v for k, v in r.drift_change_ts.items()
+                  if keep("drift_change_timestamp_seconds", k[1])})
     c = CounterMetricFamily("calmon_alerts_failed_total",
                             "Webhook alerts not delivered after retries")
     c.add_metric([], r.alerts_failed)

@@ -20,13 +20,18 @@ connections are handled in two stages (``_Server``):
   taken within ``request_timeout_s`` (``sendall`` applies the socket timeout to
   the whole answer).
 
-Pages (``/reliability``) are cached for ``page_cache_s`` per query, and built
-one at a time, so a scrape storm costs one build per few seconds.
+Pages (``/reliability``) are cached for ``page_cache_s`` per parsed query (a
+page's ``cache_key`` says which parameters matter: junk ones share an entry), within
+``PAGE_CACHE_BYTES``, and built one at a time, so a scrape storm costs one build per
+few seconds and junk query strings cannot pin memory. ``/metrics`` bodies come from
+an ``Exposition`` (shared per snapshot, gzip when the client accepts it) when one is
+given, else from the registry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import json
 import logging
@@ -35,13 +40,13 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
 from calmon.io.webconfig import WebConfig
@@ -49,7 +54,10 @@ from calmon.io.webconfig import WebConfig
 log = logging.getLogger(__name__)
 
 # A page handler takes the query string's parameters and returns (status, content type, body).
+# It may have a ``cache_key(params) -> Hashable``: the parsed query as far as it matters.
 Page = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
+# /metrics: (Accept, Accept-Encoding) -> (content type, content encoding or None, body parts)
+Metrics = Callable[[str, str], tuple[str, str | None, list[bytes]]]
 
 
 MAX_CONNECTIONS = 32  # requests other than probes served at once, a thread each
@@ -60,6 +68,7 @@ PROBE_SEND_TIMEOUT_S = 1.0  # a probe's answer is a few bytes: the send buffer t
 PROBES = frozenset({"/healthz", "/readyz"})
 PAGE_CACHE_S = 5.0
 PAGE_CACHE_ENTRIES = 64
+PAGE_CACHE_BYTES = 32 * 1024 * 1024
 BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
         b"Content-Length: 5\r\nConnection: close\r\nRetry-After: 1\r\n\r\nbusy\n")
 UNAUTHORIZED = (b"HTTP/1.0 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"calmon\"\r\n"
@@ -316,26 +325,42 @@ class _SendAll(io.BufferedIOBase):
 
 
 class _PageCache:
-    """Answers of pages per (path, query), kept ``ttl_s`` seconds; builds run one
-    at a time, so concurrent scrapes of one page wait for one build."""
+    """Answers of pages per (path, parsed query), kept ``ttl_s`` seconds, at most
+    ``entries`` of them and ``max_bytes`` of bodies (oldest dropped first); builds run
+    one at a time, so concurrent scrapes of one page wait for one build."""
 
-    def __init__(self, ttl_s: float, entries: int = PAGE_CACHE_ENTRIES) -> None:
+    def __init__(self, ttl_s: float, entries: int = PAGE_CACHE_ENTRIES,
+                 max_bytes: int = PAGE_CACHE_BYTES) -> None:
         self.ttl_s = ttl_s
         self.entries = entries
+        self.max_bytes = max_bytes
         self.builds = 0
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, str], tuple[float, tuple[int, str, bytes]]] = {}
+        self._cache: dict[tuple[str, Hashable], tuple[float, tuple[int, str, bytes]]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(a[2]) for _, a in self._cache.values())
 
     def get(self, path: str, query: str, page: Page) -> tuple[int, str, bytes]:
-        key = (path, query)
+        params = parse_qs(query)
+        make_key = getattr(page, "cache_key", None)
+        qkey: Hashable = (make_key(params) if make_key is not None else
+                          tuple(sorted((k, tuple(v)) for k, v in params.items())))
+        key = (path, qkey)
         with self._lock:
+            now = time.monotonic()
+            for k in [k for k, (t, _) in self._cache.items() if now - t >= self.ttl_s]:
+                del self._cache[k]
             hit = self._cache.get(key)
-            if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            if hit is not None:
                 return hit[1]
-            answer = page(parse_qs(query))
+            answer = page(params)
             self.builds += 1
-            if self.ttl_s > 0:
-                if len(self._cache) >= self.entries:  # drop the oldest
+            size = len(answer[2])
+            if self.ttl_s > 0 and size <= self.max_bytes:
+                while self._cache and (len(self._cache) >= self.entries
+                                       or self.nbytes + size > self.max_bytes):
                     del self._cache[min(self._cache, key=lambda k: self._cache[k][0])]
                 self._cache[key] = (time.monotonic(), answer)
             return answer
@@ -349,8 +374,10 @@ class HttpServer:
                  unready_reason: Callable[[], str | None] | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  request_timeout_s: float = REQUEST_TIMEOUT_S,
-                 page_cache_s: float = PAGE_CACHE_S, web: WebConfig | None = None) -> None:
+                 page_cache_s: float = PAGE_CACHE_S, web: WebConfig | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.registry = registry
+        self.metrics = metrics
         self.alive = alive  # /healthz: False when the main loop is stuck
         self.ready = ready
         self.unready_reason = unready_reason  # /readyz's 503 says why
@@ -423,8 +450,17 @@ def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
             url = urlsplit(self.path)
             try:
                 if url.path == "/metrics":
-                    encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
-                    self._send(200, ctype, encoder(app.registry))
+                    accept = self.headers.get("Accept", "")
+                    accept_encoding = self.headers.get("Accept-Encoding", "")
+                    if app.metrics is not None:
+                        self._send_parts(200, *app.metrics(accept, accept_encoding))
+                    else:
+                        encoder, ctype = choose_encoder(accept)
+                        body = encoder(app.registry)
+                        if gzip_accepted(accept_encoding):
+                            self._send_parts(200, ctype, "gzip", [gzip.compress(body)])
+                        else:
+                            self._send(200, ctype, body)
                 elif url.path == "/healthz":
                     ok = app.alive()
                     self._send(200 if ok else 503, "text/plain; charset=utf-8",
@@ -459,6 +495,19 @@ def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
+
+        def _send_parts(self, code: int, ctype: str, encoding: str | None,
+                        parts: list[bytes]) -> None:
+            """A body in parts written one after the other (shared bytes, never joined)."""
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            if encoding is not None:
+                self.send_header("Content-Encoding", encoding)
+            self.send_header("Vary", "Accept-Encoding")
+            self.send_header("Content-Length", str(sum(len(p) for p in parts)))
+            self.end_headers()
+            for part in parts:
+                self.wfile.write(part)
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("http: " + format, *args)

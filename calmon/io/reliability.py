@@ -10,21 +10,27 @@ samples is drawn in grey as "too few samples": its gaps are mostly noise.
 The calibrated diagram (after the live calibrator) sits beside the raw one.
 With ``metrics.classwise``, a multiclass series also names its worst-calibrated class
 (largest one-vs-rest ECE, p_k against [y = k]) and shows that class's diagram.
-Query: ``?window=24h&model=ctr&segment=__all__`` (all optional).
+Query: ``?window=24h&model=ctr&segment=__all__&page=2`` (all optional; other
+parameters are ignored, an unknown window or page falls back to the default). A
+model picker heads the page; the series are listed worst first (by the lower end
+of the ECE interval, then the ECE; too-few-samples series last), ``PAGE_SIZE`` a
+page. Rendered from the latest snapshot: a request computes no statistic.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from statistics import NormalDist
+from urllib.parse import urlencode
 
-from calmon.engine.engine import Engine, Row
+from calmon.config import Config
+from calmon.engine.engine import Row, View
 from calmon.engine.metrics import Bins, ece
-from calmon.engine.series import ALL
 
 W, H, PAD = 360, 260, 34  # svg size and plot padding
+PAGE_SIZE = 24  # series per page
 CalibratedBins = Callable[[str, str, str], Bins | None]
 
 
@@ -132,35 +138,82 @@ def _accuracy_text(row: Row) -> str:
     return f"{realized} &middot; {estimated}"
 
 
-def page(engine: Engine, calibrated: CalibratedBins | None,
+class Page:
+    """The /reliability handler (see the module docstring); ``cache_key`` is the parsed
+    query as far as it changes the page, so junk parameters share one cached answer."""
+
+    def __init__(self, cfg: Config, snapshot: Callable[[], View],
+                 calibrated: CalibratedBins | None = None) -> None:
+        self.cfg = cfg
+        self.snapshot = snapshot
+        self.calibrated = calibrated
+        self.windows = [w.name for w in cfg.metrics.windows]
+
+    def cache_key(self, query: dict[str, list[str]]) -> Hashable:
+        window = query.get("window", [None])[0]
+        # any unknown window shows the default one with a note: one entry for them all
+        return (window if window in self.windows else (window is not None, self.windows[-1]),
+                query.get("model", [None])[0], query.get("segment", [None])[0],
+                _page_number(query))
+
+    def __call__(self, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        return page(self.cfg, self.snapshot(), self.calibrated, query)
+
+
+def _page_number(query: dict[str, list[str]]) -> int:
+    raw = query.get("page", ["1"])[0]
+    return int(raw) if raw.isdigit() and 0 < len(raw) < 7 and int(raw) > 0 else 1
+
+
+def _worst_first(row: Row, min_samples: int) -> tuple[bool, float, float, str, str]:
+    st = row.stats
+    return (st.samples < min_samples, -(st.ece_lower or 0.0), -(st.ece or 0.0), row.model,
+            row.segment)
+
+
+def page(cfg: Config, view: View, calibrated: CalibratedBins | None,
          query: dict[str, list[str]]) -> tuple[int, str, bytes]:
-    view = engine.view()
-    windows = [w.name for w in engine.cfg.metrics.windows]
-    window = query.get("window", [windows[-1]])[0]
-    if window not in windows:
-        return 400, "text/plain; charset=utf-8", f"unknown window {window!r}\n".encode()
+    windows = [w.name for w in cfg.metrics.windows]
+    asked = query.get("window", [None])[0]
+    window = asked if asked in windows else windows[-1]
     want_model = query.get("model", [None])[0]
     want_segment = query.get("segment", [None])[0]
+    number = _page_number(query)
+    level = cfg.metrics.interval_level
+    min_samples = cfg.recalibration.min_samples
+
+    def link(**over: object) -> str:
+        params = {"window": window, "model": want_model, "segment": want_segment, **over}
+        return "?" + html.escape(urlencode({k: v for k, v in params.items() if v is not None}))
+
     links = " ".join(
-        f'<a href="?window={html.escape(w)}"{" class=sel" if w == window else ""}>'
+        f'<a href="{link(window=w, page=None)}"{" class=sel" if w == window else ""}>'
         f"{html.escape(w)}</a>" for w in windows)
-    body = [f"<h1>calmon reliability</h1><p>window: {links} &middot; bars: observed "
+    models = sorted({r.model for r in view.rows})
+    picker = " ".join(
+        f'<a class="model{" sel" if m == want_model else ""}" '
+        f'href="{link(model=m, segment=None, page=None)}">{html.escape(m)}</a>' for m in models)
+    picker = (f'<a href="{link(model=None, segment=None, page=None)}"'
+              f'{" class=sel" if want_model is None else ""}>all</a> ' + picker)
+    note = (f" (unknown window: showing {html.escape(window)})"
+            if asked is not None and asked != window else "")
+    rows = [r for r in view.rows if r.window == window and r.stats.samples > 0
+            and want_model in (None, r.model) and want_segment in (None, r.segment)]
+    rows.sort(key=lambda r: _worst_first(r, min_samples))
+    pages = max(1, math.ceil(len(rows) / PAGE_SIZE))
+    number = min(number, pages)
+    shown_rows = rows[(number - 1) * PAGE_SIZE:number * PAGE_SIZE]
+    body = [f"<h1>calmon reliability</h1><p>window: {links}{note} &middot; bars: observed "
             "frequency per bin (binary: P(y=1) vs y; multiclass: top-label confidence vs "
-            f"correct) with its {engine.cfg.metrics.interval_level:.0%} Wilson interval, "
+            f"correct) with its {level:.0%} Wilson interval, "
             "<span class=dot>&#9679;</span> mean confidence, dashed: perfect "
             "calibration, numbers: samples per bin; ECE with its interval for the population "
-            "ECE; grey: too few samples to judge</p><div class=grid>"]
-    shown = 0
-    # every model's __all__ first (the overview), then the segments, model by model
-    level = engine.cfg.metrics.interval_level
-    min_samples = engine.cfg.recalibration.min_samples
-    rows = sorted(view.rows, key=lambda r: r.segment != ALL)
-    for row in rows:
-        if row.window != window or row.stats.samples == 0:
-            continue
-        if want_model not in (None, row.model) or want_segment not in (None, row.segment):
-            continue
-        shown += 1
+            "ECE; grey: too few samples to judge. Estimated accuracy assumes the live "
+            "calibrator holds (exact under covariate shift, wrong under concept shift)</p>"
+            f"<nav class=models>models: {picker}</nav>"
+            f"<p class=pages>{len(rows)} series, worst first (lower end of the ECE interval)"
+            f"{_pager(link, number, pages)}</p><div class=grid>"]
+    for row in shown_rows:
         name = f"{row.model} / {row.segment}"
         raw = row.stats.bins
         few = (f"n={row.stats.samples} < recalibration.min_samples {min_samples}"
@@ -188,13 +241,14 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
                     f"<p class=accuracy>{_accuracy_text(row)}</p>"
                     f"<div class=row>{''.join(cells)}</div></section>")
     body.append("</div>")
-    if not shown:
+    if not shown_rows:
         body.append("<p>No joined samples in this window yet.</p>")
     doc = ("<!doctype html><html><head><meta charset=utf-8><title>calmon reliability</title>"
            "<style>body{font-family:sans-serif;margin:1.5em;color:#222}"
            ".row{display:flex;gap:1em;flex-wrap:wrap}figure{margin:0}"
            "figcaption{font-size:12px;text-align:center}a.sel{font-weight:bold}"
            "h1{margin:0 0 .3em;font-size:24px}p{margin:.3em 0 1em;font-size:14px}"
+           "nav.models{font-size:13px;margin:0 0 .6em}nav.models a{margin-right:.5em}"
            ".dot{color:#c44e52}"
            ".grid{display:flex;flex-wrap:wrap;gap:.8em 1.5em;align-items:flex-start}"
            "section{border-top:1px solid #ddd;padding-top:.3em}"
@@ -204,3 +258,13 @@ def page(engine: Engine, calibrated: CalibratedBins | None,
            + "".join(body) + "</body></html>")
     return 200, "text/html; charset=utf-8", doc.encode()
 
+
+def _pager(link: Callable[..., str], number: int, pages: int) -> str:
+    if pages <= 1:
+        return ""
+    parts = [f" &middot; page {number} of {pages}"]
+    if number > 1:
+        parts.append(f' <a class=prev href="{link(page=number - 1)}">previous</a>')
+    if number < pages:
+        parts.append(f' <a class=next href="{link(page=number + 1)}">next</a>')
+    return "".join(parts)

@@ -16,13 +16,14 @@ import logging
 import math
 import threading
 from collections import Counter
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from calmon.calibrators import METHODS
 from calmon.calibrators.signing import Signer
 from calmon.config import Config
-from calmon.engine.engine import Engine
+from calmon.engine.engine import Engine, Row
 from calmon.engine.metrics import Bins
 from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
@@ -44,8 +45,12 @@ __all__ = ["ALL", "FIRST_RUN_S", "Recalibrator", "in_window"]
 
 
 class Recalibrator:
-    def __init__(self, cfg: Config, engine: Engine, publish: Publish | None = None) -> None:
+    def __init__(self, cfg: Config, engine: Engine, publish: Publish | None = None, *,
+                 rows: Callable[[], Sequence[Row]] | None = None) -> None:
+        """``rows``: the window rows a run reads the raw ECE of (the daemon passes its
+        latest snapshot's, computed off this thread); default: a fresh engine view."""
         self.cfg = cfg
+        self.rows = rows if rows is not None else (lambda: engine.view().rows)
         self.rc = cfg.recalibration
         self.engine = engine
         self.registry = Registry(self.rc.output_dir, publish,
@@ -119,8 +124,9 @@ class Recalibrator:
         calibrated = self.policy.calibrated(now, series, self.engine.samples)
         # series without a calibrator: the identity, i.e. exactly the raw window
         done = {(m, s) for m, s, _, _, _ in calibrated}
-        for row in self.engine.view().rows:
-            if (row.model, row.segment) in set(series) - done and row.stats.samples:
+        todo = set(series) - done
+        for row in self.rows():
+            if (row.model, row.segment) in todo and row.stats.samples:
                 calibrated.append((row.model, row.segment, row.window, row.stats.ece,
                                    int(row.stats.samples)))
         with self._lock:

@@ -35,6 +35,7 @@ from tests.daemon_helpers import (
     interleave,
     make_dataset,
     segment_labels,
+    wait_until,
     write_config,
 )
 
@@ -248,14 +249,29 @@ def served(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str
         md = producer.send(interleave(preds, labels, pred_topic, label_topic, seed=12))
         daemon.wait_positions(end_positions(md), timeout=60)
         assert daemon.counters()["joined"] == N_PREDICTIONS
+        wait_until(lambda: (st := daemon.status()["statistics"])["current"]
+                   and st["age_seconds"] == 0, 60, "statistics of the last batch, refreshed")
         yield daemon, preds, labels
+
+
+def all_pages(port: int, query: str) -> dict[tuple[str, str], Section]:
+    """The sections of every page of /reliability?query, following its next links."""
+    out: dict[tuple[str, str], Section] = {}
+    number = 1
+    while True:
+        code, body = http_get(port, f"/reliability?{query}&page={number}")
+        assert code == 200, body[:300]
+        page = parse_page(body)
+        assert not set(page) & set(out), "a series on two pages"
+        out.update(page)
+        if b"class=next" not in body:
+            return out
+        number += 1
 
 
 def test_diagrams_have_one_bar_per_non_empty_bin_at_its_accuracy(served: Any) -> None:
     daemon, preds, labels = served
-    code, body = http_get(daemon.port, f"/reliability?window={WINDOW}")
-    assert code == 200, body[:300]
-    sections = parse_page(body)
+    sections = all_pages(daemon.port, f"window={WINDOW}")
     counts, correct = expected_bins(preds, labels, BINS, SLICES)
     conf_sums = confidence_sums(preds, labels)
     expected_series = {(m, s) for (m, s, _b), n in counts.items() if n > 0}
@@ -324,8 +340,9 @@ def test_filters_and_unknown_window(served: Any) -> None:
                           "&segment=__all__")
     assert code == 200
     assert list(parse_page(body)) == [("intent4", "__all__")]
-    code, _ = http_get(daemon.port, "/reliability?window=5w")
-    assert code == 400
+    # an unknown window (or any junk) is answered with the default window
+    code, body = http_get(daemon.port, "/reliability?window=5w&junk=1")
+    assert code == 200 and b"unknown window: showing" in body
 
 
 def test_headless_chromium_renders_the_page(served: Any, tmp_path: Path) -> None:

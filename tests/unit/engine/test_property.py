@@ -163,7 +163,7 @@ def check_readers(engine: Engine) -> None:
     registry.register(CalmonCollector(engine))
     text = generate_latest(registry)
     text.decode("utf-8")  # strict: what a Prometheus server parses
-    code, _ctype, body = reliability.page(engine, None, {})
+    code, _ctype, body = reliability.page(engine.cfg, engine.view(), None, {})
     assert code == 200
     body.decode("utf-8")
     restored = Engine(engine.cfg)

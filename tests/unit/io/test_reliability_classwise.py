@@ -50,7 +50,7 @@ def test_the_worst_class_is_named_and_drawn_one_vs_rest() -> None:
     (row,) = engine.view().rows
     assert row.worst_class is not None and row.worst_class.cls == worst
     assert abs(row.worst_class.ece - per_class[worst]) < 1e-9
-    code, _, body = reliability.page(engine, None, {})
+    code, _, body = reliability.page(engine.cfg, engine.view(), None, {})
     assert code == 200
     html = body.decode()
     fig = re.search(r'<figure class=worst data-class="(\d+)">(.*?)</figure>', html, re.S)
@@ -73,5 +73,5 @@ def test_without_classwise_no_class_is_named() -> None:
     feed(engine, 300, seed=6)
     (row,) = engine.view().rows
     assert row.worst_class is None
-    _, _, body = reliability.page(engine, None, {})
+    _, _, body = reliability.page(engine.cfg, engine.view(), None, {})
     assert b"worst-calibrated" not in body and b"classwise" not in body

@@ -1,0 +1,327 @@
+"""Statistics as a read model: what /metrics, /reliability and /status render.
+
+The loop thread feeds the engine; a ``Refresher`` turns what changed into an
+immutable ``Snapshot`` of rows, off the request path (the daemon's statistics
+thread calls ``update``; ``replay`` calls it once with ``full``):
+
+- the plug-in numbers (counts, ECE, MCE, ACE, Brier, NLL, ..., the noise floor)
+  of every (series, window) whose counts changed are recomputed at each update,
+  so they are current to the last batch the update saw;
+- the expensive ones (the debiased and smooth ECE, the ECE interval, the
+  label-free estimates and PSI) are refreshed in rounds every ``metrics.refresh``,
+  only for rows whose counts changed since their last refresh, a slice of rows per
+  update and vectorised across the slice (``calmon.engine.stats``), so a round over
+  a fleet never holds the engine for long; ``Snapshot.age`` says how old the
+  ones being served are.
+
+A row whose counts did not change keeps its ``Row`` object, so an update costs in
+proportion to what changed. Nothing here has a thread or a clock of its own: the
+caller passes the wall clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from calmon.engine import stats
+from calmon.engine.engine import Engine, Row, View
+from calmon.engine.estimates import Estimates
+from calmon.engine.metrics import plugin_stats
+from calmon.engine.windows import CONF_SCALE, Layout
+
+SLICE_ROWS = 64  # rows whose expensive statistics one update computes (one stack)
+LOCK_SERIES = 64  # series whose window sums are read per hold of the engine lock
+
+
+@dataclass(frozen=True)
+class Snapshot(View):
+    """An immutable view with its age: the rows and counters as of engine ``version``."""
+
+    built_at: float = 0.0  # wall time it was built
+    # wall time the oldest expensive statistics it carries were computed (the start of
+    # the last completed refresh round); None when all of them match the counts
+    stale_since: float | None = None
+    serial: int = 0  # increases with every snapshot a refresher builds (a cache key)
+
+    def age(self, now: float) -> float:
+        """How old the expensive statistics served are at wall time ``now``."""
+        return 0.0 if self.stale_since is None else max(0.0, now - self.stale_since)
+
+    @cached_property
+    def by_series(self) -> dict[tuple[str, str], list[Row]]:
+        """(model, segment) -> its rows, one per window."""
+        out: dict[tuple[str, str], list[Row]] = {}
+        for r in self.rows:
+            out.setdefault((r.model, r.segment), []).append(r)
+        return out
+
+
+def empty(engine: Engine, built_at: float = 0.0) -> Snapshot:
+    return Snapshot(-math.inf, [], {}, 0, 0, [], -1, built_at=built_at)
+
+
+@dataclass
+class _Cached:
+    row: Row
+    cur: int  # the window's newest bucket when its sums were read
+    digest: bytes  # of the sums the plug-in numbers came from
+    exp_digest: bytes | None = None  # of the sums the expensive numbers came from
+    expensive: tuple[float, float, float, float] | None = None  # l2, smece, lower, upper
+
+
+@dataclass
+class _Work:
+    """What one update read under the engine lock."""
+
+    version: int
+    now: float
+    counters: dict[str, int]
+    pending: int
+    pending_labels: int
+    series: list[tuple[str, str]]
+    shown: list[int]
+    binary: dict[int, bool]
+    nows: np.ndarray  # each series' model's now (windows slide on it), by series id
+    windows: int
+    changed: set[int] | None  # None: everything
+    sums: dict[tuple[int, int], tuple[np.ndarray | None, float | None, Any]] = field(
+        default_factory=dict)
+
+
+class Refresher:
+    """Builds snapshots of one engine. Not thread-safe: one thread calls ``update``;
+    any thread may read ``latest``."""
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time,
+                 slice_rows: int = SLICE_ROWS) -> None:
+        self.engine = engine
+        self.cfg = engine.cfg
+        self.clock = clock
+        self.slice_rows = slice_rows
+        self._cache: dict[tuple[int, int], _Cached] = {}
+        self._estimates: dict[tuple[int, int], Estimates] = {}
+        self._pending_sids: set[int] = set()
+        self._queue: list[tuple[int, int]] = []  # the round's rows still to refresh
+        self._round_started: float | None = None
+        self._refreshed_at: float | None = None  # start of the last completed round
+        self._round_version = -1  # the engine version the last round started at
+        self._started = clock()
+        self._serial = 0
+        self.latest: Snapshot = empty(engine, self._started)
+
+    # ------------------------------------------------------------ one update
+
+    def due(self) -> bool:
+        """Whether the expensive statistics are due (a round in progress, or
+        ``metrics.refresh`` since the last round started)."""
+        if self._round_started is not None:
+            return True
+        last = self._refreshed_at if self._refreshed_at is not None else -math.inf
+        return self.clock() - last >= self.cfg.metrics.refresh
+
+    def update(self, *, full: bool = False) -> Snapshot:
+        """Bring the plug-in numbers up to date and, when due, refresh a slice of the
+        expensive ones (``full``: all of them, now). Returns the new ``latest``."""
+        eng = self.engine
+        with eng.lock:
+            # a round when due, unless nothing changed since the last one started
+            expensive = full or self._round_started is not None or (
+                self.due() and eng.version != self._round_version)
+            if (not expensive and eng.version == self.latest.version
+                    and not eng.changed_all and not eng.changed):
+                return self.latest
+            work = self._read_state()
+        dirty = self._dirty(work)
+        self._read_sums(work, dirty)
+        self._plugin(work, dirty)
+        if expensive:
+            if self._round_started is None or full:
+                self._start_round(work)
+            self._expensive(None if full else self.slice_rows)
+            if not self._queue:
+                self._refreshed_at = self._round_started
+                self._round_started = None
+        return self._publish(work)
+
+    def _read_state(self) -> _Work:
+        eng = self.engine
+        eng._evict()
+        nows = eng._series_nows()
+        changed: set[int] | None = None if eng.changed_all else eng.changed
+        eng.changed = set()
+        eng.changed_all = False
+        shown_set = eng.windows.series() | eng.scores.series() | self._pending_sids
+        series = list(eng.index.series)
+        shown = sorted((s for s in shown_set if s < len(series)), key=lambda s: series[s])
+        classes = eng.class_counts.classes
+        binary = {s: classes[eng._model_idx[series[s][0]]] == 0 for s in shown}
+        return _Work(eng.version, eng.now, dict(eng.counters), eng.join.pending,
+                     eng.join.pending_labels, series, shown, binary, nows,
+                     len(eng.windows.widths), changed)
+
+    def _cur(self, work: _Work, sid: int, w: int) -> int:
+        return int(self.engine.windows.current(w, float(work.nows[sid])))
+
+    def _dirty(self, work: _Work) -> list[tuple[int, int]]:
+        out = []
+        for sid in work.shown:
+            hit = work.changed is None or sid in work.changed
+            for w in range(work.windows):
+                c = self._cache.get((sid, w))
+                if hit or c is None or c.cur != self._cur(work, sid, w):
+                    out.append((sid, w))
+        return out
+
+    def _read_sums(self, work: _Work, rows: list[tuple[int, int]]) -> None:
+        """The window sums (and classwise ECE) of these rows, a few series per hold of
+        the engine lock so the loop thread is never kept waiting long."""
+        eng = self.engine
+        for i in range(0, len(rows), LOCK_SERIES * work.windows):
+            with eng.lock:
+                for sid, w in rows[i:i + LOCK_SERIES * work.windows]:
+                    now = float(work.nows[sid])
+                    vec = eng.windows.totals(sid, w, now)
+                    cw = worst = None
+                    if (eng.classwise is not None and not work.binary[sid] and vec is not None
+                            and vec[:eng.windows.layout.bins].sum() > 0):
+                        cw = eng._classwise_ece(sid, w, now)
+                        worst = eng._worst_class(sid, w, now) if cw is not None else None
+                    work.sums[(sid, w)] = (vec, cw, worst)
+
+    def _plugin(self, work: _Work, rows: list[tuple[int, int]]) -> None:
+        m = self.cfg.metrics
+        lay = self.engine.windows.layout
+        for sid, w in rows:
+            vec, cw, worst = work.sums[(sid, w)]
+            if vec is None:
+                vec = np.zeros(lay.size)
+            digest = _digest(vec)
+            old = self._cache.get((sid, w))
+            model, segment = work.series[sid]
+            est = self._estimates.get((sid, w), Estimates())
+            if old is not None and old.digest == digest and old.row.classwise_ece == cw:
+                old.cur = self._cur(work, sid, w)
+                continue
+            st = plugin_stats(vec, lay, work.binary[sid], m.mce_min_samples)
+            c = _Cached(Row(model, segment, m.windows[w].name, work.binary[sid], st, cw, est,
+                            worst), self._cur(work, sid, w), digest)
+            if old is not None:
+                c.exp_digest, c.expensive = old.exp_digest, old.expensive
+            c.row = self._row(c)
+            self._cache[(sid, w)] = c
+
+    def _row(self, c: _Cached) -> Row:
+        st = c.row.stats
+        if st.samples and c.expensive is not None:
+            l2, sm, lo, hi = c.expensive
+            st = replace(st, ece_l2_debiased=l2, smece=sm, ece_lower=lo, ece_upper=hi)
+        elif not st.samples and st.ece_lower is not None:
+            st = replace(st, ece_l2_debiased=None, smece=None, ece_lower=None, ece_upper=None)
+        return replace(c.row, stats=st) if st is not c.row.stats else c.row
+
+    def _start_round(self, work: _Work) -> None:
+        """A new round: the label-free estimates of every row (one pass over the pending
+        predictions), and the queue of rows whose counts changed since their refresh."""
+        self._round_started = self.clock()
+        self._round_version = work.version
+        eng = self.engine
+        with eng.lock:
+            pending = eng._pending_estimates(work.nows)
+            self._pending_sids = {s for s, _ in pending}
+        estimates: dict[tuple[int, int], Estimates] = {}
+        shown = work.shown
+        for i in range(0, len(shown), LOCK_SERIES):
+            with eng.lock:
+                for sid in shown[i:i + LOCK_SERIES]:
+                    model, segment = work.series[sid]
+                    live = eng._calibrator(model, segment)
+                    for w in range(work.windows):
+                        estimates[(sid, w)] = eng._estimates(
+                            sid, w, work.binary[sid], pending.get((sid, w)),
+                            None if live is None else live[1], float(work.nows[sid]))
+        self._estimates = estimates
+        for key, c in self._cache.items():
+            est = estimates.get(key, Estimates())
+            if c.row.estimates != est:
+                c.row = replace(c.row, estimates=est)
+        self._queue = [key for key, c in self._cache.items()
+                       if c.row.stats.samples and c.exp_digest != c.digest]
+
+    def _expensive(self, limit: int | None) -> None:
+        """The debiased and smooth ECE and the ECE interval of the next rows of the
+        round, from their sums as they are now, one stack."""
+        take = self._queue if limit is None else self._queue[:limit]
+        self._queue = [] if limit is None else self._queue[limit:]
+        take = [k for k in take if k in self._cache]
+        if not take:
+            return
+        eng = self.engine
+        lay = eng.windows.layout
+        vecs: list[np.ndarray] = []
+        keys: list[tuple[int, int]] = []
+        for i in range(0, len(take), LOCK_SERIES):
+            with eng.lock:
+                nows = eng._series_nows()
+                for sid, w in take[i:i + LOCK_SERIES]:
+                    vec = eng.windows.totals(sid, w, float(nows[sid]))
+                    if vec is not None and vec[lay.count:lay.count + lay.bins].sum() > 0:
+                        vecs.append(vec)
+                        keys.append((sid, w))
+        if not vecs:
+            return
+        values = expensive_stats(np.stack(vecs), lay, self.cfg.metrics.interval_level)
+        for key, vec, vals in zip(keys, vecs, zip(*values)):
+            c = self._cache[key]
+            c.exp_digest = _digest(vec)
+            c.expensive = tuple(float(v) for v in vals)  # type: ignore[assignment]
+            c.row = self._row(c)
+
+    def _publish(self, work: _Work) -> Snapshot:
+        rows = []
+        keep = set()
+        stale = False
+        for sid in work.shown:
+            for w in range(work.windows):
+                c = self._cache[(sid, w)]
+                keep.add((sid, w))
+                rows.append(c.row)
+                stale = stale or bool(c.row.stats.samples and c.exp_digest != c.digest)
+        for key in [k for k in self._cache if k not in keep]:  # series gone from the windows
+            del self._cache[key]
+        since = None
+        if stale:
+            since = self._refreshed_at if self._refreshed_at is not None else self._started
+        self._serial += 1
+        self.latest = Snapshot(work.now, rows, work.counters, work.pending, work.pending_labels,
+                               work.series, work.version, built_at=self.clock(),
+                               stale_since=since, serial=self._serial)
+        return self.latest
+
+
+def expensive_stats(vecs: np.ndarray, lay: Layout, level: float
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(debiased l2, smooth ECE, ECE lower, ECE upper) of each row of stacked window sums
+    (see ``windows.Layout``), as ``metrics.from_vector`` computes them one by one."""
+    b, f = lay.bins, lay.fine_bins
+    count = vecs[:, lay.count:lay.count + b]
+    conf = vecs[:, lay.conf:lay.conf + b] / CONF_SCALE
+    correct = vecs[:, lay.correct:lay.correct + b]
+    fcount = vecs[:, lay.fcount:lay.fcount + f]
+    fconf = vecs[:, lay.fconf:lay.fconf + f] / CONF_SCALE
+    fcorrect = vecs[:, lay.fcorrect:lay.fcorrect + f]
+    l2 = stats.ece_l2_debiased_batch(count, conf, correct)
+    smooth = stats.smece_batch(fcount, fconf, fcorrect)
+    lower, upper = stats.ece_interval_batch(count, conf, correct, level)
+    return l2, smooth, lower, upper
+
+
+def _digest(vec: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(vec).tobytes(), digest_size=16).digest()

@@ -1,0 +1,82 @@
+"""/metrics bodies shared by every request of the same state.
+
+The window families (the bulk of the exposition: a few gauges per model, segment
+and window) are rendered once per snapshot and format, and compressed once when a
+client asks for gzip; concurrent scrapes of one snapshot share those bytes. The
+rest (process counters, recalibration state, the process collector: small, and
+changing with every batch) is rendered per request and appended: as more plain
+bytes, or through a copy of the compressor the shared part left off at, so the
+answer is one ordinary gzip stream. The parts are written one after the other, so
+a scrape never joins them into a second copy of the body.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import Collector
+
+EOF = b"# EOF\n"
+GZIP_LEVEL = 6  # zlib's default: most of level 9's ratio on this text, at a fraction of its time
+
+
+class _Collectors:
+    """What the prometheus-client encoders read: anything with ``collect()``."""
+
+    def __init__(self, collectors: Sequence[Collector]) -> None:
+        self.collectors = collectors
+
+    def collect(self) -> Iterator[Any]:
+        for c in self.collectors:
+            yield from c.collect()
+
+
+@dataclass
+class _Shared:
+    key: Hashable
+    body: bytes
+    gz_prefix: bytes | None = None
+    gz_state: Any = None  # a zlib compressor after gz_prefix, copied per request
+
+
+class Exposition:
+    """``render(accept, accept_encoding)`` -> (content type, content encoding or None,
+    body parts). ``key()`` names the state the shared part was rendered from (the
+    snapshot): a new key renders it again, once, whichever request comes first."""
+
+    def __init__(self, shared: Collector, key: Callable[[], Hashable],
+                 others: Sequence[Collector]) -> None:
+        self.shared = _Collectors([shared])
+        self.key = key
+        self.others = _Collectors(others)
+        self._lock = threading.Lock()
+        self._cache: dict[str, _Shared] = {}  # content type -> the latest shared part
+        self.builds = 0  # renders of the shared part (tests count them)
+
+    def render(self, accept: str, accept_encoding: str) -> tuple[str, str | None, list[bytes]]:
+        encoder, ctype = choose_encoder(accept)
+        gz = gzip_accepted(accept_encoding)
+        with self._lock:  # one render per state and format: concurrent scrapes wait for it
+            key = self.key()
+            entry = self._cache.get(ctype)
+            if entry is None or entry.key != key:
+                body = encoder(self.shared)
+                if body.endswith(EOF):  # OpenMetrics: the end marker comes after the rest
+                    body = body[:-len(EOF)]
+                entry = self._cache[ctype] = _Shared(key, body)
+                self.builds += 1
+            if gz and entry.gz_state is None:
+                co = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: a gzip stream
+                entry.gz_prefix = co.compress(entry.body) + co.flush(zlib.Z_SYNC_FLUSH)
+                entry.gz_state = co
+        rest = encoder(self.others)
+        if gz:
+            assert entry.gz_prefix is not None
+            co = entry.gz_state.copy()
+            return ctype, "gzip", [entry.gz_prefix, co.compress(rest) + co.flush()]
+        return ctype, None, [entry.body, rest]
