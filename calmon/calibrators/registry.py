@@ -11,6 +11,7 @@ from numpy.typing import ArrayLike
 
 from calmon.calibrators.base import RESERVED, Calibrator
 from calmon.calibrators.histogram import HistogramCalibrator
+from calmon.calibrators.identity import IdentityCalibrator
 from calmon.calibrators.isotonic import IsotonicCalibrator
 from calmon.calibrators.platt import PlattCalibrator
 from calmon.calibrators.scores import as_labels, as_scores, check_input
@@ -19,11 +20,12 @@ from calmon.calibrators.temperature import TemperatureCalibrator
 from calmon.calibrators.validate import MAX_BYTES, check_document
 from calmon.errors import CalibratorError
 
+METHODS: Final = ("temperature", "platt", "isotonic", "histogram")  # what fits and auto tries
 CLASSES: Final[dict[str, type[Calibrator]]] = {
     cls.method: cls
-    for cls in (TemperatureCalibrator, PlattCalibrator, IsotonicCalibrator, HistogramCalibrator)
+    for cls in (TemperatureCalibrator, PlattCalibrator, IsotonicCalibrator, HistogramCalibrator,
+                IdentityCalibrator)  # identity: only what a rollback publishes
 }
-METHODS: Final = tuple(CLASSES)  # ("temperature", "platt", "isotonic", "histogram")
 MAX_DEPTH: Final = 8  # documents nest 3 deep; anything deeper is not ours
 VerifyKeys = KeyRing | Iterable[Any] | None  # None or []: no signature needed
 
@@ -86,7 +88,7 @@ def read_document(path: str | os.PathLike[str]) -> Any:
 
 def _class(method: Any) -> type[Calibrator]:
     if not isinstance(method, str) or method not in CLASSES:
-        raise CalibratorError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        raise CalibratorError(f"method must be one of {', '.join(CLASSES)}, got {method!r}")
     return CLASSES[method]
 
 

@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from calmon.calibrators import Calibrator
+from calmon.calibrators import Calibrator, CalibratorError, load
+from calmon.calibrators.identity import IdentityCalibrator
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import (
@@ -53,14 +54,16 @@ from calmon.engine.metrics import (
 )
 from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
-from calmon.recal.detect import Detector, tilt_log_lr
+from calmon.recal.detect import BLOCK, MAX_GRID, Detector, tilt_log_lr
 from calmon.recal.refit import (
     Prior,
     Refit,
     apply_or_identity,
+    evaluate,
     input_kind,
     per_sample_nll,
     platt_form,
+    reference_counts,
     refit,
     scores_as,
     significantly_better,
@@ -71,8 +74,9 @@ from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
 log = logging.getLogger(__name__)
 
 FIRST_FEED = 10_000  # samples a series' detector starts on (bounds the first check's cost)
-GRID_MIN_S = 60.0  # finest spacing of the detector's candidate change times
 MIN_READ = 200  # the triggers read at least this many post-change samples
+ROLLBACK_VERSIONS = 5  # earlier versions a rollback may go back to (newest first)
+MIN_ROLLBACK = 50  # post-change samples a rollback needs at least
 SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in "samples of curvature"
 # (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
 # series' ring, with the ring's running total; None when the series has no ring.
@@ -226,10 +230,13 @@ class Policy:
         ml = self.cfg.join.missing_label
         return 0.0 if ml is None else float(ml.after)
 
-    def _spacing(self) -> float:
-        """The detector's grid of candidate change times: one a check, at least a minute
-        (the change time is estimated to that resolution)."""
-        return max(float(self.rc.interval), GRID_MIN_S)
+    def _spacing(self, span: float = 0.0) -> float:
+        """The detector's grid of candidate change times (the change time is estimated
+        to that resolution): one a check, and at least 1/256 of the window, so the
+        grid's open points (``MAX_GRID``) reach back four windows; at first sight also
+        wide enough for the buffered samples' ``span``."""
+        return max(float(self.rc.interval), self.cfg.window(self.rc.window).seconds / 256,
+                   span / (MAX_GRID - 2 * BLOCK))
 
     def _check_series(self, now: float, model: str, segment: str,
                       keys: list[tuple[str, str]], samples_of: SamplesOf) -> list[Event]:
@@ -242,8 +249,10 @@ class Policy:
         if st is None:  # first sight: the newest buffered samples are new (at most
             # FIRST_FEED, chosen by position only, so the test stays valid)
             start = max(0, head.total - FIRST_FEED)
+            first = samples_of(model, segment, head.total - start)
+            span = 0.0 if first is None or not len(first) else now - float(first.ts.min())
             st = self.states[(model, segment)] = SeriesState(
-                Detector.new(None, self._spacing()), basis, start, start)
+                Detector.new(None, self._spacing(span)), basis, start, start)
         elif st.basis != basis:  # a new live calibrator: a new null, a new test, on
             # predictions made after it was fitted only
             fitted = None if live is None else parse_iso(live.doc.get("fitted_at"))
@@ -288,6 +297,11 @@ class Policy:
                 st.last_refit is None or now - st.last_refit >= self.rc.retry_after)
         else:
             cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
+        if cooled:  # the identity and earlier versions first: no min_samples for them
+            undo = self._rollback(now, model, segment, st, post, samples_of)
+            if undo is not None:
+                events.append(undo)
+                return events
         if cooled and len(post) >= self.rc.min_samples and not self._deferred(
                 model, segment, keys):
             events.append(self._refit(now, model, segment, st, post, live,
@@ -390,16 +404,96 @@ class Policy:
         doc = self.registry.publish(self._document(model, segment, now, trigger, st, result))
         assert result.after is not None
         self.published_ece[(model, segment)] = result.after.ece
-        # the new calibrator is the new null: restart the detector on what comes next
+        self._restart(now, model, segment, post, samples_of)
+        log.info("published %s calibrator v%d for %r/%r (holdout ECE %.4f -> %.4f)",
+                 result.method, doc["version"], model, segment,
+                 result.before.ece if result.before else math.nan, result.after.ece)
+        return Event(now, model, segment, "published", {**fields, "version": doc["version"]})
+
+    def _restart(self, now: float, model: str, segment: str, post: SampleSet,
+                 samples_of: SamplesOf) -> None:
+        """The new calibrator is the new null: the detector restarts on predictions made
+        after its ``fitted_at``."""
         fresh = samples_of(model, segment, 0)
         total = post.total if fresh is None else fresh.total
         self.states[(model, segment)] = SeriesState(
             Detector.new(float(math.ceil(now)), self._spacing()), self._basis(model, segment),
             total, total, last_refit=now)
-        log.info("published %s calibrator v%d for %r/%r (holdout ECE %.4f -> %.4f)",
-                 result.method, doc["version"], model, segment,
-                 result.before.ece if result.before else math.nan, result.after.ece)
-        return Event(now, model, segment, "published", {**fields, "version": doc["version"]})
+
+    def _rollback(self, now: float, model: str, segment: str, st: SeriesState,
+                  post: SampleSet, samples_of: SamplesOf) -> Event | None:
+        """Undo a stale calibrator: the identity and the last ``ROLLBACK_VERSIONS``
+        earlier versions of this series are candidates whenever its live calibrator is
+        tested (the detector alarmed on it). A candidate wins on the post-change samples
+        when its likelihood ratio over the live calibrator reaches len(candidates) /
+        alpha (an e-value: the candidates are fixed before these samples) and the
+        detector's mixture finds nothing wrong with it there. The winner (largest ratio)
+        is published as a new version (``method: identity`` for none)."""
+        own = self.registry.live(model, segment)
+        if own is None or len(post) < MIN_ROLLBACK:
+            return None
+        kind = input_kind(post)
+        x = scores_as(post, kind)
+        labels = post.label.astype(np.int64)
+        live_probs = apply_or_identity(own.calibrator, x, kind)
+        nll_live = per_sample_nll(live_probs, labels)
+        cands: list[tuple[int | None, Calibrator, dict[str, Any] | None]] = []
+        if own.doc.get("method") != "identity":
+            cands.append((None, IdentityCalibrator(kind), None))
+        for ver in sorted(self.registry.versions(model, segment), reverse=True):
+            if len(cands) > ROLLBACK_VERSIONS:
+                break
+            if ver == own.version:
+                continue
+            try:
+                earlier = self.registry.read(model, segment, ver)
+                cal = load(earlier)
+            except (CalibratorError, OSError):
+                continue
+            if earlier.get("method") == "identity" or (
+                    earlier.get("method"), earlier.get("params")) == (
+                    own.doc.get("method"), own.doc.get("params")):
+                continue
+            cands.append((ver, cal, earlier))
+        if not cands:
+            return None
+        need = math.log(len(cands) / self.rc.alpha)
+        best: tuple[float, int | None, Calibrator, dict[str, Any] | None, Any] | None = None
+        for v, cal, doc in cands:
+            probs = apply_or_identity(cal, x, kind)
+            gain = float((nll_live - per_sample_nll(probs, labels)).sum())
+            if gain < need or (best is not None and gain <= best[0]):
+                continue
+            check = Detector.new(None, self._spacing())
+            p, y = confidence_and_correct(probs, labels)
+            check.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels), ts=post.ts)
+            if not check.alarmed:
+                best = (gain, v, cal, doc, probs)
+        if best is None:
+            return None
+        gain, version, cal, old, probs = best
+        bins = self.cfg.metrics.bins
+        before, after = evaluate(live_probs, labels, bins), evaluate(probs, labels, bins)
+        fit = {"samples": 0, "holdout_samples": len(post), "holdout_before": before.as_dict(),
+               "holdout_after": after.as_dict()}
+        meta = {"fitted_at": iso(math.ceil(now)), "trigger": "rollback", "rollback_of": version,
+                "change_ts": st.change_ts, "fit": fit}
+        if old is None:
+            doc = cal.to_json(model=model, segment=segment,
+                              reference=reference_counts(x, kind, bins), **meta)
+        else:
+            doc = {k: v for k, v in old.items() if k not in ("version", "signature")} | meta
+        doc = self.registry.publish(doc)
+        self.published_ece[(model, segment)] = after.ece
+        self._restart(now, model, segment, post, samples_of)
+        log.info("rolled %r/%r back to %s as v%d (log-likelihood ratio %.1f over v%d)", model,
+                 segment, "the identity" if version is None else f"v{version}",
+                 doc["version"], gain, own.version)
+        return Event(now, model, segment, "published", {
+            "method": doc["method"], "trigger": "rollback", "rollback_of": version,
+            "fit_samples": 0, "holdout_samples": len(post),
+            "holdout_before": before.as_dict(), "holdout_after": after.as_dict(),
+            "version": doc["version"]})
 
     def _document(self, model: str, segment: str, now: float, trigger: str, st: SeriesState,
                   r: Refit) -> dict[str, Any]:

@@ -192,7 +192,7 @@ def refit(samples: SampleSet, method: str, live: Calibrator | None, holdout_frac
     live_probs = apply_or_identity(live, scores, kind)
     nll_live = per_sample_nll(live_probs, labels)
     before = evaluate(live_probs[n_fit:], labels[n_fit:], bins)
-    reference = _reference(scores[:n_fit], kind, bins)
+    reference = reference_counts(scores[:n_fit], kind, bins)
     # auto: every method is tested at alpha / 4 (a union bound, so choosing among them
     # costs no size); the one with the lowest out-of-fold NLL among those that pass wins
     methods = METHODS if method == "auto" else (method,)
@@ -252,7 +252,7 @@ def cross_fit(method: str, x: np.ndarray, y: np.ndarray, kind: str, bins: int,
     return out
 
 
-def _reference(x: np.ndarray, kind: str, bins: int) -> list[int]:
+def reference_counts(x: np.ndarray, kind: str, bins: int) -> list[int]:
     """Bin counts of the raw confidences (binary P(y=1), multiclass top label)."""
     probs = to_probs(x, kind)
     conf = probs if probs.ndim == 1 else probs.max(axis=1)

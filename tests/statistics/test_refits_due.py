@@ -200,3 +200,27 @@ def test_a_600_a_day_model_with_a_prior_shift_is_fixed_within_5_days() -> None:
               f"{(pubs[0] - change) / DAY if pubs else float('nan'):.2f} days")
         fixed += ok
     assert fixed >= 5
+
+
+def test_a_drift_fixed_upstream_a_day_later_is_rolled_back() -> None:
+    """Logits sharpened 2.5x from day 1 (a calibrator is published for it), the model fixed
+    upstream at day 2: the stale calibrator is replaced or rolled back within 8 h, and the
+    served true ECE over the following day is <= 0.02."""
+    sharpened, fixed = T0 + DAY, T0 + 2 * DAY
+
+    def scenario(t: float, seg: int, n: int, rng: np.random.Generator):
+        z = rng.normal(-2.0, 1.2, n)
+        return (z * 2.5 if sharpened <= t < fixed else z), 1 / (1 + np.exp(-z))
+
+    sim = Simulation(sim_config(min_samples=2000), scenario, segments=1, per_day=8000, seed=37)
+    tr = run(sim, 3, step_h=1.0)
+    pubs = tr.of("published")
+    assert pubs and pubs[0].ts < fixed, tr.events
+    undo = [e for e in pubs if e.ts >= fixed]
+    assert undo, tr.events
+    after = tr.mean_served(fixed, fixed + DAY)
+    print(f"\nfixed upstream: {undo[0].fields['method']} v{undo[0].fields['version']} "
+          f"({undo[0].fields['trigger']}) {(undo[0].ts - fixed) / HOUR:.1f} h after the fix; "
+          f"served true ECE over the next day {after:.4f}")
+    assert undo[0].ts - fixed <= 8 * HOUR
+    assert after <= 0.02
