@@ -155,10 +155,31 @@ def expand_env(text: str, env: Mapping[str, str]) -> str:
     return _ENV_REF.sub(repl, text)
 
 
+OVERLAYS = ("sidecar", "scaled-out")
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize DIR``: the objects a ``kubectl apply -k DIR`` would send."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        import pytest
+
+        pytest.skip("kubectl is not on PATH: it renders the kustomize overlays",
+                    allow_module_level=True)
+    out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d is not None]
+
+
 def load_manifests() -> list[tuple[Path, dict[str, Any]]]:
-    """Every document of every YAML file under deploy/kubernetes, with its file."""
-    docs = []
-    for path in sorted(K8S.rglob("*.y*ml")):  # operator/ too
+    """Every object of each rendered overlay (with the overlay's directory) and of every
+    YAML file under deploy/kubernetes/operator (with its file)."""
+    docs = [(K8S / "overlays" / name, doc) for name in OVERLAYS
+            for doc in kustomize(K8S / "overlays" / name)]
+    for path in sorted((K8S / "operator").glob("*.y*ml")):
         with path.open() as f:
             for doc in yaml.safe_load_all(f):
                 if doc is not None:

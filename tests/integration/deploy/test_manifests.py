@@ -98,8 +98,8 @@ def check_contract_keys(config: dict[str, Any]) -> None:
 
 def test_every_manifest_is_a_kubernetes_object() -> None:
     assert {p.name for p, _ in MANIFESTS} >= {
-        "sidecar-deployment.yaml",
-        "statefulset.yaml",
+        "sidecar",
+        "scaled-out",
         "servicemonitor.yaml",
         "podmonitor.yaml",
         "prometheusrule.yaml",
@@ -112,8 +112,8 @@ def test_every_manifest_is_a_kubernetes_object() -> None:
 
 def test_there_is_a_sidecar_deployment_and_a_statefulset() -> None:
     kinds = {(p.name, d["kind"]) for p, d in WORKLOADS}
-    assert ("sidecar-deployment.yaml", "Deployment") in kinds
-    assert ("statefulset.yaml", "StatefulSet") in kinds
+    assert ("sidecar", "Deployment") in kinds
+    assert ("scaled-out", "StatefulSet") in kinds
 
 
 @pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
@@ -495,5 +495,32 @@ def test_image_default_config_uses_contract_keys() -> None:
 
 
 def test_manifest_files_are_listed() -> None:
-    # A new manifest must be parsed by these tests: keep them YAML.
-    assert all(p.suffix in {".yaml", ".yml"} for p in K8S.iterdir() if p.is_file())
+    # A new manifest must be parsed by these tests: keep them YAML, in an overlay's
+    # kustomization (or operator/, which the tests read file by file).
+    assert all(p.suffix in {".yaml", ".yml"} for p in K8S.rglob("*") if p.is_file())
+    listed = set()
+    for d in [K8S / "base", *(K8S / "overlays").iterdir()]:
+        kust = yaml.safe_load((d / "kustomization.yaml").read_text())
+        listed |= {(d / r).resolve() for r in kust.get("resources", [])}
+        listed |= {(d / f).resolve() for g in kust.get("configMapGenerator", [])
+                   for f in g.get("files", [])}
+        listed.add((d / "kustomization.yaml").resolve())
+    files = {p.resolve() for p in K8S.rglob("*.y*ml") if "operator" not in p.parts}
+    assert files <= listed, f"not in any kustomization: {sorted(map(str, files - listed))}"
+
+
+def test_overlays_render_and_share_the_base() -> None:
+    """kubectl kustomize renders both overlays; the config is a generated ConfigMap
+    named after its content, and each workload mounts the one of its overlay."""
+    for name in ("sidecar", "scaled-out"):
+        docs = [d for p, d in MANIFESTS if p.name == name]
+        [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+        assert re.fullmatch(r"calmon-config-[a-z0-9]{10}", cm["metadata"]["name"])
+        assert cm["metadata"]["labels"]["app.kubernetes.io/part-of"] == "calmon"
+        [workload] = [d for d in docs if d["kind"] in {"Deployment", "StatefulSet"}]
+        names = {v["configMap"]["name"] for v in workload["spec"]["template"]["spec"]["volumes"]
+                 if "configMap" in v}
+        assert names == {cm["metadata"]["name"]}
+    base = (K8S / "base" / "config.yaml").read_text()
+    [sidecar_cm] = [d for p, d in MANIFESTS if p.name == "sidecar" and d["kind"] == "ConfigMap"]
+    assert sidecar_cm["data"]["config.yaml"] == base
