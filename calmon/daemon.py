@@ -55,7 +55,7 @@ from calmon.engine.snapshot import Refresher
 from calmon.errors import ConfigError, StateError
 from calmon.io import landing, reliability, webconfig
 from calmon.io.calibrator_publisher import CalibratorPublisher
-from calmon.io.checkpoint import CheckpointStore
+from calmon.io.checkpoint import Checkpoint, CheckpointStore
 from calmon.io.consumer_process import ProcessSource
 from calmon.io.dead_letter import DeadLetters
 from calmon.io.exporter import FIT_METHODS, CalmonCollector, WindowCollector
@@ -357,27 +357,41 @@ class Daemon:
                                       spent * (1.0 - STATS_CPU_SHARE) / STATS_CPU_SHARE))
 
     def _restore(self) -> None:
-        ckpt = self.store.load(self.cfg.state.on_corrupt)
+        moved: list[dict[str, int]] = []
+        empty_engine = self.engine.snapshot()  # what a refused checkpoint leaves behind
+        empty_recal = self.recal.snapshot() if self.recal is not None else None
+
+        def use(ckpt: Checkpoint) -> None:
+            """Restore from ``ckpt``; whatever it raises (hostile content that got past
+            the checksum and the decoder's checks) leaves the empty state, and the
+            store takes the checkpoint for corrupt (``state.on_corrupt`` decides)."""
+            saved = of_checkpoint(ckpt.state)
+            problem = mismatch(saved, of_config(self.cfg.kafka.instance), str(self.store.dir))
+            if problem is not None:
+                if not self.rescale:
+                    raise StateError(problem)
+                moved.append(saved)
+                return
+            try:
+                self.engine.restore(ckpt.state["engine"])
+                if self.recal is not None and "recal" in ckpt.state:
+                    self.recal.restore(ckpt.state["recal"])
+            except Exception:
+                self.engine.restore(empty_engine)
+                if self.recal is not None and empty_recal is not None:
+                    self.recal.restore(empty_recal)
+                raise
+
+        ckpt = self.store.load(self.cfg.state.on_corrupt, use=use)
+        if moved:
+            self._move_aside(moved[0])
+            return
         if ckpt is None:
             log.info("no checkpoint in %s: starting from empty state", self.store.dir)
             # after a reset of corrupt state the group's offsets describe the lost state:
             # read from auto_offset_reset instead
             self.restored = self.store.discarded
             return
-        try:
-            saved = of_checkpoint(ckpt.state)
-            problem = mismatch(saved, of_config(self.cfg.kafka.instance), str(self.store.dir))
-            if problem is not None:
-                if not self.rescale:
-                    raise StateError(problem)
-                self._move_aside(saved)
-                return
-            self.engine.restore(ckpt.state["engine"])
-            if self.recal is not None and "recal" in ckpt.state:
-                self.recal.restore(ckpt.state["recal"])
-        except (ValueError, KeyError) as e:
-            raise StateError(f"checkpoint {ckpt.seq} in {self.store.dir} cannot be used: {e}"
-                             ) from None
         self.positions = dict(ckpt.positions)
         self._publish()
         self.checkpoint_positions = self.published_positions
@@ -451,10 +465,12 @@ class Daemon:
         careful = bool(self._suspect) and any(r.source in self._suspect for r in records)
         if not careful:
             try:
-                rejected = self.engine.feed(records, self._not_after()) if len(records) else []
-                self.totals.add(self.engine.last_delta)
-                if self.engine.last_delta.key_mismatch:
-                    self._log_keys(self.engine.last_delta.key_mismatch)
+                rejected = []
+                if len(records):  # (a poll of skipped offsets only has nothing to feed)
+                    rejected = self.engine.feed(records, self._not_after())
+                    self.totals.add(self.engine.last_delta)
+                    if self.engine.last_delta.key_mismatch:
+                        self._log_keys(self.engine.last_delta.key_mismatch)
             except Exception:
                 log.exception("the engine raised on a batch of %d records; rolling back to "
                               "the last checkpoint to find the record", len(records))

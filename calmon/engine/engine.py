@@ -915,8 +915,26 @@ class Engine:
                 self._classes_of = {}
                 for (s, _c), i in sorted(self._class_series.items(), key=lambda kv: kv[1]):
                     self._classes_of.setdefault(s, []).append(i)
+            self._check_restored(snap)
             self.changed_all = True
             self.version += 1
+
+    def _check_restored(self, snap: dict[str, Any]) -> None:
+        """Cross-checks of a restored state (a checksum-valid checkpoint may still be
+        hostile): every id one section holds points into another that has it. Raises
+        ValueError; the caller restores an empty state then."""
+        n_series, n_combos = len(self.index.series), len(self.index.combos)
+        self.windows.check(n_series)
+        self.scores.check(n_series)
+        if self.classwise is not None:
+            self.classwise.check(max(self._class_series.values(), default=-1) + 1)
+        join = snap["join"]
+        combo = np.asarray(join["combo"], np.int64)
+        kind = np.asarray(join["kind"], np.int64)
+        if len(combo) and (combo.min() < 0 or combo.max() >= n_combos):
+            raise ValueError(f"join: a pending prediction's combo is not one of {n_combos}")
+        if len(kind) and (kind.min() < 0 or kind.max() >= len(SCORE_KINDS)):
+            raise ValueError("join: a pending prediction has an unknown score kind")
 
 
 def _int_column(values: list[int]) -> np.ndarray:

@@ -319,6 +319,21 @@ class BucketTables:
             for (sid, idx), vec in zip(part["dense_keys"].tolist(), part["dense"]):
                 tab.setdefault(sid, {})[idx] = self._from_dense(vec.astype(np.int64))
 
+    def check(self, n_series: int) -> None:
+        """After ``restore``: every cell belongs to a series id below ``n_series`` and has
+        this table's width, so a restored (checksum-valid but hostile) state cannot make
+        a later read index past an array. Raises ValueError."""
+        for tab in self._data:
+            for sid, buckets in tab.items():
+                if type(sid) is not int or not 0 <= sid < n_series:
+                    raise ValueError(f"bucket table: series {sid!r} is not one of {n_series}")
+                for idx, cell in buckets.items():
+                    if type(idx) is not int:
+                        raise ValueError(f"bucket table: bucket {idx!r} is not an integer")
+                    dense = cell.ndim == 1 and cell.shape[0] == self._width
+                    if not dense and not (cell.ndim == 2 and cell.shape[0] == 2):
+                        raise ValueError(f"bucket table: a cell of shape {cell.shape}")
+
     def _canonical(self, pos: np.ndarray, val: np.ndarray) -> np.ndarray:
         """A fresh cell from stored positions and values (dense when that many)."""
         if len(pos) >= self._dense_at:

@@ -38,6 +38,8 @@ import math
 import os
 import re
 import struct
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,7 @@ _ALIGN = 8
 _DTYPES = frozenset(np.dtype(t).str for t in (
     "<i8", "<i4", "<i2", "i1", "<u8", "<u4", "<u2", "u1", "<f8", "<f4", "?"))
 _MAX_NDIM = 4
+_MAX_DEPTH = 64  # nesting of the document; the engine's is under 10
 
 
 @dataclass(frozen=True)
@@ -92,17 +95,30 @@ def _walk_out(x: Any, arrays: list[np.ndarray]) -> Any:
 _PLAIN = frozenset((str, int, float, bool, type(None)))
 
 
-def _walk_in(x: Any, arrays: list[np.ndarray]) -> Any:
+def _walk_in(x: Any, arrays: list[np.ndarray], used: set[int] | None = None,
+             depth: int = 0) -> Any:
+    """The document with its arrays and bytes put back. Each array is used once: a
+    document naming one array a million times would make restore copy it as often."""
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"document nested deeper than {_MAX_DEPTH}")
+    used = set() if used is None else used
     if isinstance(x, dict):
         if "__nd__" in x:
-            return arrays[x["__nd__"]]
+            i = x["__nd__"]
+            if type(i) is not int or not 0 <= i < len(arrays) or i in used:
+                raise ValueError(f"array reference {i!r}: unknown or used twice")
+            used.add(i)
+            return arrays[i]
         if "__b64__" in x:
+            if not isinstance(x["__b64__"], str):
+                raise ValueError("bytes: not base64 text")
             return base64.b64decode(x["__b64__"], validate=True)
-        return {_key(_walk_in(k, arrays)): _walk_in(v, arrays) for k, v in x["__map__"]}
+        return {_key(_walk_in(k, arrays, used, depth + 1)): _walk_in(v, arrays, used, depth + 1)
+                for k, v in x["__map__"]}
     if isinstance(x, list):
         if all(type(v) in _PLAIN for v in x):
             return x
-        return [_walk_in(v, arrays) for v in x]
+        return [_walk_in(v, arrays, used, depth + 1) for v in x]
     return x
 
 
@@ -177,13 +193,45 @@ def _decode_v2(payload: bytes) -> dict[str, Any]:
 
 
 def _decode_v1(payload: bytes) -> dict[str, Any]:
-    """Format 1: a JSON header, then an ``.npz`` of the arrays."""
+    """Format 1: a JSON header, then an ``.npz`` of the arrays (``np.savez``: members
+    stored, not compressed). Read member by member with every size checked first, so
+    a deflate bomb or an ``.npy`` header claiming a terabyte allocates nothing."""
     (n,) = struct.unpack_from(">Q", payload)
+    if 8 + n > len(payload):
+        raise ValueError("header runs past the payload")
     header = json.loads(payload[8:8 + n])
-    with np.load(io.BytesIO(payload[8 + n:]), allow_pickle=False) as npz:
-        arrays = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+    blob = payload[8 + n:]
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as npz:
+            infos = {i.filename: i for i in npz.infolist()}
+            arrays = []
+            for i in range(len(infos)):
+                info = infos.get(f"arr_{i}.npy")
+                if info is None:
+                    raise ValueError(f"npz: no arr_{i}.npy")
+                if info.compress_type != zipfile.ZIP_STORED or info.file_size > len(blob):
+                    raise ValueError(f"npz: arr_{i}.npy is compressed or larger than the file")
+                arrays.append(_npy(npz.read(info)))
+    except zipfile.BadZipFile as e:
+        raise ValueError(f"npz: {e}") from None
     state: dict[str, Any] = _walk_in(header, arrays)
     return state
+
+
+def _npy(data: bytes) -> np.ndarray:
+    """One ``.npy`` member: its header checked against its bytes before the array."""
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(f)
+    if dtype.hasobject or dtype.itemsize == 0 or len(shape) > _MAX_NDIM:
+        raise ValueError(f"npy: dtype {dtype} or shape {shape} is not allowed")
+    count = math.prod(shape)
+    if count * dtype.itemsize != len(data) - f.tell():
+        raise ValueError(f"npy: shape {shape} does not match {len(data) - f.tell()} bytes")
+    flat = np.frombuffer(data, dtype, count, f.tell())
+    return flat.reshape(shape, order="F" if fortran else "C").copy()
 
 
 def decode(payload: bytes, version: int = FORMAT_VERSION) -> dict[str, Any]:
@@ -196,7 +244,8 @@ def decode(payload: bytes, version: int = FORMAT_VERSION) -> dict[str, Any]:
     except ValueError:
         raise
     except (TypeError, KeyError, IndexError, AttributeError, RecursionError,
-            struct.error, OSError) as e:  # malformed structure, whatever its depth
+            struct.error, OSError, OverflowError, MemoryError, EOFError,
+            zipfile.LargeZipFile) as e:  # malformed structure, whatever its depth
         raise ValueError(f"malformed payload: {type(e).__name__}: {e}") from e
 
 
@@ -251,10 +300,17 @@ class CheckpointStore:
             old.unlink(missing_ok=True)
         return final
 
-    def load(self, on_corrupt: str = "fail") -> Checkpoint | None:
+    def load(self, on_corrupt: str = "fail",
+             use: Callable[[Checkpoint], None] | None = None) -> Checkpoint | None:
         """The newest good checkpoint, or None when there is none at all.
 
-        Raises StateError when checkpoints exist but none is readable and
+        ``use`` (restoring the state from it) is part of "good": a checkpoint that
+        reads but that ``use`` raises on (a checksum-valid file with hostile content)
+        is corrupt like an unreadable one, and an older one is tried. ``use`` must
+        leave nothing half-restored when it raises; a StateError from it is not about
+        the file and propagates.
+
+        Raises StateError when checkpoints exist but none is usable and
         ``on_corrupt`` is ``fail``; with ``reset`` it logs and returns None.
         """
         for tmp in self.dir.glob(".ckpt-*.tmp") if self.dir.is_dir() else ():
@@ -265,10 +321,15 @@ class CheckpointStore:
         for seq, path in reversed(files):
             try:
                 ckpt = self._read(seq, path)
-            except (OSError, ValueError, KeyError, struct.error) as e:
-                problems.append(f"{path.name}: {e}")
+                if use is not None:
+                    use(ckpt)
+            except StateError:
+                raise
+            except Exception as e:  # OSError, ValueError, ... or a restore that raised
+                what = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
+                problems.append(f"{path.name}: {what}")
                 bad.append(path)
-                log.error("checkpoint %s is unreadable (%s); trying an older one", path, e)
+                log.error("checkpoint %s is unusable (%s); trying an older one", path, what)
                 continue
             self._set_aside(bad)
             return ckpt

@@ -316,16 +316,18 @@ class ConfluentSource(SourceBase):
                 or self._consumer is None):
             self._trouble(f"fetch error: {err}")
             return
-        # librdkafka reports a batch it cannot decode at the batch's first offset, and
-        # fetches it again, forever: seek past it. The error does not say where the
-        # batch ends, so step one offset at a time (a fetch of the same batch reports
-        # the same first offset); each step after the first is counted already.
+        # librdkafka reports a batch it cannot decode (at its first offset, or where the
+        # fetch began) and fetches it again, forever: seek past it. The error does not
+        # say where the batch ends, so step one offset at a time; an error between the
+        # batch's first offset and the step just taken is the same batch, counted once.
         key = (topic, partition)
         seen = self._bad_batch.get(key)
-        step = seen[1] + 1 if seen is not None and seen[0] == offset else offset + 1
-        self._bad_batch[key] = (offset, step)
+        same = seen is not None and seen[0] <= offset <= seen[1]
+        first = seen[0] if same and seen is not None else offset
+        step = max(offset, seen[1] if same and seen is not None else offset) + 1
+        self._bad_batch[key] = (first, step)
         self._skips.append(Skip(topic, partition, step - 1, step,
-                                "bad_batch" if step == offset + 1 else "",
+                                "" if same else "bad_batch",
                                 f"librdkafka: {err.str()}", None))
         try:
             self._consumer.seek(TopicPartition(topic, partition, step))
