@@ -799,9 +799,8 @@ class Engine:
                 except Exception:  # a broken calibrator must not break /metrics
                     log.exception("the live calibrator failed on pending scores; raw used")
                     probs = None
-            if probs is None:
-                probs = _raw_probs(raw, code)
-            conf, p1 = top_and_positive(probs)
+            own = _raw_probs(raw, code)  # the model's own probabilities: its predicted class
+            conf, p1 = top_and_positive(own if probs is None else probs, own)
             top[part] = conf
             if p1 is not None:
                 pos[part] = p1

@@ -362,12 +362,14 @@ class Policy:
         return False
 
     def _baseline(self, model: str, segment: str, live: Live | None) -> float | None:
-        """The ECE ``ece_increase`` compares with: the live document's holdout ECE (so a
-        rollback by the CLI moves it too), else the last publish this process made."""
+        """The ECE ``ece_increase`` compares with: the live document's bias-corrected
+        holdout ECE (so a rollback by the CLI moves it too), else the last publish this
+        process made; None (the trigger is off) for a document without one, whose
+        plug-in ECE would not compare like with like."""
         try:
-            return float(live.doc["fit"]["holdout_after"]["ece"])  # type: ignore[union-attr]
+            return float(live.doc["fit"]["holdout_after"]["ece_debiased"])  # type: ignore[union-attr]
         except (AttributeError, KeyError, TypeError, ValueError):
-            return self.published_ece.get((model, segment))
+            return self.published_ece.get((model, segment)) if live is not None else None
 
     def _refit(self, now: float, model: str, segment: str, st: SeriesState, post: SampleSet,
                live: Live | None, trigger: str, keys: list[tuple[str, str]],
@@ -403,7 +405,7 @@ class Policy:
             return Event(now, model, segment, result.outcome, fields)
         doc = self.registry.publish(self._document(model, segment, now, trigger, st, result))
         assert result.after is not None
-        self.published_ece[(model, segment)] = result.after.ece
+        self.published_ece[(model, segment)] = result.after.ece_debiased or 0.0
         self._restart(now, model, segment, post, samples_of)
         log.info("published %s calibrator v%d for %r/%r (holdout ECE %.4f -> %.4f)",
                  result.method, doc["version"], model, segment,
@@ -484,7 +486,7 @@ class Policy:
         else:
             doc = {k: v for k, v in old.items() if k not in ("version", "signature")} | meta
         doc = self.registry.publish(doc)
-        self.published_ece[(model, segment)] = after.ece
+        self.published_ece[(model, segment)] = after.ece_debiased or 0.0
         self._restart(now, model, segment, post, samples_of)
         log.info("rolled %r/%r back to %s as v%d (log-likelihood ratio %.1f over v%d)", model,
                  segment, "the identity" if version is None else f"v{version}",

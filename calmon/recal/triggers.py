@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calmon.config import RecalibrationConfig
-from calmon.engine.metrics import Bins, ece
+from calmon.engine.metrics import Bins, ece, noise_floor
 
 TRIGGERS = ("ece_above", "ece_increase", "observed_over_expected", "classwise_ece_above")
 
@@ -26,7 +26,9 @@ class Reading:
 
     bins: Bins  # after the live calibrator, samples since the estimated change
     binary: bool
-    last_publish_ece: float | None  # holdout ECE of the live calibrator when it was published
+    # the live calibrator's holdout ECE at publish, bias-corrected (less its noise floor),
+    # as ``ece_increase`` compares it with the bias-corrected ECE of these bins
+    last_publish_ece: float | None
     classwise_ece: float | None = None  # multiclass with metrics.classwise, same samples
 
     @property
@@ -53,8 +55,10 @@ def decide(cfg: RecalibrationConfig, r: Reading) -> Decision:
     fired: list[str] = []
     if t.ece_above is not None and value > t.ece_above:
         fired.append("ece_above")
+    # like with like: the plug-in ECE of a few hundred samples sits well above the true
+    # one, so both sides are bias-corrected (less the calibrated model's mean ECE)
     if (t.ece_increase is not None and r.last_publish_ece is not None
-            and value > r.last_publish_ece + t.ece_increase):
+            and value - noise_floor(b.count, b.conf) > r.last_publish_ece + t.ece_increase):
         fired.append("ece_increase")
     band = t.observed_over_expected
     if band is not None and oe is not None and not band[0] <= oe <= band[1]:
