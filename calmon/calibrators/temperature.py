@@ -19,6 +19,7 @@ import numpy as np
 from calmon.calibrators.base import Calibrator, check_params, floats, number, numbers
 from calmon.calibrators.platt import _logistic
 from calmon.calibrators.scores import is_binary, logsumexp, sigmoid, softmax, to_logits
+from calmon.calibrators.validate import T_MAX, T_MIN
 from calmon.errors import CalibratorError
 
 LOG_T_MAX: Final = math.log(100.0)
@@ -90,7 +91,7 @@ class TemperatureCalibrator(Calibrator):
             if y.min() == y.max():
                 raise CalibratorError("temperature with bias needs both outcomes")
             a, b = _logistic(z, y)
-            lo, hi = math.exp(-LOG_T_MAX), math.exp(LOG_T_MAX)
+            lo, hi = T_MIN, T_MAX  # exactly the document's range (exp(log 100) is not 100)
             t = min(max(1.0 / a, lo), hi) if a > 0 else hi
             if not (a > 0 and 1.0 / a == t):  # clamped (a <= 0: scores ranked backwards)
                 b = float(np.log(y.mean()) - np.log1p(-y.mean())) if t == hi else b
@@ -131,7 +132,7 @@ def fit_temperature_bias(z: np.ndarray, labels: np.ndarray,
     rows = np.arange(n)
     z_y = z[rows, labels]
     counts = np.bincount(labels, minlength=k).astype(np.float64)
-    s_lo, s_hi = math.exp(-LOG_T_MAX), math.exp(LOG_T_MAX)
+    s_lo, s_hi = 1.0 / T_MAX, 1.0 / T_MIN  # T = 1/s lands exactly on the range's ends
 
     def objective(s: float, b: np.ndarray) -> float:
         return float(logsumexp(s * z + b).sum() - s * z_y.sum() - b @ counts

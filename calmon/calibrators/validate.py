@@ -39,6 +39,7 @@ T_MAX: Final = 100.0
 BIAS_MAX: Final = 50.0
 """sigmoid(50) = 1 - 2e-22: any larger bias says "certain" and no data can support it."""
 SLOPE_MAX: Final = 100.0  # a Platt slope a is a 1/T: the same range's upper end
+SLACK: Final = 1e-9  # relative: closed range ends hold to rounding, not beyond
 
 
 def check_document(doc: Any, *, input: str | None = None) -> Mapping[str, Any]:
@@ -103,7 +104,9 @@ def _number(params: Mapping[str, Any], key: str, lo: float, hi: float, method: s
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise CalibratorError(f"{method}: {key} must be a number, got {v!r}")
     x = float(v)  # integers are within 2^63 (check_numbers): never overflows
-    if not (lo < x if open_lo else lo <= x) or not x <= hi:
+    # closed ends hold to rounding: a fit's 1 / (1 / 100) may be 100.00000000000001
+    lo_ok = lo < x if open_lo else lo - SLACK * abs(lo) <= x
+    if not lo_ok or not x <= hi + SLACK * abs(hi):
         side = "(" if open_lo else "["
         raise CalibratorError(f"{method}: {key} must lie in {side}{lo:g}, {hi:g}], got {v!r}")
     return x

@@ -83,6 +83,13 @@ def test_load_refuses_broken_documents_with_calibrator_error(name: str, tmp_path
 def test_the_ranges_ends_and_a_large_valid_map_load() -> None:
     for t in (0.01, 100, 1):
         assert load(with_params(TEMP, temperature=t)).params()["temperature"] == t
+    # the ends hold to rounding (1 / (1 / 100) in floating point), not beyond
+    assert load(with_params(TEMP, temperature=100.00000000000004)).params()["temperature"] > 100
+    with pytest.raises(CalibratorError):
+        load(with_params(TEMP, temperature=100.001))
+    # an uninformative model's fit runs to the end of the range and still loads
+    flat = fit("temperature", np.zeros(8), [0, 1, 1, 1, 0, 1, 1, 1], "logit")
+    assert flat.temperature == 100.0 and load(flat.to_json(**META)).params() == flat.params()
     for b in (-50, 50.0):
         assert load(with_params(TEMP, bias=b)).params()["bias"] == b
     platt = load({**META, "method": "platt", "params": {"a": 1e-9, "b": -50},
