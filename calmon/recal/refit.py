@@ -32,6 +32,7 @@ from calmon.calibrators import METHODS, Calibrator, fit, to_probs
 from calmon.calibrators.platt import PlattCalibrator, logistic_toward
 from calmon.calibrators.scores import is_binary, to_logits
 from calmon.calibrators.temperature import TemperatureCalibrator
+from calmon.calibrators.validate import BIAS_MAX, T_MAX, T_MIN
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import (
     bins_from_samples,
@@ -166,9 +167,12 @@ def fit_one(method: str, x: np.ndarray, y: np.ndarray, kind: str, bins: int,
         z = to_logits(x, kind)
         yf = y.astype(np.float64)
         a, b = logistic_toward(z, yf, prior.a, prior.b, prior.strength)
+        # within what load() accepts (calibrators.validate), or the publish would fail
+        a = min(max(a, 1.0 / T_MAX), 1.0 / T_MIN)
+        b = min(max(b, -BIAS_MAX), BIAS_MAX)
         if method == "platt":
             return PlattCalibrator(a, b, kind)
-        return TemperatureCalibrator(min(max(1.0 / a, 1e-4), 1e4) if a > 0 else 1e4, kind, b)
+        return TemperatureCalibrator(1.0 / a, kind, b)
     if method == "histogram":
         return fit(method, x, y, input=kind, bins=bins)
     return fit(method, x, y, input=kind)
