@@ -33,7 +33,9 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
+
+from calmon.io.source import Skip
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +49,6 @@ CODECS = {GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
 
 class TooLarge(ValueError):
     """Raised by ``inflate`` when the output would pass the limit."""
-
-
-class Skip(NamedTuple):
-    """Offsets ``[first, next_offset)`` of a partition that no record came out of."""
-
-    topic: str
-    partition: int
-    first: int
-    next_offset: int
-    reason: str  # bad_batch | batch_oversize | oversize
-    detail: str
-    value: bytes | None  # the batch as fetched, when it is small enough to dead-letter
 
 
 # ---------------------------------------------------------------- bounded codecs

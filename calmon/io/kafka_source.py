@@ -23,7 +23,7 @@ from kafka.structs import OffsetAndMetadata
 
 from calmon.config import KafkaConfig
 from calmon.io import batch_guard
-from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, Skip, SourceBase
+from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, SourceBase
 from calmon.io.source import Batch as Batch  # re-exported: older imports
 from calmon.io.source import KafkaSourceError as KafkaSourceError
 from calmon.io.topics import client_settings, fetch_bytes
@@ -202,7 +202,7 @@ class KafkaSource(SourceBase):
         for tp, offset in deferred.items():  # read again, first, in the next poll
             self._consumer.seek(tp, offset)
         if skips:
-            self._skips.extend(Skip(*s) for s in skips)
+            self._skips.extend(skips)
             self._recovered()  # the partition moved on
         if polled is None:
             return []
