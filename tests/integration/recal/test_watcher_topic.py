@@ -6,6 +6,7 @@ topic is read with isolation_level read_committed. Expected outputs are scipy's.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -146,3 +147,53 @@ def test_a_key_rotation_on_the_topic(
         assert only_new.refusals() == {"ctr/__all__": 1}  # v1, by the removed key
     finally:
         only_new.close()
+
+
+def test_apply_answers_while_a_14_mb_record_is_refreshed(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refresh thread is held inside parsing a 14 MB record of another model; apply()
+    answers meanwhile, and the record is then refused."""
+    from calmon.calibrators import watcher as watcher_mod
+
+    (topic,) = kafka_topics(count=1, partitions=1)
+    produce(kafka_bootstrap, topic, [("ctr/__all__", as_bytes(doc("ctr", 1, 1.5)))])
+    inside, release, finished = threading.Event(), threading.Event(), threading.Event()
+    real = watcher_mod.parse_document
+
+    def held_parse(data: bytes) -> Any:
+        if len(data) > 14_000_000:
+            inside.set()
+            release.wait(60)
+            try:
+                return real(data)
+            finally:
+                finished.set()
+        return real(data)
+
+    monkeypatch.setattr(watcher_mod, "parse_document", held_parse)
+    n = 600_000
+    big = {**doc("big", 1, 1.0), "method": "isotonic", "params": {
+        "x": np.linspace(0, 1, n).tolist(), "y": np.linspace(0.01, 0.99, n).tolist()}}
+    data = json.dumps(big).encode()
+    assert len(data) > 14_000_000
+    with CalibratorWatcher(topic=topic, bootstrap_servers=kafka_bootstrap, min_interval=0.05,
+                           consumer_settings={**FAST_CLIENT,
+                                              "max_partition_fetch_bytes": 32 << 20}) as w:
+        assert w.wait_ready(30) and serves(w, "ctr", 1.5)
+        producer_settings = {"max_request_size": 32 << 20}
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, request_timeout_ms=30_000,
+                                 **producer_settings)
+        try:
+            producer.send(topic, key=b"big/__all__", value=data).get(30)
+        finally:
+            producer.close(timeout=5)
+        assert inside.wait(60), "the refresh never reached the big record"
+        for _ in range(100):
+            assert serves(w, "ctr", 1.5)
+        assert not finished.is_set()  # every apply returned while the refresh was running
+        release.set()
+        wait_until(lambda: w.refusals() == {"big/__all__": 1}, 30, "the big record refused")
+        assert serves(w, "ctr", 1.5)
