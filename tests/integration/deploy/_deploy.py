@@ -36,7 +36,7 @@ CONTRACT_CONFIG_KEYS: dict[str, set[str] | None] = {
     "fields": {"id", "model", "ts", "segment", "label"},
     "join": {"ttl", "label_ttl", "max_pending", "missing_label"},
     "metrics": {"bins", "fine_bins", "windows", "classwise", "mce_min_samples",
-                "interval_level"},
+                "interval_level", "refresh", "export"},  # v3: refresh, export
     "segments": {"slices", "max_values"},
     "recalibration": {
         "enabled",
