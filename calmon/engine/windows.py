@@ -136,7 +136,6 @@ class BucketTables:
         self.widths = [w.seconds / BUCKETS for w in windows]
         self._width = width  # the length of one vector
         self._dense_at = max(1, width // 2)  # nonzero entries from which a cell is dense
-        self._scratch = np.zeros(width, np.int64)  # zero between uses
         # [window][series] -> {bucket index: cell}
         self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
 
@@ -172,29 +171,53 @@ class BucketTables:
             dense[cell[0]] += cell[1]
             buckets[idx] = self._from_dense(dense)
 
-    def _add_sparse(self, buckets: dict[int, np.ndarray], idx: int, pos: np.ndarray,
-                    val: np.ndarray) -> None:
-        """Add values at ascending unique positions into bucket ``idx``."""
-        cell = buckets.get(idx)
-        if cell is None:
-            if len(pos) >= self._dense_at:
-                dense = np.zeros(self._width, np.int64)
-                dense[pos] = val
-                buckets[idx] = dense
+    def _merge(self, tab: dict[int, dict[int, np.ndarray]], gsid: list[int],
+               gidx: list[int], starts: np.ndarray, pos: np.ndarray, val: np.ndarray) -> None:
+        """Add group j's sparse entries (``pos``/``val`` from ``starts[j]`` to the next
+        group's start, positions ascending) into bucket ``gidx[j]`` of series
+        ``gsid[j]``; several groups may share a bucket. The buckets already held
+        sparsely are merged in one sort, not one by one."""
+        ends = [*starts[1:].tolist(), len(pos)]
+        slot_of: dict[tuple[int, int], int] = {}  # a held sparse bucket -> its slot
+        held: list[np.ndarray] = []
+        slots = np.full(len(gsid), -1, np.int64)  # group -> slot, or -1
+        for j, (sid, idx, a, z) in enumerate(zip(gsid, gidx, starts.tolist(), ends)):
+            buckets = tab.get(sid)
+            if buckets is None:
+                buckets = tab[sid] = {}
+            cell = buckets.get(idx)
+            if cell is None:
+                buckets[idx] = self._canonical(pos[a:z], val[a:z])
+            elif cell.ndim == 1:
+                cell[pos[a:z]] += val[a:z]
             else:
-                buckets[idx] = np.stack((pos, val))
-        elif cell.ndim == 1:
-            cell[pos] += val
-        else:
-            scratch = self._scratch
-            scratch[cell[0]] = cell[1]
-            scratch[pos] += val
-            nz = np.flatnonzero(scratch)
-            if len(nz) >= self._dense_at:
-                buckets[idx] = scratch.copy()
-            else:
-                buckets[idx] = np.stack((nz, scratch[nz]))
-            scratch[nz] = 0
+                slot = slot_of.get((sid, idx))
+                if slot is None:
+                    slot = slot_of[(sid, idx)] = len(held)
+                    held.append(cell)
+                slots[j] = slot
+        if not held:
+            return
+        size = self._width
+        lens = np.fromiter((c.shape[1] for c in held), np.int64, len(held))
+        old = np.concatenate(held, axis=1)
+        counts = np.diff(np.append(starts, len(pos)))
+        entry_slot = np.repeat(slots, counts)
+        mine = entry_slot >= 0
+        key = np.concatenate((np.repeat(np.arange(len(held)), lens) * size + old[0],
+                              entry_slot[mine] * size + pos[mine]))
+        values = np.concatenate((old[1], val[mine]))
+        order = np.argsort(key, kind="stable")
+        key, values = key[order], values[order]
+        first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        sums = np.add.reduceat(values, first)  # int64: exact
+        cell_slot, at = np.divmod(key[first], size)
+        cuts = np.flatnonzero(np.concatenate(([True], cell_slot[1:] != cell_slot[:-1])))
+        merged = np.stack((at, sums))
+        for (sid, idx), a, z in zip(slot_of, cuts.tolist(), [*cuts[1:].tolist(), len(at)]):
+            # copies: a view would keep the whole merged array alive
+            tab[sid][idx] = (merged[:, a:z].copy() if z - a < self._dense_at
+                             else self._canonical(at[a:z], sums[a:z]))
 
     @staticmethod
     def _accumulate(out: np.ndarray, cell: np.ndarray) -> None:
@@ -407,14 +430,8 @@ class Windows(BucketTables):
             return
         # many groups (a fleet of sparse series): only the entries the samples touch
         starts, pos, val = self._group_entries(inv, b, f, confq, correct, s)
-        bounds = list(zip(starts.tolist(), [*starts[1:].tolist(), len(pos)]))
         for w in range(nw):
-            series_tab = self._data[w]
-            for g, idx, (lo, hi) in zip(gsid, gb[w].tolist(), bounds):
-                buckets = series_tab.get(g)
-                if buckets is None:
-                    buckets = series_tab[g] = {}
-                self._add_sparse(buckets, idx, pos[lo:hi], val[lo:hi])
+            self._merge(self._data[w], gsid, gb[w].tolist(), starts, pos, val)
 
     def _group_rows(self, ngroups: int, inv: np.ndarray, b: np.ndarray, f: np.ndarray,
                     confq: np.ndarray, correct: np.ndarray, s: Samples) -> np.ndarray:
@@ -496,13 +513,7 @@ class Windows(BucketTables):
                            s.acc[rows], s.brier[rows], s.nll[rows])
             starts, pos, val = self._group_entries(inv, b[rows], f[rows], confq[rows],
                                                    correct[rows], part)
-            bounds = zip(starts.tolist(), [*starts[1:].tolist(), len(pos)])
-            series_tab = self._data[w]
-            for g_sid, idx, (a, z) in zip(gsid.tolist(), gidx.tolist(), bounds):
-                buckets = series_tab.get(g_sid)
-                if buckets is None:
-                    buckets = series_tab[g_sid] = {}
-                self._add_sparse(buckets, idx, pos[a:z], val[a:z])
+            self._merge(self._data[w], gsid.tolist(), gidx.tolist(), starts, pos, val)
 
     def totals(self, sid: int, w: int, now: float) -> np.ndarray | None:
         """The window's summed vector as float64 (fixed point not yet undone), or None."""

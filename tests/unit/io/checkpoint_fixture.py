@@ -55,6 +55,12 @@ def batches(part: int) -> list[list[Raw]]:
                 raws.append(L(pid, rng.randrange(2 if k < 2 else 3), ts + rng.uniform(0, 600)))
         raws.append(L(f"orphan-{part}-{b}", 1))  # a label waiting for its prediction
         out.append(raws)
+    # every model's newest prediction at the same time, so each model's own event time
+    # (contract v3) is the instance's, as format 1's single one was
+    last = base + 31 * 3600
+    out[-1] += [P(f"last-{part}-bin", last, "bin", prob=0.7), L(f"last-{part}-bin", 1),
+                P(f"last-{part}-lg", last, "lg", logit=0.3), L(f"last-{part}-lg", 0),
+                P(f"last-{part}-k3", last, "k3", probs=[0.2, 0.5, 0.3]), L(f"last-{part}-k3", 1)]
     return out
 
 
