@@ -102,7 +102,7 @@ def test_demo_runs_recalibrates_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> N
         # -- traffic of all three models is joined within 30 s of the start
         def joined() -> dict[str, float] | None:
             alive()
-            code, body = http_get(port, "/metrics", timeout=2.0)
+            code, body = http_get(port, "/metrics", timeout=10.0)
             if code != 200:
                 return None
             got = {k[0]: v for k, v in series(parse_metrics(body.decode()), "calmon_joined_total",
@@ -119,7 +119,7 @@ def test_demo_runs_recalibrates_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> N
             alive()
             if ">> recalibrated" in output():
                 return True
-            code, body = http_get(port, "/metrics", timeout=2.0)
+            code, body = http_get(port, "/metrics", timeout=10.0)
             return code == 200 and bool(
                 parse_metrics(body.decode()).get("calmon_calibrator_version"))
 
@@ -128,7 +128,7 @@ def test_demo_runs_recalibrates_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> N
                    interval=0.25)
         alive()
         # -- the steady model never alarms: its evidence stays below the threshold
-        code, body = http_get(port, "/metrics", timeout=2.0)
+        code, body = http_get(port, "/metrics", timeout=10.0)
         assert code == 200
         evidence = series(parse_metrics(body.decode()), "calmon_drift_evidence", "model",
                           "segment")

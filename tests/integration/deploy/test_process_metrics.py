@@ -32,12 +32,12 @@ PRED, LABEL = "p", "l"
 
 
 class StubSource:
-    """Hands out queued batches; ``stuck`` makes poll block (a hung main loop)."""
+    """Hands out queued batches; ``hang`` makes poll block (a hung main loop)."""
 
     def __init__(self) -> None:
         self.batches: list[Batch] = []
         self.ends: dict[tuple[str, int], int] = {}
-        self.stuck = threading.Event()
+        self.hang = threading.Event()
         self.release = threading.Event()
         self.lock = threading.Lock()
 
@@ -45,7 +45,7 @@ class StubSource:
         return []
 
     def poll(self, timeout_ms: int = 250, max_records: int = 5000) -> Batch:
-        if self.stuck.is_set():
+        if self.hang.is_set():
             self.release.wait(60)  # held until the test releases it: the stall under test
         with self.lock:
             if self.batches:
@@ -166,11 +166,11 @@ def test_healthz_fails_while_the_main_loop_is_stuck(
     d, source, port = daemon
     assert get(port, "/healthz") == (200, "ok\n")
     d.stall_after_s = 1.0
-    source.stuck.set()  # the next poll hangs
+    source.hang.set()  # the next poll hangs
     wait_until(lambda: get(port, "/healthz")[0] == 503, 30, "/healthz 503 on a stuck loop")
     assert "stalled" in get(port, "/healthz")[1]
     stalled_beat = samples(port, "calmon_loop_heartbeat_timestamp_seconds")
-    source.stuck.clear()
+    source.hang.clear()
     source.release.set()  # the loop goes on
     wait_until(lambda: get(port, "/healthz")[0] == 200, 30, "/healthz 200 once it moves")
     assert samples(port, "calmon_loop_heartbeat_timestamp_seconds") != stalled_beat
