@@ -132,7 +132,8 @@ def _accuracy_text(row: Row) -> str:
                 else "no realized accuracy yet")
     if est.pending_samples and est.estimated_accuracy is not None:
         estimated = (f"estimated {est.estimated_accuracy:.3f} for {est.pending_samples} "
-                     "predictions awaiting labels")
+                     "predictions awaiting labels (holds only while the live calibrator "
+                     "holds)")
     else:
         estimated = "no predictions awaiting labels"
     return f"{realized} &middot; {estimated}"

@@ -43,6 +43,7 @@ import numpy as np
 
 from calmon.calibrators import Calibrator, CalibratorError, load
 from calmon.calibrators.identity import IdentityCalibrator
+from calmon.calibrators.scores import to_logits
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import (
@@ -77,7 +78,7 @@ FIRST_FEED = 10_000  # samples a series' detector starts on (bounds the first ch
 MIN_READ = 200  # the triggers read at least this many post-change samples
 ROLLBACK_VERSIONS = 5  # earlier versions a rollback may go back to (newest first)
 MIN_ROLLBACK = 50  # post-change samples a rollback needs at least
-SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in "samples of curvature"
+SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in samples
 # (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
 # series' ring, with the ring's running total; None when the series has no ring.
 SamplesOf = Callable[[str, str, int | None], SampleSet | None]
@@ -379,8 +380,12 @@ class Policy:
         if segment != ALL:
             model_live = self.registry.live(model, ALL)
             form = platt_form(None if model_live is None else model_live.calibrator)
-            if form is not None:
-                prior = Prior(form[0], form[1], SHRINK)
+            if form is not None and post.score.ndim == 1:
+                # SHRINK samples' worth of curvature: a sample adds p (1 - p) (the
+                # prior's p), so a rare outcome's segment is not held back more
+                z = to_logits(scores_as(post, input_kind(post)), input_kind(post))
+                p0 = 1.0 / (1.0 + np.exp(-(form[0] * z + form[1])))
+                prior = Prior(form[0], form[1], SHRINK * float(np.mean(p0 * (1.0 - p0))))
         guards = ()
         if segment == ALL and self.rc.per_segment:
             guards = self._segment_guards(model, post, keys, samples_of, st.change_ts)
