@@ -47,7 +47,7 @@ def test_a_fix_of_true_ece_0_08_is_published_from_600_samples_with_probability_0
     assert rate >= 0.87
 
 
-@pytest.mark.parametrize("method", ["temperature", "auto"])
+@pytest.mark.parametrize("method", ["temperature", "platt", "isotonic", "histogram", "auto"])
 def test_forced_refits_of_a_calibrated_model_are_published_at_most_at_rate_alpha(
         method: str) -> None:
     alpha, runs = 0.05, 200

@@ -224,3 +224,30 @@ def test_a_drift_fixed_upstream_a_day_later_is_rolled_back() -> None:
           f"served true ECE over the next day {after:.4f}")
     assert undo[0].ts - fixed <= 8 * HOUR
     assert after <= 0.02
+
+
+def test_a_gradual_drift_is_followed() -> None:
+    """Logits sharpened gradually, x1 -> x2 over 3 days from day 1, at 8k a day: flagged
+    while the raw model's true ECE is still <= 0.06; the served true ECE averaged over
+    the drift is at most half the raw model's, and <= 0.03 at the end."""
+    start, span = T0 + DAY, 3 * DAY
+
+    def scenario(t: float, seg: int, n: int, rng: np.random.Generator):
+        z = rng.normal(-2.0, 1.2, n)
+        return z * (1.0 + min(max((t - start) / span, 0.0), 1.0)), 1 / (1 + np.exp(-z))
+
+    sim = Simulation(sim_config(min_samples=2000), scenario, segments=1, per_day=8000, seed=38)
+    tr = run(sim, 4.5, step_h=2.0)
+    drift = tr.first("drift")
+    assert drift is not None, tr.events
+    t = np.array(tr.times)
+    raw_at_flag = float(np.interp(drift, t, tr.raw))
+    during = (t > start) & (t <= start + span)
+    served, raw = float(np.mean(np.array(tr.served)[during])), float(
+        np.mean(np.array(tr.raw)[during]))
+    print(f"\ngradual x1 -> x2: flagged {(drift - start) / HOUR:.1f} h in (raw true ECE "
+          f"{raw_at_flag:.3f}); over the drift served {served:.4f} vs raw {raw:.4f}; "
+          f"{len(tr.of('published'))} publishes; at the end {tr.served[-1]:.4f}")
+    assert raw_at_flag <= 0.06
+    assert served <= 0.5 * raw
+    assert tr.served[-1] <= 0.03
