@@ -254,8 +254,10 @@ def test_a_class_reset_forgets_the_same_whichever_topic_came_first() -> None:
 
 def test_every_reason_is_produced() -> None:
     produced = {c[0] for c in PARSER_CASES} | set(engine_reasons())
-    # internal is produced by a bug only: test_internal_error_is_isolated_to_its_record
-    assert produced | {"internal"} == set(REASONS)
+    # internal is produced by a bug only: test_internal_error_is_isolated_to_its_record;
+    # the batch reasons by the consumer, before any record is parsed (io/batch_guard.py,
+    # tests/unit/io/test_batch_guard.py)
+    assert produced | {"internal", "bad_batch", "batch_oversize"} == set(REASONS)
 
 
 def test_engine_counts_invalid_by_topic_and_reason() -> None:
