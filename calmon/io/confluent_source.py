@@ -59,6 +59,8 @@ class ConfluentSource(SourceBase):
         self._log_interval_s = log_interval_s
         self._consumer: Consumer | None = None
         self._bad_batch: dict[Position, tuple[int, int]] = {}  # first offset, next to try
+        self._progress: dict[Position, tuple[int, float]] = {}  # fetch position, since when
+        self._progress_at = 0.0
         self._connected = False
         self._last_warning = -float("inf")
 
@@ -267,6 +269,40 @@ class ConfluentSource(SourceBase):
             if high is not None and high >= 0:
                 out[(topic, partition)] = int(high)
         return out
+
+    def stuck(self) -> str | None:
+        """``SourceBase.stuck``, and a partition whose fetch position has not moved for
+        ``STUCK_AFTER_S`` while records lie after it: librdkafka inflates batches in
+        its own threads, and one it cannot get past (a decompression bomb) holds the
+        partition without any error. Read from librdkafka's local state (positions,
+        the watermarks of its last fetches), at most once a second."""
+        why = super().stuck()
+        consumer, now = self._consumer, time.monotonic()
+        if why is not None or consumer is None or now - self._progress_at < 1.0:
+            return why
+        self._progress_at = now
+        try:
+            positions = consumer.position([TopicPartition(t, p) for t, p in self._owned])
+        except KafkaException as exc:
+            log.debug("cannot read positions: %r", exc)
+            return None
+        for tp in positions:
+            key: Position = (tp.topic, tp.partition)
+            seen = self._progress.get(key)
+            if seen is None or seen[0] != tp.offset:
+                self._progress[key] = (tp.offset, now)
+                continue
+            offset, since = seen
+            if offset < 0 or now - since < shared.STUCK_AFTER_S:
+                continue
+            try:
+                _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                continue
+            if high is not None and high > offset:
+                return (f"{key[0]}/{key[1]} has stayed at offset {offset} for "
+                        f"{now - since:.0f}s with {high - offset} records after it")
+        return None
 
     def connected(self) -> bool:
         """True while librdkafka last reported a broker connection UP (no I/O)."""

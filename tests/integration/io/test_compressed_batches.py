@@ -91,3 +91,35 @@ def test_gzip_bomb_is_skipped_in_bounded_memory(kafka_bootstrap: str,
     assert skipped[0].value is not None and bomb in skipped[0].value  # the batch, to dead-letter
     assert positions == {(preds, 0): after[-1] + 1}
     assert grown < 400 * MIB, grown  # the bound is 64 MiB of inflated bytes a batch
+
+
+def test_confluent_held_by_a_bomb_says_it_is_stuck(kafka_bootstrap: str,
+                                                   kafka_topics: Callable[..., list[str]],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka inflates batches itself and chews on a 600 MB bomb without an error:
+    the source cannot skip what it never sees, but says the partition is stuck."""
+    pytest.importorskip("confluent_kafka")
+    from calmon.io import source as shared
+
+    monkeypatch.setattr(shared, "STUCK_AFTER_S", 3.0)
+    preds, labels = kafka_topics(count=2, partitions=1)
+    [first] = send_one_batch(kafka_bootstrap, preds, 0, [b'{"n": 0}'])
+    bomb = gzip_bomb(600 * MIB)
+    with gzip_payload(bomb):
+        [at] = send_one_batch(kafka_bootstrap, preds, 0, [b"x" * (len(bomb) + 1024)],
+                              compression_type="gzip")
+    send_one_batch(kafka_bootstrap, preds, 0, [TAIL])
+    source = make_source(make_config(kafka_bootstrap, preds, labels, "confluent"),
+                         metadata_timeout_s=10)
+    source.assign()
+    stuck = None
+    got: list[str] = []
+    deadline = time.monotonic() + 90
+    try:
+        while stuck is None and time.monotonic() < deadline:
+            got += [r.source for r in source.poll(timeout_ms=500, max_records=100).records]
+            stuck = source.stuck()
+    finally:
+        source.close()
+    assert got == [f"{preds}/0/{first}"]
+    assert stuck is not None and f"{preds}/0 has stayed at offset {at}" in stuck
