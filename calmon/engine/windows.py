@@ -293,27 +293,26 @@ class BucketTables:
         pos_type = np.uint16 if self._width <= 1 << 16 else np.int32
         out = []
         for tab in self._data:
-            skeys: list[tuple[int, int]] = []
-            scells: list[np.ndarray] = []
-            dkeys: list[tuple[int, int]] = []
-            dcells: list[np.ndarray] = []
+            sids: list[int] = []
+            idxs: list[int] = []
+            cells: list[np.ndarray] = []
             for sid in sorted(tab):
                 buckets = tab[sid]
                 for idx in sorted(buckets):
-                    cell = buckets[idx]
-                    if cell.ndim == 1:
-                        dkeys.append((sid, idx))
-                        dcells.append(cell)
-                    else:
-                        skeys.append((sid, idx))
-                        scells.append(cell)
+                    sids.append(sid)
+                    idxs.append(idx)
+                    cells.append(buckets[idx])
+            keys = np.array([sids, idxs], np.int64).T.reshape(-1, 2)
+            dense = np.fromiter((c.ndim == 1 for c in cells), bool, len(cells))
+            scells = [c for c in cells if c.ndim == 2]
+            dcells = [c for c in cells if c.ndim == 1]
             flat = (np.concatenate(scells, axis=1) if scells
                     else np.zeros((2, 0), np.int64))
             out.append({
-                "keys": np.array(skeys, np.int64).reshape(-1, 2),
-                "nnz": np.array([c.shape[1] for c in scells], np.int64),
+                "keys": np.ascontiguousarray(keys[~dense]),
+                "nnz": np.fromiter((c.shape[1] for c in scells), np.int64, len(scells)),
                 "pos": flat[0].astype(pos_type), "val": flat[1].copy(),
-                "dense_keys": np.array(dkeys, np.int64).reshape(-1, 2),
+                "dense_keys": np.ascontiguousarray(keys[dense]),
                 "dense": (np.stack(dcells) if dcells
                           else np.zeros((0, self._width), np.int64)),
             })
