@@ -544,6 +544,20 @@ def _cross_checks(cfg: Config, errors: list[str]) -> None:
                       "(pip install 'calmon[fast]'), which cannot be imported here")
     if cfg.kafka.predictions_topic == cfg.kafka.labels_topic:
         errors.append("kafka.labels_topic: must differ from kafka.predictions_topic")
+    if inst is not None and inst.index < inst.count > 1 and cfg.recalibration.enabled:
+        # scaled out, one owner per model recalibrates on every instance's samples (§7)
+        if cfg.kafka.joined_topic is None:
+            errors.append("kafka.joined_topic: required with kafka.instance.count > 1 and "
+                          "recalibration enabled (every instance's joined samples reach "
+                          "each model's one owner through it)")
+        if cfg.kafka.calibrators_topic is None:
+            errors.append("kafka.calibrators_topic: required with kafka.instance.count > 1 "
+                          "and recalibration enabled (versions come from it, not from a "
+                          "local output_dir)")
+    jt = cfg.kafka.joined_topic
+    if jt is not None and jt in (cfg.kafka.predictions_topic, cfg.kafka.labels_topic,
+                                 cfg.kafka.calibrators_topic, cfg.kafka.dead_letter_topic):
+        errors.append("kafka.joined_topic: must be a topic of its own")
 
 
 def _check_keys(cfg: Config, errors: list[str]) -> None:

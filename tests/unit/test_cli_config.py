@@ -156,6 +156,8 @@ kafka:
   bootstrap_servers: "${CALMON_TEST_HOST}:9092"
   group_id: ${CALMON_TEST_UNSET:-calmon-fallback}
   instance: {index: ${POD_INDEX}, count: 2}
+  joined_topic: calmon-joined       # both required when scaled out with recalibration
+  calibrators_topic: calmon-calibrators
 join:
   max_pending: ${CALMON_TEST_MAXP}
   label_ttl: ${CALMON_TEST_UNSET:-15m}

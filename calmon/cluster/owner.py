@@ -1,0 +1,135 @@
+"""The owner's side, in memory: per-series sample rings fed by joined batches of the
+models whose joined-topic partitions this instance was assigned, and the one ``Policy``
+(``calmon.recal.policy``, exactly what ``replay --recalibrate`` runs) checked per model
+on the largest event time its senders reported.
+
+Re-sent batches (a sender restored a checkpoint written before it heard the broker's
+acknowledgement) are dropped by source offset: per (model, input partition) the owner
+keeps the end of the input range it has taken, and a batch that advances none is a copy.
+The rings, the dedup marks, the clocks, the policy and the joined-topic offsets they
+reflect are one snapshot, checkpointed together.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from calmon.cluster.batch import BatchError, JoinedBatch, decode
+from calmon.engine.buffer import Ring, SampleSet
+from calmon.recal.policy import Event, Policy
+
+log = logging.getLogger(__name__)
+
+
+class Owner:
+    def __init__(self, policy: Policy, capacity: int) -> None:
+        self.policy = policy
+        self.capacity = capacity
+        self.rings: dict[tuple[str, str], Ring] = {}
+        self.seen: dict[tuple[str, str, int], int] = {}  # (model, topic, partition) -> to
+        self.nows: dict[str, float] = {}  # model -> largest event time reported
+        self.partition_of: dict[str, int] = {}  # model -> its joined-topic partition
+        self.offsets: dict[int, int] = {}  # joined-topic partition -> next offset
+        self.accepted = 0  # samples taken (process-local counters)
+        self.duplicates = 0  # batches dropped as re-sent
+        self.bad = 0  # records that are not joined batches
+        self.lock = threading.RLock()  # the owner's thread vs. checkpoints and readers
+
+    # ------------------------------------------------------------ input
+
+    def accept(self, partition: int, offset: int, value: bytes | None) -> bool:
+        """One joined-topic record; False when it was a copy or not a batch."""
+        with self.lock:
+            self.offsets[partition] = max(self.offsets.get(partition, 0), offset + 1)
+            try:
+                b = decode(value or b"")
+            except BatchError as e:
+                self.bad += 1
+                log.warning("skipping joined-topic record %d/%d: %s", partition, offset, e)
+                return False
+            self.partition_of[b.model] = partition
+            return self.take(b)
+
+    def take(self, b: JoinedBatch) -> bool:
+        with self.lock:
+            marks = [(tp, to) for tp, (_f, to) in b.source.items()
+                     if to > self.seen.get((b.model, *tp), -1)]
+            if b.source and not marks:
+                self.duplicates += 1
+                return False
+            for tp, to in marks:
+                self.seen[(b.model, *tp)] = to
+            if math.isfinite(b.now):
+                self.nows[b.model] = max(self.nows.get(b.model, -math.inf), b.now)
+            for s in b.series:
+                ring = self.rings.get((b.model, s.segment))
+                if ring is None or ring.classes != s.classes:
+                    ring = self.rings[(b.model, s.segment)] = Ring(self.capacity, s.classes)
+                x = s.samples
+                before = ring.total
+                ring.extend(x.ts, x.label, x.kind, x.score)
+                ring.total = before + s.added  # samples the sender's ring lost count too
+                self.accepted += len(x)
+            return True
+
+    # ------------------------------------------------------------ the policy
+
+    def models(self, partitions: Iterable[int] | None = None) -> list[str]:
+        """Models whose batches came on ``partitions`` (all when None)."""
+        with self.lock:
+            keep = None if partitions is None else set(partitions)
+            return sorted(m for m, p in self.partition_of.items()
+                          if keep is None or p in keep)
+
+    def samples_of(self, model: str, segment: str, last: int | None = None
+                   ) -> SampleSet | None:
+        with self.lock:
+            ring = self.rings.get((model, segment))
+            return None if ring is None else ring.samples(last)
+
+    def series(self, model: str) -> list[tuple[str, str]]:
+        with self.lock:
+            return sorted(k for k in self.rings if k[0] == model)
+
+    def check(self, partitions: Iterable[int] | None = None) -> list[Event]:
+        """One policy check of every owned model, each on its own clock."""
+        events: list[Event] = []
+        for model in self.models(partitions):
+            now = self.nows.get(model, -math.inf)
+            if math.isfinite(now):
+                events += self.policy.check(now, self.series(model), self.samples_of)
+        return events
+
+    def sample_count(self, model: str) -> int:
+        """Samples the owner took for a model (its ``__all__`` ring's total)."""
+        with self.lock:
+            ring = self.rings.get((model, "__all__"))
+            return 0 if ring is None else ring.total
+
+    # ------------------------------------------------------------ state
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "rings": [[m, s, r.snapshot()] for (m, s), r in sorted(self.rings.items())],
+                "seen": [[m, t, p, o] for (m, t, p), o in sorted(self.seen.items())],
+                "nows": [[m, t] for m, t in sorted(self.nows.items()) if math.isfinite(t)],
+                "partition_of": [[m, p] for m, p in sorted(self.partition_of.items())],
+                "offsets": [[p, o] for p, o in sorted(self.offsets.items())],
+                "policy": self.policy.snapshot(),
+            }
+
+    def restore(self, snap: Mapping[str, Any]) -> None:
+        with self.lock:
+            self.rings = {(str(m), str(s)): Ring.restore(self.capacity, r)
+                          for m, s, r in snap.get("rings", [])}
+            self.seen = {(str(m), str(t), int(p)): int(o) for m, t, p, o in snap.get("seen", [])}
+            self.nows = {str(m): float(t) for m, t in snap.get("nows", [])}
+            self.partition_of = {str(m): int(p) for m, p in snap.get("partition_of", [])}
+            self.offsets = {int(p): int(o) for p, o in snap.get("offsets", [])}
+            if isinstance(snap.get("policy"), dict):
+                self.policy.restore(snap["policy"])
