@@ -151,6 +151,7 @@ class _Server:
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
+        self._stopped.set()  # until serve_forever runs: shutdown() has nothing to wait for
         self.rejected = 0  # requests answered 503 because every request slot was taken
         self.dropped = 0  # connections closed before a whole request (deadline, size, cap)
 
@@ -291,6 +292,11 @@ class _Server:
 
     # -------------------------------------------------------------- lifecycle
 
+    def starting(self) -> None:
+        """Call before running ``serve_forever`` in a thread: ``shutdown`` then waits
+        for it."""
+        self._stopped.clear()
+
     def shutdown(self) -> None:
         self._stopping.set()
         with contextlib.suppress(OSError):
@@ -425,6 +431,7 @@ class HttpServer:
         self.stop()
 
     def start(self) -> None:
+        self._server.starting()
         self._thread = threading.Thread(target=self._server.serve_forever, name="calmon-http",
                                         kwargs={"poll_interval": 0.2}, daemon=True)
         self._thread.start()
