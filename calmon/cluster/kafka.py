@@ -1,0 +1,227 @@
+"""The scaled-out roles on Kafka's own machinery (contract §7).
+
+- ``JoinedProducer``: an instance's joined batches onto ``kafka.joined_topic``, keyed by
+  model (the producer's murmur2 partitioner maps a model to its partition, hence owner);
+  ``send`` returns True only once the broker acknowledged every batch.
+- ``Publisher``: one transactional producer per owned joined-topic partition,
+  ``transactional.id = <group_id>-recal-<partition>``. When a new owner initialises
+  that id the broker fences the former one: its commit raises, and its open
+  transaction is aborted, so readers with ``read_committed`` never see it. No
+  check-then-act generation test: the broker decides.
+- ``read_back``: on assignment, the owner writes a marker (its own key, no ``model`` or
+  ``segment``) to every partition of ``calibrators_topic`` in a transaction, then reads
+  every partition from the start up to its marker: everything committed before it
+  took over, never trusting a high-water mark.
+- ``materialise``: the topic's documents as ``output_dir``'s files (a local view: what
+  the registry numbers versions from), phantom versions of a fenced publish removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from calmon.config import KafkaConfig
+from calmon.files import atomic_write
+from calmon.io.topics import client_settings
+from calmon.recal.registry import Registry
+
+log = logging.getLogger(__name__)
+
+MARKER_PREFIX = "__calmon_marker__/"
+READ_BACK_TIMEOUT_S = 60.0
+
+
+def _producer_settings(cfg: KafkaConfig) -> dict[str, Any]:
+    return {"bootstrap_servers": list(cfg.bootstrap_servers),
+            **client_settings(cfg.client, KafkaProducer.DEFAULT_CONFIG, role="producer")}
+
+
+def _consumer_settings(cfg: KafkaConfig) -> dict[str, Any]:
+    return {"bootstrap_servers": list(cfg.bootstrap_servers),
+            **client_settings(cfg.client, KafkaConsumer.DEFAULT_CONFIG, role="consumer")}
+
+
+class JoinedProducer:
+    def __init__(self, cfg: KafkaConfig, topic: str, *, timeout_s: float = 30.0) -> None:
+        self.cfg = cfg
+        self.topic = topic
+        self.timeout_s = timeout_s
+        self._producer: KafkaProducer | None = None
+
+    def send(self, batches: list[tuple[bytes, bytes]]) -> bool:
+        try:
+            if self._producer is None:
+                self._producer = KafkaProducer(acks="all", **_producer_settings(self.cfg))
+            futures = [self._producer.send(self.topic, key=k, value=v) for k, v in batches]
+            self._producer.flush(timeout=self.timeout_s)
+            for f in futures:
+                f.get(timeout=self.timeout_s)
+            return True
+        except Exception as e:  # broker trouble: the batches stay pending, retried later
+            log.warning("joined batches not acknowledged yet (%s); retrying at the next "
+                        "checkpoint", e)
+            return False
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(timeout=5)
+            self._producer = None
+
+
+class NotOwner(RuntimeError):
+    """A publish for a model whose partition this instance does not own (any more)."""
+
+
+class Publisher:
+    """The transactional producers of the owned partitions; the registry's publish
+    callback. A fenced producer raises out of ``__call__`` (the policy counts a failed
+    refit) and is dropped: the partition's new owner publishes."""
+
+    def __init__(self, cfg: KafkaConfig, topic: str, group: str) -> None:
+        self.cfg = cfg
+        self.topic = topic
+        self.group = group
+        self.producers: dict[int, KafkaProducer] = {}
+        self.partition_of: Mapping[str, int] = {}  # model -> joined-topic partition
+        self.fenced: set[int] = set()
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.group}-recal-{partition}"
+
+    def take(self, partition: int) -> KafkaProducer:
+        """Become the one writer of ``partition``: fences any former owner."""
+        old = self.producers.pop(partition, None)
+        if old is not None:
+            old.close(timeout=0)
+        p = KafkaProducer(transactional_id=self.transactional_id(partition),
+                          **_producer_settings(self.cfg))
+        p.init_transactions()
+        self.producers[partition] = p
+        self.fenced.discard(partition)
+        return p
+
+    def release(self, partitions: Iterable[int]) -> None:
+        for part in partitions:
+            p = self.producers.pop(part, None)
+            if p is not None:
+                p.close(timeout=1)
+
+    def send_in_transaction(self, partition: int,
+                            records: list[tuple[bytes, bytes, int | None]]) -> None:
+        p = self.producers.get(partition)
+        if p is None:
+            raise NotOwner(f"joined-topic partition {partition} is not owned here")
+        try:
+            p.begin_transaction()
+            for key, value, part in records:
+                p.send(self.topic, key=key, value=value, partition=part)
+            p.commit_transaction()
+        except Exception:
+            self.fenced.add(partition)
+            self.producers.pop(partition, None)
+            try:
+                p.close(timeout=0)
+            except Exception:  # closing a fenced producer may complain too
+                log.debug("closing the fenced producer of partition %d raised", partition)
+            raise
+
+    def __call__(self, key: str, document: bytes) -> bool:
+        model = str(json.loads(document)["model"])
+        partition = self.partition_of.get(model)
+        if partition is None:
+            raise NotOwner(f"model {model!r} has no joined-topic partition here")
+        self.send_in_transaction(partition, [(key.encode(), document, None)])
+        return True
+
+    def close(self) -> None:
+        self.release(list(self.producers))
+
+
+def read_back(publisher: Publisher, partition: int, *,
+              timeout_s: float = READ_BACK_TIMEOUT_S) -> list[tuple[dict[str, Any], bytes]]:
+    """Every committed calibrator document of ``calibrators_topic`` (parsed, and its
+    bytes) up to a marker this owner wrote to each of its partitions (raises
+    TimeoutError when they never show)."""
+    cfg, topic = publisher.cfg, publisher.topic
+    consumer = KafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
+                             **_consumer_settings(cfg))
+    try:
+        parts = sorted(consumer.partitions_for_topic(topic) or ())
+        deadline = time.monotonic() + timeout_s
+        while not parts and time.monotonic() < deadline:
+            time.sleep(0.2)  # metadata still loading
+            parts = sorted(consumer.partitions_for_topic(topic) or ())
+        if not parts:
+            raise TimeoutError(f"kafka.calibrators_topic: {topic} has no partitions")
+        nonce = uuid.uuid4().hex
+        key = f"{MARKER_PREFIX}{publisher.transactional_id(partition)}".encode()
+        value = json.dumps({"marker": nonce, "owner": publisher.transactional_id(partition)}
+                           ).encode()
+        publisher.send_in_transaction(partition, [(key, value, p) for p in parts])
+        tps = [TopicPartition(topic, p) for p in parts]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        waiting = set(parts)
+        docs: list[tuple[dict[str, Any], bytes]] = []
+        while waiting:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the read-back marker did not come back on "
+                                   f"{topic} partitions {sorted(waiting)}")
+            for tp, recs in consumer.poll(timeout_ms=500).items():
+                for r in recs:
+                    if tp.partition not in waiting:
+                        break
+                    if r.key == key and r.value == value:
+                        waiting.discard(tp.partition)
+                        continue
+                    doc = _document(r.value)
+                    if doc is not None:
+                        docs.append((doc, bytes(r.value)))
+        return docs
+    finally:
+        consumer.close()
+
+
+def _document(value: bytes | None) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(value or b"")
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or "model" not in doc or "segment" not in doc:
+        return None  # a marker, or not a document at all
+    if not isinstance(doc.get("version"), int) or isinstance(doc.get("version"), bool):
+        return None
+    return doc
+
+
+def materialise(registry: Registry, docs: list[tuple[dict[str, Any], bytes]]) -> int:
+    """Write the topic's documents as ``output_dir`` files: every version seen, the
+    newest as ``latest.json``; local versions newer than the topic's (a fenced owner's
+    publish never committed) are removed. Returns the series written."""
+    newest: dict[tuple[str, str], tuple[dict[str, Any], bytes]] = {}
+    for doc, data in docs:
+        k = (str(doc["model"]), str(doc["segment"]))
+        d = registry.dir_of(*k)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"v{doc['version']}.json"
+        if not path.exists() or path.read_bytes() != data:
+            atomic_write(path, data)
+        if k not in newest or doc["version"] >= newest[k][0]["version"]:
+            newest[k] = (doc, data)
+    for (model, segment), (doc, data) in newest.items():
+        sdir: Path = registry.dir_of(model, segment)
+        for v in registry.versions(model, segment):
+            if v > doc["version"]:
+                (sdir / f"v{v}.json").unlink(missing_ok=True)
+        latest = sdir / "latest.json"
+        if not latest.exists() or latest.read_bytes() != data:
+            atomic_write(latest, data)
+    return len(newest)
