@@ -62,3 +62,21 @@ def test_failed_refits_carry_zero_sample_counts_and_a_reason() -> None:
     assert r.outcome == "failed" and r.reason
     assert (r.fit_samples, r.holdout_samples) == (0, 0)
     assert isinstance(r.fit_samples, int) and isinstance(r.holdout_samples, int)
+
+
+def test_one_drift_event_per_alarm_however_the_triggers_flap(monkeypatch) -> None:
+    """The trigger set flapping under one latched alarm (fired, nothing, fired, ...) makes
+    one drift event, not one per flap."""
+    import calmon.recal.policy as policy_mod
+    from calmon.recal.triggers import Decision
+    from tests.statistics.sim import DAY, T0, Simulation, binary, sim_config
+
+    flips = iter(range(10**6))
+    monkeypatch.setattr(policy_mod, "decide", lambda cfg, r: Decision(
+        0.1, ("ece_above",) if next(flips) % 2 == 0 else (), None))
+    sim = Simulation(sim_config(min_samples=10**6, buffer=10**6), binary(
+        mu=-2.0, sd=1.2, change_at=T0 + 0.2 * DAY, scale=2.5), segments=1, per_day=8000,
+        seed=5)
+    run = sim.run(1.0)
+    assert sim.policy.states[("m", "__all__")].detector.alarmed
+    assert len(run.of("drift")) == 1, run.events
