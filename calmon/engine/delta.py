@@ -21,6 +21,7 @@ class Delta:
     joined: Counter[str] = field(default_factory=Counter)  # model
     expired: Counter[tuple[str, str]] = field(default_factory=Counter)  # model, reason
     labels_expired: int = 0
+    series_folded: int = 0  # new segments folded into __other__ by limits.max_series
     class_resets: Counter[str] = field(default_factory=Counter)  # model
     duplicates: Counter[str] = field(default_factory=Counter)  # topic
     key_mismatch: Counter[str] = field(default_factory=Counter)  # topic: key is not the id

@@ -94,8 +94,9 @@ class View:
     counters: dict[str, int]
     pending: int
     pending_labels: int
-    series: list[tuple[str, str]]  # series id -> (model, segment)
+    series: list[tuple[str, str]]  # series id -> (model, segment); ("", "") when free
     version: int
+    series_held: int = 0  # (model, segment) series held (limits.max_series)
 
 
 class Engine:
@@ -104,8 +105,11 @@ class Engine:
         # live calibrators for the label-free estimates; set_calibrators() replaces them
         self.calibrators: LiveCalibrators = calibrators or {}
         self.max_models = cfg.limits.max_models
-        self.index = SeriesIndex(cfg.segments.slices, cfg.segments.max_values)
+        self.index = self._new_index()
         self.join = Join(cfg.join)
+        # a model idle this long on the instance's clock is dropped (contract v3 §2)
+        self._idle_after = max(w.seconds for w in cfg.metrics.windows) + cfg.join.ttl
+        self._folded_seen = 0
         self.windows = Windows(cfg.metrics.windows, cfg.metrics.bins, cfg.metrics.fine_bins)
         # classwise ECE (metrics.classwise): per (series, class) bins of p_k against [y = k],
         # kept like any series, with a single fine bin since ACE is not asked of them
@@ -152,6 +156,10 @@ class Engine:
         with self.lock:
             midx = self._model_idx.get(model)
             return -math.inf if midx is None else self.join.nows[midx]
+
+    def _new_index(self) -> SeriesIndex:
+        return SeriesIndex(self.cfg.segments.slices, self.cfg.segments.max_values,
+                           self.cfg.limits.max_series)
 
     # ------------------------------------------------------------ writing
 
@@ -456,12 +464,50 @@ class Engine:
                         self._add_joined(joined.take(np.array([i])))
                     except Exception:
                         self._invalid(Kind.PREDICTION, "internal")
+        folded = self.index.folded - self._folded_seen
+        if folded:
+            self.last_delta.series_folded += folded
+            self._folded_seen = self.index.folded
+        self._drop_idle()
         self.version += 1
         smallest = min(self.windows.widths)
         if self.now - self._evicted_at >= smallest:
             self._evict()
             self._evicted_at = self.now
         return rejected
+
+    def _drop_idle(self) -> None:
+        """Capacity frees itself (contract v3 §2): a model whose latest prediction is
+        more than its largest window and join.ttl behind the instance's clock is dropped
+        with its pending predictions (counted as expired by ttl), its series and its
+        slots in limits.max_models and limits.max_series, which new names reuse."""
+        limit = self.join.clock - self._idle_after
+        nows = self.join.nows
+        idle = [m for m, name in enumerate(self.models) if name and nows[m] < limit]
+        if not idle:
+            return
+        self.join.combo_model = self._combo_models()
+        combos = self.join.drop_models(idle)
+        if len(combos):
+            models, counts = np.unique(self._combo_model[combos], return_counts=True)
+            for m, n in zip(models.tolist(), counts.tolist()):
+                self.counters["expired"] += n
+                self.last_delta.expired[(self.models[m], "ttl")] += n
+        for m in idle:
+            name = self.models[m]
+            sids = self.index.drop_model(name)
+            self.windows.forget(sids)
+            self.scores.forget(sids)
+            if self.classwise is not None:
+                self.classwise.forget([c for sid in sids for c in self._classes_of.get(sid, ())])
+            if self.buffers is not None:
+                for sid in sids:
+                    self.buffers.rings.pop(sid, None)
+            self.models[m] = ""
+            del self._model_idx[name]
+            self.class_counts.set_model(m, 0)
+        self._free_models = sorted(self._free_models + idle, reverse=True)
+        log.info("dropped %d idle model(s): their slots are free", len(idle))
 
     def _evict(self) -> None:
         """Buckets that slid out of their series' windows (on their model's clock) go."""
@@ -711,13 +757,13 @@ class Engine:
                     work.append((model, segment, win.name, binary, vec, cw, est, worst))
             version = self.version
             parts = (self.now, dict(self.counters), self.join.pending,
-                     self.join.pending_labels, list(self.index.series))
+                     self.join.pending_labels, list(self.index.series), self.index.held)
         rows = [Row(model, segment, name, binary,
                     metrics.from_vector(vec, lay, binary, m.mce_min_samples, m.interval_level),
                     cw, est, worst)
                 for model, segment, name, binary, vec, cw, est, worst in work]
-        now, counters, pend, pend_labels, series = parts
-        view = View(now, rows, counters, pend, pend_labels, series, version)
+        now, counters, pend, pend_labels, series, held = parts
+        view = View(now, rows, counters, pend, pend_labels, series, version, held)
         with self.lock:
             if self.version == version:
                 self._view_cache = view
@@ -895,12 +941,13 @@ class Engine:
             self.counters = Counter({k: 0 for k in COUNTER_KEYS})
             self.counters.update(snap["counters"])
             self._stale_classes = self.counters["class_resets"] > 0
-            self.index = SeriesIndex(self.cfg.segments.slices, self.cfg.segments.max_values)
+            self.index = self._new_index()
             self.index.restore(snap["series"])
+            self._folded_seen = 0
             self.join = Join(self.cfg.join)
-            # before v3 "now" was one for all models: each model's now starts there
-            nows = snap.get("model_now") or [now] * len(self.models)
-            self.join.nows = [float(x) for x in nows]
+            nows = snap.get("model_now")
+            self.join.nows = ([float(x) for x in nows] if nows is not None
+                              else [now] * len(self.models))
             self.join.clock = now
             self.join.restore(snap["join"])
             self.windows.restore(snap["windows"])
@@ -915,6 +962,8 @@ class Engine:
                 for (s, _c), i in sorted(self._class_series.items(), key=lambda kv: kv[1]):
                     self._classes_of.setdefault(s, []).append(i)
             self._check_restored(snap)
+            if nows is None:
+                self.join.nows = self._recorded_nows(snap["join"], now)
             self.changed_all = True
             self.version += 1
 
@@ -923,6 +972,12 @@ class Engine:
         hostile): every id one section holds points into another that has it. Raises
         ValueError; the caller restores an empty state then."""
         n_series, n_combos = len(self.index.series), len(self.index.combos)
+        if len(self.join.nows) != len(self.models):
+            raise ValueError(f"model_now: {len(self.join.nows)} values for "
+                             f"{len(self.models)} models")
+        flat = [sid for t in self.index.combo_series for sid in t]
+        if flat and (min(flat) < 0 or max(flat) >= n_series):
+            raise ValueError(f"series: a combo's series is not one of {n_series}")
         self.windows.check(n_series)
         self.scores.check(n_series)
         if self.classwise is not None:
@@ -934,6 +989,25 @@ class Engine:
             raise ValueError(f"join: a pending prediction's combo is not one of {n_combos}")
         if len(kind) and (kind.min() < 0 or kind.max() >= len(SCORE_KINDS)):
             raise ValueError("join: a pending prediction has an unknown score kind")
+
+    def _recorded_nows(self, join: dict[str, Any], now: float) -> list[float]:
+        """Each model's now, for a checkpoint from before v3 (one "now" for all): the
+        latest prediction ts it still holds (pending, or joined in a refit buffer, which
+        holds a model's latest predictions as a rule), else the one now."""
+        out = [-math.inf] * len(self.models)
+        ts = np.asarray(join["ts"], np.float64)
+        if len(ts):
+            models = self._models_of(np.asarray(join["combo"], np.int64))
+            for m, t in zip(models.tolist(), ts.tolist()):
+                out[m] = max(out[m], t)
+        if self.buffers is not None:
+            self._maps()
+            for sid, ring in self.buffers.rings.items():
+                held = ring.samples().ts
+                if len(held):
+                    m = int(self._series_model[sid])
+                    out[m] = max(out[m], float(held.max()))
+        return [min(t, now) if math.isfinite(t) else now for t in out]
 
 
 def _int_column(values: list[int]) -> np.ndarray:

@@ -6,7 +6,11 @@ or ``("ctr-v3", "__all__")``. A prediction's segment values are folded first
 folded combination is interned as a *combo*: a small int that pending
 predictions carry instead of their segment dict, and that maps to the tuple of
 series the sample counts in. Both tables are bounded: at most
-``(max_values + 1) ** keys`` combos and series per model.
+``(max_values + 1) ** keys`` combos and series per model, and ``limits.max_series``
+series in all: past it, a slice's new segment series is not made and the sample
+counts in its model's ``k=__other__`` series of that slice instead (counted in
+``folded``; a model's ``__all__`` and ``__other__`` series are always made). A
+dropped model's combos and series free their ids, which new ones reuse.
 """
 
 from __future__ import annotations
@@ -21,8 +25,13 @@ OTHER = "__other__"
 
 
 class SeriesIndex:
-    def __init__(self, slices: tuple[tuple[str, ...], ...], max_values: int) -> None:
+    def __init__(self, slices: tuple[tuple[str, ...], ...], max_values: int,
+                 max_series: int | None = None) -> None:
         self.slices = slices
+        self.max_series = max_series
+        self.folded = 0  # segment series not made because of max_series (a running count)
+        self._free_series: list[int] = []  # ids of dropped series, the lowest last
+        self._free_combos: list[int] = []
         self.max_values = max_values
         # every key any slice uses, in first-use order: a combo stores one value per key
         self.keys: tuple[str, ...] = tuple(dict.fromkeys(k for s in slices for k in s))
@@ -42,6 +51,7 @@ class SeriesIndex:
         self._start = np.zeros(0, np.int64)
         self._len = np.zeros(0, np.int64)
         self.generation = 0  # bumped whenever a combo or a series is added or dropped
+        self._arrays_at = -1
 
     def combo_ids(self, models: list[str], keys: list[Hashable],
                   segments: list[dict[str, str]]) -> list[int]:
@@ -97,22 +107,58 @@ class SeriesIndex:
             return value
         return OTHER
 
+    @property
+    def held(self) -> int:
+        """(model, segment) series held."""
+        return len(self.series) - len(self._free_series)
+
     def _intern(self, model: str, folded: tuple[str | None, ...]) -> int:
         self.generation += 1
-        cid = len(self.combos)
-        self.combos.append((model, folded))
+        if self._free_combos:
+            cid = self._free_combos.pop()
+            self.combos[cid] = (model, folded)
+        else:
+            cid = len(self.combos)
+            self.combos.append((model, folded))
+            self.combo_series.append(())
         self._combo_ids[(model, folded)] = cid
         sids = [self.series_id(model, ALL)]
         for sl in self.slices:
             vals = [folded[self._key_pos[k]] for k in sl]
             if any(v is None for v in vals):
                 continue  # a sample lacking a key of this slice does not count in it
-            sids.append(self.series_id(model, ",".join(f"{k}={v}" for k, v in zip(sl, vals))))
-        self.combo_series.append(tuple(sids))
+            label = ",".join(f"{k}={v}" for k, v in zip(sl, vals))
+            if ((model, label) not in self._series_ids and self.max_series is not None
+                    and self.held >= self.max_series):
+                self.folded += 1
+                label = ",".join(f"{k}={OTHER}" for k in sl)
+            sids.append(self.series_id(model, label))
+        self.combo_series[cid] = tuple(sids)
         return cid
 
+    def drop_model(self, model: str) -> list[int]:
+        """Forget a model's combos and series (it was idle); returns its series ids."""
+        self.generation += 1
+        cids = [c for c, (m, _) in enumerate(self.combos) if m == model]
+        sids = [s for s, (m, _) in enumerate(self.series) if m == model]
+        for c in cids:
+            self.combos[c] = ("", ())
+            self.combo_series[c] = ()
+        for s in sids:
+            del self._series_ids[self.series[s]]
+            self.series[s] = ("", "")
+        self._combo_ids = {k: v for k, v in self._combo_ids.items() if k[0] != model}
+        self._admitted = {k: v for k, v in self._admitted.items() if k[0] != model}
+        memo = self._fast.pop(model, None)
+        if memo:
+            self._fast_size -= len(memo)
+        self._free_combos = sorted(self._free_combos + cids, reverse=True)
+        self._free_series = sorted(self._free_series + sids, reverse=True)
+        return sids
+
     def _arrays(self) -> None:
-        if len(self._len) != len(self.combo_series):
+        if self._arrays_at != self.generation or len(self._len) != len(self.combo_series):
+            self._arrays_at = self.generation
             self._len = np.array([len(t) for t in self.combo_series], np.int64)
             self._start = np.concatenate(([0], np.cumsum(self._len)[:-1])).astype(np.int64)
             self._flat = np.array([s for t in self.combo_series for s in t], np.int64)
@@ -136,8 +182,13 @@ class SeriesIndex:
     def series_id(self, model: str, segment: str) -> int:
         sid = self._series_ids.get((model, segment))
         if sid is None:
-            sid = len(self.series)
-            self.series.append((model, segment))
+            self.generation += 1
+            if self._free_series:
+                sid = self._free_series.pop()
+                self.series[sid] = (model, segment)
+            else:
+                sid = len(self.series)
+                self.series.append((model, segment))
             self._series_ids[(model, segment)] = sid
         return sid
 
@@ -148,12 +199,30 @@ class SeriesIndex:
         return {
             "series": [list(s) for s in self.series],
             "combos": [[m, list(v)] for m, v in self.combos],
+            "combo_series": [list(t) for t in self.combo_series],  # v3: max_series folds
             "admitted": [[m, k, sorted(vs)] for (m, k), vs in self._admitted.items()],
         }
 
     def restore(self, snap: dict[str, Any]) -> None:
-        for model, seg in snap["series"]:
-            self.series_id(model, seg)
-        for model, values in snap["combos"]:
-            self._intern(model, tuple(values))
+        """Ids as they were (a dropped model's are free: model "")."""
+        for sid, (model, seg) in enumerate(snap["series"]):
+            self.series.append((model, seg))
+            if model:
+                self._series_ids[(model, seg)] = sid
+            else:
+                self._free_series.insert(0, sid)
+        given = snap.get("combo_series")
+        for cid, (model, values) in enumerate(snap["combos"]):
+            if given is None:  # before v3: made again as they were made
+                self._free_combos = []
+                self._intern(model, tuple(values))
+                continue
+            folded = tuple(values)
+            self.combos.append((model, folded))
+            self.combo_series.append(tuple(int(s) for s in given[cid]))
+            if model:
+                self._combo_ids[(model, folded)] = cid
+            else:
+                self._free_combos.insert(0, cid)
         self._admitted = {(m, k): set(vs) for m, k, vs in snap["admitted"]}
+        self.generation += 1

@@ -265,6 +265,11 @@ class CalmonCollector(Collector):
         yield fam
         yield GaugeMetricFamily("calmon_join_pending", "Predictions waiting for labels",
                                 value=view.pending)
+        yield GaugeMetricFamily("calmon_series", "(model, segment) series held",
+                                value=view.series_held)
+        yield CounterMetricFamily("calmon_series_folded_total",
+                                  "New segments folded into __other__ by limits.max_series",
+                                  value=t.series_folded)
         hist = HistogramMetricFamily("calmon_label_delay_seconds",
                                      "Label ts minus prediction ts", labels=("model",))
         for model, delays in sorted(t.delay_counts.items()):

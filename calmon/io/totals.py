@@ -27,6 +27,7 @@ class ProcessTotals:
         self.joined: Counter[str] = Counter()
         self.expired: Counter[tuple[str, str]] = Counter()
         self.labels_expired = 0
+        self.series_folded = 0
         self.class_resets: Counter[str] = Counter()
         self.duplicates: Counter[str] = Counter()
         self.key_mismatch: Counter[str] = Counter()
@@ -42,6 +43,7 @@ class ProcessTotals:
             self.joined.update(d.joined)
             self.expired.update(d.expired)
             self.labels_expired += d.labels_expired
+            self.series_folded += d.series_folded
             self.class_resets.update(d.class_resets)
             self.duplicates.update(d.duplicates)
             self.key_mismatch.update(d.key_mismatch)
@@ -74,6 +76,7 @@ class ProcessTotals:
             out.predictions, out.labels = Counter(self.predictions), Counter(self.labels)
             out.joined, out.expired = Counter(self.joined), Counter(self.expired)
             out.labels_expired = self.labels_expired
+            out.series_folded = self.series_folded
             out.class_resets = Counter(self.class_resets)
             out.duplicates, out.invalid = Counter(self.duplicates), Counter(self.invalid)
             out.key_mismatch = Counter(self.key_mismatch)

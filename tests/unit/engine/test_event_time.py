@@ -111,7 +111,69 @@ def test_per_model_now_survives_a_snapshot() -> None:
     assert f.now_of("good") == T0 and f.now_of("made-up") == T0 + 3500
     assert rows(f.view(), "good")["1h"].samples == 1
     old = dict(snap)
-    del old["model_now"]  # a checkpoint from before v3: every model at the one "now"
+    del old["model_now"]  # a checkpoint from before v3: one "now" for all
     g = Engine(from_dict({}))
     g.restore(old)
-    assert g.now_of("good") == T0 + 3500
+    assert g.now_of("good") == T0  # its latest prediction, kept in the refit buffer
+    assert g.now_of("made-up") == T0 + 3500  # pending
+
+
+DAY = 86400.0
+
+
+def test_model_names_rotating_through_max_models_are_all_admitted() -> None:
+    """200 model names, a new one every 6 hours of event time for 50 days (a version in
+    each name), through max_models: 100: every name is admitted, since a name idle for
+    longer than its largest window (7d) + join.ttl (7d) is dropped and frees its slot."""
+    e = Engine(from_dict({"limits": {"max_models": 100}}))
+    for k in range(200):
+        t = T0 + k * DAY / 4
+        batch = [P(f"m{k}-{i}", t + i, f"ctr-v{k}", prob=0.25) for i in range(5)]
+        batch += [L(f"m{k}-{i}", i % 2) for i in range(4)]  # the fifth never gets one
+        assert e.feed(batch) == []  # nothing rejected: no too_many_models
+    assert e.counters["invalid"] == 0 and e.counters["joined"] == 200 * 4
+    live = [m for m in e.models if m]
+    # the names of the last 14 days (56) plus those not yet past it at the last batch
+    assert 56 <= len(live) <= 58
+    assert set(live) == {f"ctr-v{k}" for k in range(200 - len(live), 200)}  # the newest
+    assert len(e.models) <= 100  # slots reused, not appended
+    assert len(e.index.series) <= 100 and e.index.held == len(live)
+    # the dropped models' pending predictions went with them, counted as expired by ttl
+    assert e.counters["expired"] == 200 - len(live)
+    assert e.join.pending == len(live)
+    assert {r.model for r in e.view().rows} <= set(live)
+
+
+def test_a_dropped_models_slot_survives_a_snapshot_and_its_name_comes_back_fresh() -> None:
+    e = Engine(from_dict({"limits": {"max_models": 2}}))
+    e.feed([P("a", T0, "old", prob=0.5), L("a", 1), P("b", T0, "keep", prob=0.5), L("b", 0)])
+    e.feed([P("c", T0 + 15 * DAY, "keep", prob=0.5)])  # "old" is 15 days behind: dropped
+    assert e.models.count("") == 1
+    f = Engine(from_dict({"limits": {"max_models": 2}}))
+    f.restore(e.snapshot())
+    for eng in (e, f):
+        assert eng.feed([P("d", T0 + 15 * DAY, "new", prob=0.9), L("d", 1)]) == []
+        assert eng.feed([P("e", T0 + 15 * DAY, "old", prob=0.9)])[0].reason == "too_many_models"
+    assert e.snapshot()["models"] == f.snapshot()["models"]
+    assert rows(e.view(), "new")["7d"].samples == rows(f.view(), "new")["7d"].samples == 1
+    assert "old" not in {r.model for r in f.view().rows}
+
+
+def test_max_series_folds_new_segments_into_other_and_counts_them() -> None:
+    cfg = {"limits": {"max_series": 5}, "segments": {"slices": [["country"]]}}
+    e = Engine(from_dict(cfg))
+    countries = "ABCDEFGHIJ"
+    folded = 0
+    for i, c in enumerate(countries):
+        e.feed([P(f"p{i}", T0 + i, "m", prob=0.5, segment={"country": c}), L(f"p{i}", 1)])
+        folded += e.last_delta.series_folded
+    # __all__ and country=A..D fill the 5; E..J fold into country=__other__ (made anyway)
+    segments = {r.segment: r.stats.samples for r in e.view().rows if r.window == "1h"}
+    assert segments == {"__all__": 10, "country=A": 1, "country=B": 1, "country=C": 1,
+                        "country=D": 1, "country=__other__": 6}
+    assert folded == 6 and e.view().series_held == 6
+    f = Engine(from_dict(cfg))
+    f.restore(e.snapshot())
+    f.feed([P("again", T0 + 20, "m", prob=0.5, segment={"country": "E"}), L("again", 0)])
+    segments = {r.segment: r.stats.samples for r in f.view().rows if r.window == "1h"}
+    assert segments["country=__other__"] == 7 and "country=E" not in segments
