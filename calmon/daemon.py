@@ -47,6 +47,7 @@ from prometheus_client import PlatformCollector, ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from calmon import hints
+from calmon.cluster.service import Cluster
 from calmon.config import Config
 from calmon.engine.engine import TOPICS, Engine
 from calmon.engine.rawbatch import RawBatch
@@ -157,7 +158,15 @@ class Daemon:
         self.refresher = Refresher(self.engine)
         self._stats_stop = threading.Event()
         self.recal: Recalibrator | None = None
-        if cfg.recalibration.enabled:
+        # scaled out (contract §7): one owner per model recalibrates on every instance's
+        # samples; otherwise (one instance, the default) the in-process loop does
+        self.cluster: Cluster | None = None
+        inst = cfg.kafka.instance
+        if (cfg.recalibration.enabled and inst is not None and inst.count > 1
+                and cfg.kafka.joined_topic is not None
+                and cfg.kafka.calibrators_topic is not None):
+            self.cluster = Cluster(cfg)
+        elif cfg.recalibration.enabled:
             topic = cfg.kafka.calibrators_topic
             publish = None if topic is None else CalibratorPublisher(self.outbox, topic)
             self.recal = Recalibrator(cfg, self.engine, publish,
@@ -219,7 +228,10 @@ class Daemon:
 
     def consumer_lag(self) -> dict[tuple[str, int], int]:
         ends = getattr(self.source, "end_offsets", None)  # a Source may not know them
-        return consumer_lag(ends(), dict(self.published_positions)) if ends is not None else {}
+        lag = consumer_lag(ends(), dict(self.published_positions)) if ends is not None else {}
+        if self.cluster is not None:  # the owner's input: its joined-topic partitions
+            lag.update(self.cluster.lag)
+        return lag
 
     def _publish(self) -> None:
         """After a batch (or a restore): what /status shows, counters and positions of
@@ -254,6 +266,8 @@ class Daemon:
         }
 
     def _recal_state(self) -> RecalState:
+        if self.cluster is not None:
+            return self.cluster.metrics_state()
         if self.recal is None:
             return RecalState()
         st = self.recal.metrics_state()
@@ -311,6 +325,9 @@ class Daemon:
                 stack.callback(self._final_checkpoint)
                 if self.recal is not None:
                     stack.enter_context(self.recal)
+                if self.cluster is not None:
+                    self.cluster.flush()  # batches a crash left in the checkpoint
+                    stack.enter_context(self.cluster)
                 stack.callback(setattr, self, "state", RunState.STOPPING)
                 stack.enter_context(self._stats_thread())
                 self._heartbeat()
@@ -376,6 +393,8 @@ class Daemon:
                 self.engine.restore(ckpt.state["engine"])
                 if self.recal is not None and "recal" in ckpt.state:
                     self.recal.restore(ckpt.state["recal"])
+                if self.cluster is not None and isinstance(ckpt.state.get("cluster"), dict):
+                    self.cluster.restore(ckpt.state["cluster"])
             except Exception:
                 self.engine.restore(empty_engine)
                 if self.recal is not None and empty_recal is not None:
@@ -526,6 +545,8 @@ class Daemon:
         self.totals.restore(self._totals_at_checkpoint)
         if self.recal is not None and ckpt is not None and "recal" in ckpt.state:
             self.recal.restore(ckpt.state["recal"])
+        if self.cluster is not None:  # what was sent goes back with the engine
+            self.cluster.restore_sender(None if ckpt is None else ckpt.state.get("cluster"))
         self.positions = dict(ckpt.positions) if ckpt is not None else {}
         self._publish()
         self.restored = ckpt is not None or self.restored
@@ -562,7 +583,10 @@ class Daemon:
         offsets; (2) snapshot the state with the positions it reflects; (3) write it
         atomically; (4) commit the same offsets to the group, for lag monitoring only."""
         recal = self.recal.snapshot() if self.recal is not None else None
-        mark = (self.engine.version, tuple(sorted(self.positions.items())), repr(recal))
+        mark = (self.engine.version, tuple(sorted(self.positions.items())), repr(recal),
+                None if self.cluster is None else self.cluster.changes)
+        if self.cluster is not None:
+            self.cluster.flush()  # what an earlier checkpoint holds and is not acknowledged
         if mark == self._written:
             return  # nothing new since the last checkpoint: no write, no fsync
         if not self.dead_letters.flush(timeout=5.0):  # 1
@@ -576,6 +600,11 @@ class Daemon:
         totals = self.totals.copy()  # what a roll-back to this checkpoint restores
         if recal is not None:
             state["recal"] = recal
+        if self.cluster is not None:
+            # the joined samples since the last checkpoint, as batches kept in this one
+            # (an outbox): produced once it is written, sent again from it after a crash
+            self.cluster.collect(self.engine, self.positions)
+            state["cluster"] = self.cluster.snapshot()
         now = time.time()
         try:
             self.store.save(state, self.positions, now)  # 3
@@ -586,6 +615,8 @@ class Daemon:
         self.checkpoint_positions = MappingProxyType(dict(self.positions))
         self._written = mark
         self._totals_at_checkpoint = totals
+        if self.cluster is not None:
+            self.cluster.flush()
         if self.assigned and self.positions:
             self.source.commit(self.positions)  # 4
 

@@ -81,7 +81,7 @@ UNFILTERED_FAMILIES = (
     "label_delay_seconds", "recalibrations_total", "calibrator_version", "drift",
     "alerts_failed_total", "dead_letters_failed_total", "last_checkpoint_timestamp_seconds",
     "statistics_age_seconds", "build_info", "consumer_lag_records",
-    "loop_heartbeat_timestamp_seconds")
+    "loop_heartbeat_timestamp_seconds", "recalibration_owned_models")
 FAMILIES = SERIES_FAMILIES + UNFILTERED_FAMILIES
 OUTCOMES = ("published", "rejected", "failed")
 FIT_METHODS = ("temperature", "platt", "isotonic", "histogram")  # what ``auto`` may choose
@@ -373,6 +373,12 @@ def recal_metrics(r: RecalState, policy: ExportPolicy | None = None) -> Iterator
                             "(recalibration.interval shorter than a check)")
     c.add_metric([], r.overruns)
     yield c
+    if r.owned_models is not None:
+        g = GaugeMetricFamily("calmon_recalibration_owned_models",
+                              "Models whose recalibration this instance owns (its "
+                              "partitions of kafka.joined_topic)")
+        g.add_metric([], r.owned_models)
+        yield g
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...],

@@ -31,3 +31,6 @@ class RecalState:
     # increase() sees the first one (no "series born" special case in alert rules)
     series: list[tuple[str, str]] = field(default_factory=list)
     methods: tuple[str, ...] = ()
+    # scaled out (contract §7): models whose recalibration this instance owns; None
+    # when one process recalibrates everything (no gauge then)
+    owned_models: int | None = None

@@ -1,0 +1,241 @@
+"""The scaled-out recalibration of one instance: its sender (every checkpoint) and its
+owner thread (the ``<group_id>-recal`` consumer group on ``kafka.joined_topic``).
+
+The owner thread is the only one that touches the group consumer, the transactional
+producers and the policy: it polls joined batches into the owner, and every
+``recalibration.interval`` checks the models of the partitions it holds. On an
+assignment it first becomes the one writer of each new partition (``Publisher.take``:
+the broker fences the former owner), reads ``calibrators_topic`` back to its own marker
+into ``output_dir``, and seeks to the offsets its checkpoint holds, or to the start of
+the partition when it never owned it (the topic's retention holds the buffer).
+Readers get immutable values published by that thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+
+from calmon.calibrators.signing import Signer
+from calmon.cluster.kafka import (
+    JoinedProducer,
+    Publisher,
+    _consumer_settings,
+    materialise,
+    read_back,
+)
+from calmon.cluster.owner import Owner
+from calmon.cluster.sender import JoinedSender, SampleSource
+from calmon.config import Config
+from calmon.recal.policy import Event, Policy
+from calmon.recal.readmodel import RecalState
+from calmon.recal.registry import Registry
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 500
+LAG_EVERY_S = 5.0
+
+
+class Cluster:
+    def __init__(self, cfg: Config) -> None:
+        kc = cfg.kafka
+        assert kc.joined_topic is not None and kc.calibrators_topic is not None
+        self.cfg = cfg
+        self.topic = kc.joined_topic
+        self.group = f"{kc.group_id}-recal"
+        self.sender = JoinedSender(kc.instance.index if kc.instance is not None else 0)
+        self.producer = JoinedProducer(kc, self.topic)
+        self.publisher = Publisher(kc, kc.calibrators_topic, self.group)
+        self.registry = Registry(cfg.recalibration.output_dir, self.publisher,
+                                 signer=Signer.from_config(cfg.calibrators),
+                                 verify_keys=cfg.calibrators.verify_keys)
+        self.policy = Policy(cfg, self.registry)
+        self.owner = Owner(self.policy, cfg.recalibration.buffer)
+        self.publisher.partition_of = self.owner.partition_of
+        self.owned: frozenset[int] = frozenset()
+        self.events: list[Event] = []  # newest last (bounded)
+        self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
+        self.lag: dict[tuple[str, int], int] = {}
+        self.changes = 0  # owner steps since start: the checkpoint's "anything new?"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()  # tests: run a check now
+
+    # ------------------------------------------------------------ the sender
+
+    def collect(self, engine: SampleSource, positions: dict[tuple[str, int], int]) -> None:
+        self.sender.collect(engine, positions)
+
+    def flush(self) -> bool:
+        return self.sender.flush(self.producer.send)
+
+    # ------------------------------------------------------------ state
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"sender": self.sender.snapshot(), "owner": self.owner.snapshot()}
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        if isinstance(snap.get("sender"), dict):
+            self.sender.restore(snap["sender"])
+        if isinstance(snap.get("owner"), dict):
+            self.owner.restore(snap["owner"])
+
+    def restore_sender(self, snap: dict[str, Any] | None) -> None:
+        """A roll-back of the engine: the sender's marks go back with it."""
+        self.sender = JoinedSender(self.sender.index)
+        if snap is not None and isinstance(snap.get("sender"), dict):
+            self.sender.restore(snap["sender"])
+
+    def metrics_state(self) -> RecalState:
+        g = self.policy.gauges
+        versions: dict[tuple[str, str], int] = {}
+        temps: dict[tuple[str, str], float] = {}
+        owned = set(self.owner.models(self.owned))
+        for e in self.registry.entries():
+            if e["live"] is None or e["model"] not in owned:
+                continue
+            versions[(e["model"], e["segment"])] = e["live"]
+            live = self.registry.live(e["model"], e["segment"])
+            if live is not None and live.doc.get("method") == "temperature":
+                temps[(e["model"], e["segment"])] = float(live.doc["params"]["temperature"])
+        series = [k for m in sorted(owned) for k in self.owner.series(m)]
+        method = self.cfg.recalibration.method
+        return RecalState(
+            [], dict(self.outcomes), versions, temps,
+            {k: v for k, v in g.drift.items() if k[0] in owned},
+            drift_evidence={k: v for k, v in g.evidence.items() if k[0] in owned},
+            drift_change_ts={k: v for k, v in g.change_ts.items() if k[0] in owned},
+            series=series,
+            methods=("temperature", "platt", "isotonic", "histogram") if method == "auto"
+            else (method,),
+            owned_models=len(owned))
+
+    # ------------------------------------------------------------ the owner thread
+
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run_safely, name="calmon-recal-owner",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+            self._thread = None
+        self.producer.close()
+
+    def check_now(self) -> None:
+        self._wake.set()
+
+    def _run_safely(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._run()
+            except Exception:  # the owner thread must not die: a new consumer, a rejoin
+                log.exception("the recalibration owner failed; rejoining %s", self.group)
+                self._stop.wait(2.0)
+
+    def _run(self) -> None:
+        settings = _consumer_settings(self.cfg.kafka)
+        consumer = KafkaConsumer(group_id=self.group, enable_auto_commit=False,
+                                 isolation_level="read_committed",
+                                 auto_offset_reset="earliest", **settings)
+        listener = _Listener(self, consumer)
+        consumer.subscribe([self.topic], listener=listener)
+        interval = float(self.cfg.recalibration.interval)
+        next_check = time.monotonic() + min(interval, 15.0)
+        next_lag = 0.0
+        try:
+            while not self._stop.is_set():
+                for tp, recs in consumer.poll(timeout_ms=POLL_MS).items():
+                    if tp.partition not in self.owned:
+                        continue
+                    for r in recs:
+                        self.owner.accept(tp.partition, r.offset, r.value)
+                    self.changes += 1
+                if time.monotonic() >= next_check or self._wake.is_set():
+                    self._wake.clear()
+                    self._check()
+                    next_check = time.monotonic() + interval
+                if time.monotonic() >= next_lag:
+                    self._lag(consumer)
+                    next_lag = time.monotonic() + LAG_EVERY_S
+        finally:
+            self.publisher.close()
+            self.owned = frozenset()
+            consumer.close()
+
+    def _check(self) -> None:
+        events = self.owner.check(self.owned)
+        self.changes += 1
+        if not events:
+            return
+        outcomes = Counter(self.outcomes)
+        for e in events:
+            if e.kind != "drift":
+                outcomes[(e.model, e.segment, str(e.fields.get("method")), e.kind)] += 1
+            log.info("recalibration %s of %s/%s: %s", e.kind, e.model, e.segment,
+                     {k: v for k, v in e.fields.items() if k in ("version", "reason")})
+        self.outcomes = outcomes
+        self.events = (self.events + events)[-1000:]
+        lost = self.publisher.fenced & self.owned
+        if lost:  # fenced by a newer owner: rejoin, the group will move them away
+            log.warning("fenced on joined-topic partitions %s: another instance owns them",
+                        sorted(lost))
+
+    def _lag(self, consumer: KafkaConsumer) -> None:
+        tps = [TopicPartition(self.topic, p) for p in sorted(self.owned)]
+        if not tps:
+            self.lag = {}
+            return
+        try:
+            ends = consumer.end_offsets(tps)
+        except Exception as e:  # lag is best effort
+            log.debug("end offsets of %s: %s", self.topic, e)
+            return
+        self.lag = {(self.topic, tp.partition): max(0, end - self.owner.offsets.get(
+            tp.partition, 0)) for tp, end in ends.items()}
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, cluster: Cluster, consumer: KafkaConsumer) -> None:
+        self.c = cluster
+        self.consumer = consumer
+
+    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        parts = {tp.partition for tp in revoked}
+        self.c.owned = frozenset(self.c.owned - parts)
+        self.c.publisher.release(parts)
+        log.info("recalibration ownership of joined-topic partitions %s released",
+                 sorted(parts))
+
+    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        c = self.c
+        for tp in assigned:
+            c.publisher.take(tp.partition)  # fences the former owner first
+            docs = read_back(c.publisher, tp.partition)
+            materialise(c.registry, docs)
+            at = c.owner.offsets.get(tp.partition)
+            if at is None:
+                self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, at)
+        c.owned = frozenset(c.owned | {tp.partition for tp in assigned})
+        log.info("recalibration owner of joined-topic partitions %s (models %s)",
+                 sorted(c.owned), c.owner.models(c.owned) or "none yet")
+
+

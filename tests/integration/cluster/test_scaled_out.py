@@ -1,0 +1,113 @@
+"""Scaled out through real daemons (contract §7): three instances on one 4-partition
+drifting stream, one owner per model. The drift's post-change samples clear
+``min_samples`` only when every instance's share is counted; it is published once, by
+the owner, fitted on more than any one instance's samples; the calibrators topic holds
+exactly one document per (model, segment, version)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from tests.conftest import FAST_CLIENT
+from tests.daemon_helpers import CalmonDaemon, Producer, wait_until, write_config
+from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream, dumps
+
+pytestmark = pytest.mark.integration
+
+GROUP_CLIENT = {**FAST_CLIENT, "max_poll_interval_ms": 10000, "session_timeout_ms": 6000,
+                "heartbeat_interval_ms": 1000}
+RECAL = {"enabled": True, "interval": "1s", "cooldown": "1h", "window": "1h",
+         "min_samples": 2000, "method": "temperature"}
+
+
+def documents(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """Every committed record of the calibrators topic that is a document."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
+                      enable_auto_commit=False, **FAST_CLIENT)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        ends = c.end_offsets(tps)
+        out: list[dict[str, Any]] = []
+        while any(c.position(tp) < ends[tp] for tp in tps):
+            for recs in c.poll(timeout_ms=300).values():
+                for r in recs:
+                    doc = json.loads(r.value)
+                    if "model" in doc:
+                        out.append(doc)
+        return out
+    finally:
+        c.close()
+
+
+def test_three_instances_publish_one_drift_once_fitted_across_them(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
+    (joined_topic,) = kafka_topics(count=1, partitions=4)
+    (cal_topic,) = kafka_topics(count=1, partitions=2)
+    group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(26)
+    stream = Stream()
+    stream.extend(binary_logit_stream(rng, "ctr", 3000, BASE_TS, 2400.0, prefix="a"))
+    t2 = BASE_TS + 2400.0 + 3600.0 + 1200.0  # the calibrated half is out of the 1h window
+    drifted = binary_logit_stream(rng, "ctr", 3000, t2, 2400.0, scale=2.5, prefix="b")
+    stream.extend(drifted)
+    records = [(preds_topic, str(p["id"]).encode(), dumps(p)) for p in stream.preds]
+    records += [(labels_topic, str(lab["id"]).encode(), dumps(lab)) for lab in stream.labels]
+    with Producer(kafka_bootstrap) as producer:
+        sent = producer.send(records)
+    # independently of calmon: each instance's share of the drifted samples (p % 3)
+    drifted_ids = {p["id"] for p in drifted.preds}
+    share = Counter(md.partition % 3 for md, (_t, key, _v) in zip(sent, records, strict=True)
+                    if md.topic == preds_topic and key.decode() in drifted_ids)
+    assert sum(share.values()) == 3000 and max(share.values()) < RECAL["min_samples"]
+
+    daemons = []
+    for i in range(3):
+        cfg = write_config(
+            tmp_path / f"instance{i}.yaml", kafka_bootstrap, preds_topic, labels_topic,
+            kafka={"group_id": group, "instance": {"index": i, "count": 3},
+                   "joined_topic": joined_topic, "calibrators_topic": cal_topic,
+                   "client": GROUP_CLIENT},
+            metrics={"windows": ["1h", "24h"]},
+            recalibration={**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")})
+        daemons.append(CalmonDaemon(cfg, log=tmp_path / f"instance{i}.log"))
+    try:
+        for d in daemons:
+            d.start(wait_ready=False)
+        for d in daemons:
+            d.wait_ready()
+        joined = wait_until(
+            lambda: (lambda n: n if n == 6000 else None)(
+                sum(d.counters()["joined"] for d in daemons)), 120, "every sample joined")
+        assert joined == 6000
+
+        wait_until(lambda: documents(kafka_bootstrap, cal_topic) or None, 180,
+                   "a published calibrator on the topic")
+        # one owner: the others never published; the owner once (cooldown 1h)
+        docs = documents(kafka_bootstrap, cal_topic)
+        keys = Counter((d["model"], d["segment"], d["version"]) for d in docs)
+        assert keys == {("ctr", "__all__", 1): 1}, keys
+        doc = docs[0]
+        # fitted (and held out) on more post-change samples than any instance joined
+        fitted = int(doc["fit"]["samples"]) + int(doc["fit"]["holdout_samples"])
+        assert fitted >= RECAL["min_samples"] and fitted > max(share.values()), fitted
+        owned = [d.scrape().get("calmon_recalibration_owned_models", {}) for d in daemons]
+        assert sorted(sum(v.values()) for v in owned) == [0, 0, 1], owned
+        # the temperature undoes the 2.5x sharpening (1/2.5 from the data's construction)
+        assert 1.8 < float(doc["params"]["temperature"]) < 3.4, doc["params"]
+    finally:
+        for d in daemons:
+            d.stop()
+    for d in daemons:
+        assert "Traceback" not in d.log_tail(100_000)
