@@ -263,6 +263,7 @@ class Daemon:
             "statistics": {"version": self.refresher.latest.version,
                            "current": self.refresher.latest.version == s.get("version"),
                            "age_seconds": self.statistics_age()},
+            **({} if self.cluster is None else {"recalibration_owner": self.cluster.status()}),
         }
 
     def _recal_state(self) -> RecalState:

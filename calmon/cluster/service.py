@@ -92,6 +92,17 @@ class Cluster:
         if snap is not None and isinstance(snap.get("sender"), dict):
             self.sender.restore(snap["sender"])
 
+    def status(self) -> dict[str, Any]:
+        """What /status shows of the owner: its partitions, and per owned model the
+        samples it took (its ``__all__`` ring's total) and its event time."""
+        owned = self.owned
+        return {"owned_partitions": sorted(owned),
+                "models": {m: {"samples": self.owner.sample_count(m),
+                               "now": self.owner.nows.get(m)}
+                           for m in self.owner.models(owned)},
+                "duplicates": self.owner.duplicates, "bad_batches": self.owner.bad,
+                "pending_batches": len(self.sender.pending)}
+
     def metrics_state(self) -> RecalState:
         g = self.policy.gauges
         versions: dict[tuple[str, str], int] = {}
@@ -166,7 +177,7 @@ class Cluster:
                         continue
                     for r in recs:
                         self.owner.accept(tp.partition, r.offset, r.value)
-                    self.changes += 1
+                    self.changes += 1  # a checkpoint is due (no new data: none)
                 if time.monotonic() >= next_check or self._wake.is_set():
                     self._wake.clear()
                     self._check()
@@ -181,9 +192,9 @@ class Cluster:
 
     def _check(self) -> None:
         events = self.owner.check(self.owned)
-        self.changes += 1
         if not events:
             return
+        self.changes += 1
         outcomes = Counter(self.outcomes)
         for e in events:
             if e.kind != "drift":

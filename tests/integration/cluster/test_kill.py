@@ -1,0 +1,102 @@
+"""kill -9 in the scaled-out mode (contract §7): an ingesting instance killed after its
+joined batches were produced but before a checkpoint recorded them as sent restarts
+from that checkpoint and sends them again; the owner drops the copies by source offset,
+so its sample count equals the joined count. Then the owner itself is killed: the next
+owner (it, restarted, or another instance rebuilding from the joined topic) counts
+the same."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.daemon_helpers import CalmonDaemon, Producer, wait_until, write_config
+from tests.integration.cluster.test_scaled_out import GROUP_CLIENT
+from tests.recal_helpers import BASE_TS, binary_logit_stream, dumps
+
+pytestmark = pytest.mark.integration
+
+N = 4000
+
+
+def owner_view(daemons: list[CalmonDaemon]) -> tuple[int, dict[str, Any]] | None:
+    """(index, the owner's status section) of the one instance owning ``ctr``."""
+    found = []
+    for i, d in enumerate(daemons):
+        if not d.running:
+            continue
+        try:
+            o = d.status().get("recalibration_owner") or {}
+        except OSError:
+            return None
+        if "ctr" in o.get("models", {}):
+            found.append((i, o))
+    return found[0] if len(found) == 1 else None
+
+
+def test_killed_instances_neither_lose_nor_double_samples(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
+    (joined_topic,) = kafka_topics(count=1, partitions=4)
+    (cal_topic,) = kafka_topics(count=1, partitions=1)
+    group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(9)
+    s = binary_logit_stream(rng, "ctr", N, BASE_TS, 2400.0)
+    records = [(preds_topic, str(p["id"]).encode(), dumps(p)) for p in s.preds]
+    records += [(labels_topic, str(lab["id"]).encode(), dumps(lab)) for lab in s.labels]
+    with Producer(kafka_bootstrap) as producer:
+        producer.send(records)
+    daemons = []
+    for i in range(3):
+        cfg = write_config(
+            tmp_path / f"instance{i}.yaml", kafka_bootstrap, preds_topic, labels_topic,
+            kafka={"group_id": group, "instance": {"index": i, "count": 3},
+                   "joined_topic": joined_topic, "calibrators_topic": cal_topic,
+                   "client": GROUP_CLIENT},
+            metrics={"windows": ["1h", "24h"]},
+            recalibration={"enabled": True, "interval": "1s", "min_samples": 100000,
+                           "output_dir": str(tmp_path / f"calibrators{i}")})
+        daemons.append(CalmonDaemon(cfg, log=tmp_path / f"instance{i}.log"))
+
+    def owner_counts(expected: int) -> tuple[int, dict[str, Any]] | None:
+        view = owner_view(daemons)
+        if view is None or view[1]["models"]["ctr"]["samples"] != expected:
+            return None
+        # every instance has sent what it joined: nothing pending anywhere
+        if any(d.status()["recalibration_owner"]["pending_batches"] for d in daemons):
+            return None
+        return view
+
+    try:
+        for d in daemons:
+            d.start(wait_ready=False)
+        for d in daemons:
+            d.wait_ready()
+        wait_until(lambda: sum(d.counters()["joined"] for d in daemons) == N or None, 120,
+                   "every sample joined")
+        owner, _ = wait_until(lambda: owner_counts(N), 120, "the owner holding every sample")
+
+        # an ingesting instance that is not the owner, killed once its batches were
+        # produced; its newest checkpoint may still list them as pending
+        victim = next(i for i in range(3) if i != owner
+                      and daemons[i].counters()["joined"] > 0)
+        daemons[victim].kill()
+        daemons[victim].start()
+        assert sum(d.counters()["joined"] for d in daemons) == N  # restored, not re-counted
+        _, view = wait_until(lambda: owner_counts(N), 120, "the owner after the restart")
+        assert view["models"]["ctr"]["samples"] == N
+        assert view["bad_batches"] == 0
+
+        # now the owner: whoever owns ctr next holds exactly the joined samples
+        daemons[owner].kill()
+        daemons[owner].start()
+        _, view = wait_until(lambda: owner_counts(N), 180, "the next owner")
+        assert view["models"]["ctr"]["samples"] == N
+    finally:
+        for d in daemons:
+            d.stop()
