@@ -1,0 +1,84 @@
+"""kill -9 of the owner between its alarm and its publish (contract §7): the drift is
+published exactly once, by the next owner, which rebuilds the model's buffer from the
+joined topic (or from its own checkpoint when the group hands the model back)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.daemon_helpers import CalmonDaemon, Producer, wait_until, write_config
+from tests.integration.cluster.test_kill import owner_view
+from tests.integration.cluster.test_scaled_out import GROUP_CLIENT, RECAL, documents
+from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream, dumps
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_owner_killed_after_its_alarm_leaves_one_publish(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
+    (joined_topic,) = kafka_topics(count=1, partitions=4)
+    (cal_topic,) = kafka_topics(count=1, partitions=1)
+    group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(31)
+    first = binary_logit_stream(rng, "ctr", 3000, BASE_TS, 2400.0, prefix="a")
+    t2 = BASE_TS + 2400.0 + 3600.0 + 1200.0
+    drifted = binary_logit_stream(rng, "ctr", 3000, t2, 2400.0, scale=2.5, prefix="b")
+    early = Stream(drifted.preds[:900], drifted.labels[:900])  # alarms, < min_samples
+    late = Stream(drifted.preds[900:], drifted.labels[900:])
+
+    def records(s: Stream) -> list[tuple[str, bytes, bytes]]:
+        return ([(preds_topic, str(p["id"]).encode(), dumps(p)) for p in s.preds]
+                + [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in s.labels])
+
+    daemons = []
+    for i in range(3):
+        cfg = write_config(
+            tmp_path / f"instance{i}.yaml", kafka_bootstrap, preds_topic, labels_topic,
+            kafka={"group_id": group, "instance": {"index": i, "count": 3},
+                   "joined_topic": joined_topic, "calibrators_topic": cal_topic,
+                   "client": GROUP_CLIENT},
+            metrics={"windows": ["1h", "24h"]},
+            recalibration={**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")})
+        daemons.append(CalmonDaemon(cfg, log=tmp_path / f"instance{i}.log"))
+    try:
+        with Producer(kafka_bootstrap) as producer:
+            producer.send(records(first) + records(early))
+            for d in daemons:
+                d.start(wait_ready=False)
+            for d in daemons:
+                d.wait_ready()
+
+            def alarmed() -> int | None:
+                view = owner_view(daemons)
+                if view is None:
+                    return None
+                ev = daemons[view[0]].scrape().get("calmon_drift_evidence", {})
+                return view[0] if any(v >= 1.0 for v in ev.values()) else None
+
+            owner = wait_until(alarmed, 120, "the owner's alarm")
+            assert documents(kafka_bootstrap, cal_topic) == []  # not yet: < min_samples
+            daemons[owner].kill()
+            producer.send(records(late))
+            daemons[owner].start()
+        n = len(first) + len(drifted)
+        wait_until(lambda: (lambda v: v if v and v[1]["models"]["ctr"]["samples"] == n
+                            else None)(owner_view(daemons)), 180, "the next owner, all in")
+        wait_until(lambda: documents(kafka_bootstrap, cal_topic) or None, 180,
+                   "the publish of the next owner")
+        # a few more checks by every instance: still one document
+        for d in daemons:
+            d.wait_checkpoint()
+        docs = documents(kafka_bootstrap, cal_topic)
+        assert Counter((d["model"], d["segment"], d["version"]) for d in docs) == {
+            ("ctr", "__all__", 1): 1}
+        assert 1.8 < float(docs[0]["params"]["temperature"]) < 3.4
+    finally:
+        for d in daemons:
+            d.stop()
