@@ -114,6 +114,10 @@ class Signer:
         return {**body, SIGNATURE: {"key_id": self.key_id,
                                     "ed25519": base64.b64encode(sig).decode()}}
 
+    def sign_bytes(self, data: bytes) -> str:
+        """``<key_id>:<base64 ed25519>`` over raw bytes (a joined batch, contract §7)."""
+        return f"{self.key_id}:{base64.b64encode(self._key.sign(data)).decode()}"
+
     def __repr__(self) -> str:  # never the key
         return f"Signer(key_id={self.key_id!r})"
 
@@ -170,6 +174,22 @@ class KeyRing:
             raise CalibratorError("signature.ed25519 must be base64 of 64 bytes")
         try:
             self.keys[kid].verify(raw, canonical(doc))
+        except InvalidSignature:
+            raise CalibratorError(f"signature by key {kid!r} does not verify") from None
+
+    def verify_bytes(self, data: bytes, signature: str | None) -> None:
+        """CalibratorError unless ``signature`` (``Signer.sign_bytes``) signs ``data``
+        with one of these keys."""
+        if not signature:
+            raise CalibratorError("unsigned (verify_keys are set)")
+        kid, _, value = signature.partition(":")
+        if kid not in self.keys:
+            raise CalibratorError(f"signed by an unknown key id {kid[:100]!r}")
+        raw = _b64(value[:200], "signature")
+        if len(raw) != SIGNATURE_BYTES:
+            raise CalibratorError("a signature must be base64 of 64 bytes")
+        try:
+            self.keys[kid].verify(raw, data)
         except InvalidSignature:
             raise CalibratorError(f"signature by key {kid!r} does not verify") from None
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from calmon.calibrators.signing import Signer
 from calmon.config import KafkaConfig
 from calmon.files import atomic_write
 from calmon.io.topics import client_settings
@@ -49,18 +50,30 @@ def _consumer_settings(cfg: KafkaConfig) -> dict[str, Any]:
             **client_settings(cfg.client, KafkaConsumer.DEFAULT_CONFIG, role="consumer")}
 
 
+SIGNATURE_HEADER = "calmon-signature"
+
+
 class JoinedProducer:
-    def __init__(self, cfg: KafkaConfig, topic: str, *, timeout_s: float = 30.0) -> None:
+    """``signer`` (``calibrators.signing_key``): each batch carries an Ed25519
+    signature of its bytes in the ``calmon-signature`` header (deterministic, so a
+    re-sent batch carries the same one)."""
+
+    def __init__(self, cfg: KafkaConfig, topic: str, *, timeout_s: float = 30.0,
+                 signer: Signer | None = None) -> None:
         self.cfg = cfg
         self.topic = topic
         self.timeout_s = timeout_s
+        self.signer = signer
         self._producer: KafkaProducer | None = None
 
     def send(self, batches: list[tuple[bytes, bytes]]) -> bool:
         try:
             if self._producer is None:
                 self._producer = KafkaProducer(acks="all", **_producer_settings(self.cfg))
-            futures = [self._producer.send(self.topic, key=k, value=v) for k, v in batches]
+            futures = [self._producer.send(self.topic, key=k, value=v, headers=(
+                None if self.signer is None else
+                [(SIGNATURE_HEADER, self.signer.sign_bytes(v).encode())]))
+                for k, v in batches]
             self._producer.flush(timeout=self.timeout_s)
             for f in futures:
                 f.get(timeout=self.timeout_s)

@@ -54,6 +54,13 @@ class Owner:
             self.partition_of[b.model] = partition
             return self.take(b)
 
+    def reject(self, partition: int, offset: int, why: str) -> None:
+        """A record refused before decoding (an unauthentic batch): counted, skipped."""
+        with self.lock:
+            self.offsets[partition] = max(self.offsets.get(partition, 0), offset + 1)
+            self.bad += 1
+        log.warning("skipping joined-topic record %d/%d: %s", partition, offset, why)
+
     def take(self, b: JoinedBatch) -> bool:
         with self.lock:
             marks = [(tp, to) for tp, (_f, to) in b.source.items()

@@ -21,8 +21,9 @@ from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
-from calmon.calibrators.signing import Signer
+from calmon.calibrators.signing import KeyRing, Signer, keyring
 from calmon.cluster.kafka import (
+    SIGNATURE_HEADER,
     JoinedProducer,
     Publisher,
     _consumer_settings,
@@ -32,6 +33,7 @@ from calmon.cluster.kafka import (
 from calmon.cluster.owner import Owner
 from calmon.cluster.sender import JoinedSender, SampleSource
 from calmon.config import Config
+from calmon.errors import CalibratorError
 from calmon.recal.policy import Event, Policy
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Registry
@@ -50,7 +52,13 @@ class Cluster:
         self.topic = kc.joined_topic
         self.group = f"{kc.group_id}-recal"
         self.sender = JoinedSender(kc.instance.index if kc.instance is not None else 0)
-        self.producer = JoinedProducer(kc, self.topic)
+        signer = Signer.from_config(cfg.calibrators)
+        self.producer = JoinedProducer(kc, self.topic, signer=signer)
+        # joined batches are refit material: with a signing key, only signed ones count
+        # (verified with calibrators.verify_keys, else with the instances' shared key)
+        self.keys = keyring(cfg.calibrators.verify_keys) or (
+            None if signer is None else KeyRing.of([{"id": signer.key_id,
+                                                     "public_key": signer.public_key}]))
         self.publisher = Publisher(kc, kc.calibrators_topic, self.group)
         self.registry = Registry(cfg.recalibration.output_dir, self.publisher,
                                  signer=Signer.from_config(cfg.calibrators),
@@ -176,7 +184,11 @@ class Cluster:
                     if tp.partition not in self.owned:
                         continue
                     for r in recs:
-                        self.owner.accept(tp.partition, r.offset, r.value)
+                        why = self._unauthentic(r.value, r.headers)
+                        if why is not None:
+                            self.owner.reject(tp.partition, r.offset, why)
+                        else:
+                            self.owner.accept(tp.partition, r.offset, r.value)
                     self.changes += 1  # a checkpoint is due (no new data: none)
                 if time.monotonic() >= next_check or self._wake.is_set():
                     self._wake.clear()
@@ -189,6 +201,17 @@ class Cluster:
             self.publisher.close()
             self.owned = frozenset()
             consumer.close()
+
+    def _unauthentic(self, value: bytes | None, headers: Any) -> str | None:
+        if self.keys is None:
+            return None
+        sig = next((v for k, v in headers or () if k == SIGNATURE_HEADER), None)
+        try:
+            self.keys.verify_bytes(value or b"", None if sig is None else
+                                   bytes(sig).decode("ascii", "replace"))
+        except CalibratorError as e:
+            return f"joined batch refused: {e}"
+        return None
 
     def _check(self) -> None:
         events = self.owner.check(self.owned)
