@@ -145,9 +145,12 @@ def cmd_calibrators_list(args: argparse.Namespace) -> int:
     from calmon.recal.registry import Registry
 
     cfg = _load_config(args.config)
-    # a broken or forged file is reported in its row (and logged), never a traceback
-    entries = Registry(cfg.recalibration.output_dir,
-                       verify_keys=cfg.calibrators.verify_keys).entries()
+    from calmon.cluster import admin
+
+    # a broken or forged file is reported in its row (and logged), never a traceback;
+    # scaled out, the calibrators topic's history is the truth (contract §7)
+    entries = admin.entries(cfg) if admin.scaled_out(cfg) else Registry(
+        cfg.recalibration.output_dir, verify_keys=cfg.calibrators.verify_keys).entries()
     if args.json:
         json.dump(entries, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -170,6 +173,13 @@ def cmd_calibrators_rollback(args: argparse.Namespace) -> int:
     from calmon.recal.registry import Registry
 
     cfg = _load_config(args.config)
+    from calmon.cluster import admin
+
+    if admin.scaled_out(cfg):  # the model's owner republishes (contract §7)
+        doc = admin.rollback(cfg, args.model, args.segment, args.to)
+        print(f"{args.model}/{args.segment}: v{args.to} republished as v{doc['version']} "
+              "by its owner")
+        return 0
     from calmon.io.calibrator_publisher import CalibratorPublisher
     from calmon.io.outbox import Outbox
 

@@ -22,6 +22,7 @@ from typing import Any
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
 from calmon.calibrators.signing import KeyRing, Signer, keyring
+from calmon.cluster.admin import apply_rollback, decode_request
 from calmon.cluster.kafka import (
     SIGNATURE_HEADER,
     JoinedProducer,
@@ -185,8 +186,11 @@ class Cluster:
                         continue
                     for r in recs:
                         why = self._unauthentic(r.value, r.headers)
+                        req = decode_request(r.value) if why is None else None
                         if why is not None:
                             self.owner.reject(tp.partition, r.offset, why)
+                        elif req is not None:
+                            self._rollback(tp.partition, r.offset, req)
                         else:
                             self.owner.accept(tp.partition, r.offset, r.value)
                     self.changes += 1  # a checkpoint is due (no new data: none)
@@ -201,6 +205,24 @@ class Cluster:
             self.publisher.close()
             self.owned = frozenset()
             consumer.close()
+
+    def _rollback(self, partition: int, offset: int, req: dict[str, Any]) -> None:
+        """A ``calmon calibrators rollback`` of a model on this partition: done here, by
+        its owner, through the partition's transactional producer."""
+        with self.owner.lock:
+            self.owner.offsets[partition] = max(self.owner.offsets.get(partition, 0),
+                                                offset + 1)
+            self.owner.partition_of.setdefault(req["model"], partition)
+        try:
+            doc = apply_rollback(self.registry, req)
+        except Exception as e:  # a bad request or a fenced producer: logged, skipped
+            log.warning("rollback of %s/%s to v%s refused: %s", req["model"],
+                        req["segment"], req["to"], e)
+            return
+        if doc is not None:
+            log.info("rollback: %s/%s v%d republished as v%d", req["model"],
+                     req["segment"], req["to"], doc["version"])
+        self.changes += 1
 
     def _unauthentic(self, value: bytes | None, headers: Any) -> str | None:
         if self.keys is None:

@@ -18,7 +18,13 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from tests.conftest import FAST_CLIENT
-from tests.daemon_helpers import CalmonDaemon, Producer, wait_until, write_config
+from tests.daemon_helpers import (
+    CalmonDaemon,
+    Producer,
+    run_calmon,
+    wait_until,
+    write_config,
+)
 from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream, dumps
 
 pytestmark = pytest.mark.integration
@@ -106,6 +112,23 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
         assert sorted(sum(v.values()) for v in owned) == [0, 0, 1], owned
         # the temperature undoes the 2.5x sharpening (1/2.5 from the data's construction)
         assert 1.8 < float(doc["params"]["temperature"]) < 3.4, doc["params"]
+
+        # list and rollback act on the topic's history, from an instance that is not
+        # the owner: the owner republishes, once
+        other = next(i for i, v in enumerate(owned) if not sum(v.values()))
+        cfg = str(tmp_path / f"instance{other}.yaml")
+        listed = run_calmon("calibrators", "list", "--json", "-c", cfg)
+        assert listed.returncode == 0, listed.stderr
+        rows = {(e["model"], e["segment"]): e for e in json.loads(listed.stdout)}
+        assert rows[("ctr", "__all__")]["live"] == 1
+        assert rows[("ctr", "__all__")]["versions"] == [1]
+        rolled = run_calmon("calibrators", "rollback", "--model", "ctr", "--to", "1",
+                            "-c", cfg)
+        assert rolled.returncode == 0, rolled.stderr
+        assert "republished as v2" in rolled.stdout
+        docs = documents(kafka_bootstrap, cal_topic)
+        assert [(d["version"], d.get("rollback_of")) for d in docs] == [(1, None), (2, 1)]
+        assert docs[1]["params"] == doc["params"]
     finally:
         for d in daemons:
             d.stop()
