@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from calmon.calibrators import CalibratorWatcher
 from tests.conftest import FAST_CLIENT
 from tests.daemon_helpers import (
     CalmonDaemon,
@@ -78,6 +79,13 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
                     if md.topic == preds_topic and key.decode() in drifted_ids)
     assert sum(share.values()) == 3000 and max(share.values()) < RECAL["min_samples"]
 
+    # the same stream through one instance, for comparison (its own calibrators topic)
+    (single_cal,) = kafka_topics(count=1, partitions=1)
+    single = CalmonDaemon(write_config(
+        tmp_path / "single.yaml", kafka_bootstrap, preds_topic, labels_topic,
+        kafka={"calibrators_topic": single_cal}, metrics={"windows": ["1h", "24h"]},
+        recalibration={**RECAL, "output_dir": str(tmp_path / "single-calibrators")}),
+        log=tmp_path / "single.log")
     daemons = []
     for i in range(3):
         cfg = write_config(
@@ -89,6 +97,7 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
             recalibration={**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")})
         daemons.append(CalmonDaemon(cfg, log=tmp_path / f"instance{i}.log"))
     try:
+        single.start(wait_ready=False)
         for d in daemons:
             d.start(wait_ready=False)
         for d in daemons:
@@ -113,6 +122,21 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
         # the temperature undoes the 2.5x sharpening (1/2.5 from the data's construction)
         assert 1.8 < float(doc["params"]["temperature"]) < 3.4, doc["params"]
 
+        # what one instance decides on the whole stream: the same drift, dated alike
+        # (the detector's grid is a minute; both read every sample), a fit as large
+        # and a temperature alike
+        wait_until(lambda: documents(kafka_bootstrap, single_cal) or None, 180,
+                   "the single instance's publish")
+        (one,) = documents(kafka_bootstrap, single_cal)
+        assert one["version"] == 1 and one["trigger"] == doc["trigger"]
+        assert abs(float(one["change_ts"]) - float(doc["change_ts"])) <= 600.0
+        # in the gap between the calibrated half and the drifted one (no sample there)
+        assert BASE_TS + 2400.0 - 600.0 <= float(one["change_ts"]) <= t2 + 600.0
+        one_fit = int(one["fit"]["samples"]) + int(one["fit"]["holdout_samples"])
+        assert one_fit >= RECAL["min_samples"]
+        assert abs(float(one["params"]["temperature"]) - float(doc["params"]["temperature"])
+                   ) < 0.25 * float(one["params"]["temperature"])
+
         # list and rollback act on the topic's history, from an instance that is not
         # the owner: the owner republishes, once
         other = next(i for i, v in enumerate(owned) if not sum(v.values()))
@@ -129,8 +153,19 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
         docs = documents(kafka_bootstrap, cal_topic)
         assert [(d["version"], d.get("rollback_of")) for d in docs] == [(1, None), (2, 1)]
         assert docs[1]["params"] == doc["params"]
+        # serving code's watcher (read_committed) serves the latest, markers ignored
+        watcher = CalibratorWatcher(topic=cal_topic, bootstrap_servers=kafka_bootstrap,
+                                    min_interval=0.0, consumer_settings=dict(FAST_CLIENT))
+        try:
+            def served() -> bool:
+                watcher.refresh(force=True)
+                return watcher.version("ctr") == 2
+
+            wait_until(served, 60, "the watcher serving v2")
+        finally:
+            watcher.close()
     finally:
-        for d in daemons:
+        for d in [*daemons, single]:
             d.stop()
     for d in daemons:
         assert "Traceback" not in d.log_tail(100_000)
