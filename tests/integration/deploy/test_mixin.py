@@ -46,7 +46,7 @@ def test_monitors_produce_the_job_the_selector_expects() -> None:
     config = yaml.safe_load((DEPLOY / "mixin" / "config.yaml").read_text())
     assert config["selector"] == 'job="calmon"'
     pod_labels = {}
-    for path in (DEPLOY / "kubernetes").glob("*.yaml"):
+    for path in (DEPLOY / "kubernetes" / "overlays").rglob("*.yaml"):  # the workloads
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc["kind"] in ("Deployment", "StatefulSet"):
                 pod_labels[doc["metadata"]["name"]] = doc["spec"]["template"]["metadata"][

@@ -152,6 +152,7 @@ def exposition(instance: str) -> str:
         f"calmon_loop_heartbeat_timestamp_seconds {time.time()!r}",
         "calmon_labels_expired_total 3",
         'calmon_duplicates_total{topic="predictions"} 2',
+        'calmon_key_mismatch_total{topic="labels"} 0',
         'calmon_invalid_records_total{topic="predictions",reason="not_json"} 4',
         "calmon_join_pending 1234",
         f"calmon_last_checkpoint_timestamp_seconds {time.time()!r}",
