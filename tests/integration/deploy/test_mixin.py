@@ -48,7 +48,7 @@ def test_monitors_produce_the_job_the_selector_expects() -> None:
     pod_labels = {}
     for path in (DEPLOY / "kubernetes" / "overlays").rglob("*.yaml"):  # the workloads
         for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc["kind"] in ("Deployment", "StatefulSet"):
+            if isinstance(doc, dict) and doc.get("kind") in ("Deployment", "StatefulSet"):
                 pod_labels[doc["metadata"]["name"]] = doc["spec"]["template"]["metadata"][
                     "labels"]
     assert pod_labels
