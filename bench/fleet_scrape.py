@@ -9,16 +9,16 @@ of 5,000 JSON records (predictions, each label right after; slices ``[[country],
 [device]]`` with ``--values`` values each, so 1 + 2 x values series a model; times
 over the last hour), while a scraper thread asks for ``/metrics`` every
 ``--every`` seconds of the feed (``Accept-Encoding: gzip``, as Prometheus asks).
-After: the statistics thread of the daemon (``Refresher.update`` within
-``calmon.daemon.STATS_CPU_SHARE``) runs beside them and a scrape renders the latest
-snapshot through ``io/exposition``. Before (``--before``, default the commit issue 20
+After: between batches the statistics updates of the daemon's loop
+(``Refresher.update`` within ``calmon.daemon.STATS_CPU_SHARE``), and a scrape renders
+the latest snapshot through ``io/exposition``. Before (``--before``, default the commit issue 20
 started from, checked out in a temporary ``git worktree``): a scrape is
 ``generate_latest`` of the registry, which computes ``Engine.view()``.
 
 Printed per run: scrape p50 / p95 / max (seconds) during ingestion, the body of the
 final state (plain and gzip; the before code sends plain only), the ingest rate with
 scrapes and without (a second feed of the same records into a fresh engine, its
-statistics thread still running) and with no reader at all, and with ``--recal`` the time of one
+statistics updates still running) and with no reader at all, and with ``--recal`` the time of one
 recalibration check (``Policy.check``) over every series of the fleet
 (``recalibration.per_segment``, small buffers).
 """
@@ -102,26 +102,25 @@ class After:
         rest = CalmonCollector(engine, snapshot=latest, windows=False, totals=totals,
                                statistics_age=lambda: latest().age(time.time()))
         self.exposition = Exposition(windows, lambda: latest().serial, [rest])
-        self.stop = threading.Event()
+        self.next = 0.0
+        self.share, self.pause = STATS_CPU_SHARE, STATS_MIN_PAUSE_S
 
-        def loop() -> None:
-            while not self.stop.is_set():
-                spent = time.thread_time()
-                self.refresher.update()
-                spent = time.thread_time() - spent
-                self.stop.wait(max(STATS_MIN_PAUSE_S,
-                                   spent * (1 - STATS_CPU_SHARE) / STATS_CPU_SHARE))
-
-        self.thread = threading.Thread(target=loop, daemon=True)
-        self.thread.start()
+    def between_batches(self) -> None:
+        """``Daemon.refresh_statistics``: an update when the share allows."""
+        if time.monotonic() < self.next:
+            return
+        spent = time.thread_time()
+        self.refresher.update()
+        spent = time.thread_time() - spent
+        self.next = time.monotonic() + max(self.pause,
+                                           spent * (1 - self.share) / self.share)
 
     def scrape(self, gz: bool = True) -> tuple[bytes, str | None]:
         _ctype, enc, parts = self.exposition.render("", "gzip" if gz else "")
         return b"".join(parts), enc
 
     def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
+        pass
 
 
 class Before:
@@ -139,6 +138,9 @@ class Before:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry), None
+
+    def between_batches(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -167,6 +169,8 @@ def feed(data: list[Any], side: str, every: float | None) -> dict[str, Any]:
     for b in data:
         engine.feed(b)
         totals.add(engine.last_delta)
+        if reader is not None:
+            reader.between_batches()
     wall = time.perf_counter() - t0
     done.set()
     th.join()
@@ -176,7 +180,8 @@ def feed(data: list[Any], side: str, every: float | None) -> dict[str, Any]:
         if isinstance(reader, After):  # the final state, once the statistics caught up
             while reader.refresher.latest.version != engine.version or \
                     reader.refresher.latest.stale_since is not None:
-                time.sleep(0.2)
+                reader.next = 0.0
+                reader.between_batches()
         t1 = time.perf_counter()
         plain, _ = reader.scrape(gz=False)
         out["final_scrape"] = time.perf_counter() - t1

@@ -22,10 +22,11 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from calmon import __version__
 from calmon.config import Config
-from calmon.engine.engine import Engine, View
+from calmon.engine.engine import Engine, Row, View
 from calmon.engine.records import REASONS
 from calmon.engine.series import ALL
 from calmon.io.totals import DELAY_BUCKETS, ProcessTotals
@@ -83,6 +84,25 @@ UNFILTERED_FAMILIES = (
     "statistics_age_seconds", "build_info", "consumer_lag_records",
     "loop_heartbeat_timestamp_seconds", "recalibration_owned_models")
 FAMILIES = SERIES_FAMILIES + UNFILTERED_FAMILIES
+CLASSWISE_DOC = ("Mean over classes of the ECE of p_k against [y = k] (multiclass models, "
+                 "with metrics.classwise)")
+
+
+def _stat(attr: str) -> Callable[[Row], Any]:
+    return lambda row: getattr(row.stats, attr)
+
+
+def _estimate(attr: str) -> Callable[[Row], Any]:
+    return lambda row: getattr(row.estimates, attr)
+
+
+# (metric name, family name, the value of a row or None) of every per-window family
+_GETTERS: tuple[tuple[str, str, Callable[[Row], Any]], ...] = (
+    ("calmon_window_samples", "window_samples", lambda row: row.stats.samples),
+    *((n, n[len("calmon_"):], _stat(a)) for n, a, _ in ROW_GAUGES),
+    *((n, n[len("calmon_"):], _estimate(a)) for n, a, _ in ESTIMATE_GAUGES),
+    ("calmon_classwise_ece", "classwise_ece", lambda row: row.classwise_ece),
+)
 OUTCOMES = ("published", "rejected", "failed")
 FIT_METHODS = ("temperature", "platt", "isotonic", "histogram")  # what ``auto`` may choose
 
@@ -121,6 +141,49 @@ class WindowCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from window_metrics(self.snapshot(), self.policy)
+
+    def render(self, openmetrics: bool) -> bytes:
+        """What prometheus-client's encoder writes for ``collect()`` (text 0.0.4, or
+        OpenMetrics without its end marker), written directly: the label string of a
+        row once for all its families, no sample objects (about 5x faster)."""
+        return render_windows(self.snapshot(), self.policy, openmetrics)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def render_windows(view: View, policy: ExportPolicy, openmetrics: bool) -> bytes:
+    """``window_metrics`` of a view in the exposition format (see WindowCollector)."""
+    names = ["calmon_window_samples", *(n for n, _, _ in ROW_GAUGES),
+             *(n for n, _, _ in ESTIMATE_GAUGES), "calmon_classwise_ece"]
+    docs = {n: d for n, _, d in (*ROW_GAUGES, *ESTIMATE_GAUGES)}
+    docs["calmon_window_samples"] = "Joined samples in the window"
+    docs["calmon_classwise_ece"] = CLASSWISE_DOC
+    lines: dict[str, list[str]] = {n: [] for n in names}
+    keep_cache: dict[str, list[tuple[str, Callable[[Row], Any]]]] = {}
+    for row in view.rows:
+        if row.window not in policy.windows:
+            continue
+        kind = ALL if row.segment == ALL else ""
+        getters = keep_cache.get(kind)
+        if getters is None:
+            getters = keep_cache[kind] = [
+                (n, g) for n, fam, g in _GETTERS if policy.keep(fam, row.segment)]
+        labels = (f'{{model="{_escape(row.model)}",segment="{_escape(row.segment)}",'
+                  f'window="{_escape(row.window)}"}} ')
+        for name, get in getters:
+            v = get(row)
+            if v is not None:
+                lines[name].append(name + labels + floatToGoString(v) + "\n")  # type: ignore[no-untyped-call]
+    out = []
+    for name in names:
+        doc = docs[name].replace("\\", r"\\").replace("\n", r"\n")
+        if openmetrics:
+            doc = doc.replace('"', r'\"')
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} gauge\n")
+        out.extend(lines[name])
+    return "".join(out).encode()
 
 
 class CalmonCollector(Collector):
@@ -289,9 +352,7 @@ def window_metrics(view: View, policy: ExportPolicy) -> Iterator[Metric]:
             for name, attr, doc in ROW_GAUGES]
     ests = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr, name[len("calmon_"):])
             for name, attr, doc in ESTIMATE_GAUGES]
-    classwise = GaugeMetricFamily(
-        "calmon_classwise_ece", "Mean over classes of the ECE of p_k against [y = k] "
-        "(multiclass models, with metrics.classwise)", labels=ROW_LABELS)
+    classwise = GaugeMetricFamily("calmon_classwise_ece", CLASSWISE_DOC, labels=ROW_LABELS)
     keep_cache: dict[str, tuple[list[tuple[GaugeMetricFamily, str, str]],
                                 list[tuple[GaugeMetricFamily, str, str]], bool, bool]] = {}
     for row in view.rows:

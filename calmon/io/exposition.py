@@ -65,7 +65,11 @@ class Exposition:
             key = self.key()
             entry = self._cache.get(ctype)
             if entry is None or entry.key != key:
-                body = encoder(self.shared)
+                render = getattr(self.shared.collectors[0], "render", None)
+                if render is not None:  # the same bytes, written directly (no end marker)
+                    body = render(ctype.startswith("application/openmetrics"))
+                else:
+                    body = encoder(self.shared)
                 if body.endswith(EOF):  # OpenMetrics: the end marker comes after the rest
                     body = body[:-len(EOF)]
                 entry = self._cache[ctype] = _Shared(key, body)

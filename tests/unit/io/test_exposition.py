@@ -236,3 +236,27 @@ def test_reliability_lists_the_worst_series_first_and_pages_the_rest() -> None:
     assert got == sorted(got, reverse=True)
     assert b"class=next" in pages[0] and b"class=prev" in pages[2]
     assert b"class=next" not in pages[2]
+
+
+@pytest.mark.parametrize("export", [{}, {"families": ["ece", "smece"], "windows": ["24h"]}])
+def test_the_direct_rendering_equals_prometheus_clients_encoders(export) -> None:
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    engine = Engine(from_dict({"segments": {"slices": [["country"]]},
+                               "metrics": {"export": export}}))
+    raws = []
+    for i in range(300):
+        model = 'quo"te\\back' if i % 2 else "plain"
+        raws += [P(f"{i}", T0 + i, model=model, prob=(i % 97) / 97,
+                   segment={"country": "a\\b" if i % 3 else 'x"y'}), L(f"{i}", i % 2)]
+    assert engine.feed(raws) == []
+    snap = Refresher(engine).update(full=True)
+    windows = WindowCollector(lambda: snap, engine.cfg)
+
+    class Only:
+        def collect(self) -> Any:
+            return windows.collect()
+
+    assert windows.render(False) == generate_latest(Only())  # type: ignore[arg-type]
+    assert windows.render(True) + b"# EOF\n" == om_latest(Only())  # type: ignore[arg-type]
