@@ -215,10 +215,12 @@ def _document(value: bytes | None) -> dict[str, Any] | None:
     return doc
 
 
-def materialise(registry: Registry, docs: list[tuple[dict[str, Any], bytes]]) -> int:
+def materialise(registry: Registry, docs: list[tuple[dict[str, Any], bytes]], *,
+                prune: bool = True) -> int:
     """Write the topic's documents as ``output_dir`` files: every version seen, the
-    newest as ``latest.json``; local versions newer than the topic's (a fenced owner's
-    publish never committed) are removed. Returns the series written."""
+    newest as ``latest.json``; with ``prune`` (``docs`` is the whole topic, read back to
+    a marker), local versions newer than the topic's (a fenced owner's publish never
+    committed) are removed. Returns the series written."""
     newest: dict[tuple[str, str], tuple[dict[str, Any], bytes]] = {}
     for doc, data in docs:
         k = (str(doc["model"]), str(doc["segment"]))
@@ -231,9 +233,13 @@ def materialise(registry: Registry, docs: list[tuple[dict[str, Any], bytes]]) ->
             newest[k] = (doc, data)
     for (model, segment), (doc, data) in newest.items():
         sdir: Path = registry.dir_of(model, segment)
-        for v in registry.versions(model, segment):
-            if v > doc["version"]:
-                (sdir / f"v{v}.json").unlink(missing_ok=True)
+        local = registry.versions(model, segment)
+        if prune:
+            for v in local:
+                if v > doc["version"]:
+                    (sdir / f"v{v}.json").unlink(missing_ok=True)
+        elif local and local[-1] > doc["version"]:
+            continue  # a newer local version (this owner's own) stays latest
         latest = sdir / "latest.json"
         if not latest.exists() or latest.read_bytes() != data:
             atomic_write(latest, data)

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
@@ -28,6 +28,7 @@ from calmon.cluster.kafka import (
     JoinedProducer,
     Publisher,
     _consumer_settings,
+    _document,
     materialise,
     read_back,
 )
@@ -35,7 +36,7 @@ from calmon.cluster.owner import Owner
 from calmon.cluster.sender import JoinedSender, SampleSource
 from calmon.config import Config
 from calmon.errors import CalibratorError
-from calmon.recal.policy import Event, Policy
+from calmon.recal.policy import Event, Policy, live_calibrators
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Registry
 
@@ -45,8 +46,14 @@ POLL_MS = 500
 LAG_EVERY_S = 5.0
 
 
+class Engineish(Protocol):
+    def set_calibrators(self, calibrators: Any) -> None: ...
+
+
 class Cluster:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, engine: Engineish | None = None) -> None:
+        """``engine``: handed every live calibrator of the topic (whoever owns it), for
+        its label-free estimates and score PSI, as the in-process loop does."""
         kc = cfg.kafka
         assert kc.joined_topic is not None and kc.calibrators_topic is not None
         self.cfg = cfg
@@ -72,6 +79,8 @@ class Cluster:
         self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self.lag: dict[tuple[str, int], int] = {}
         self.changes = 0  # owner steps since start: the checkpoint's "anything new?"
+        self.engine = engine
+        self._pushed: list[tuple[tuple[str, str], int]] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()  # tests: run a check now
@@ -179,6 +188,7 @@ class Cluster:
         interval = float(self.cfg.recalibration.interval)
         next_check = time.monotonic() + min(interval, 15.0)
         next_lag = 0.0
+        follow = self._follower(settings)
         try:
             while not self._stop.is_set():
                 for tp, recs in consumer.poll(timeout_ms=POLL_MS).items():
@@ -200,11 +210,50 @@ class Cluster:
                     next_check = time.monotonic() + interval
                 if time.monotonic() >= next_lag:
                     self._lag(consumer)
+                    self._follow(follow)
                     next_lag = time.monotonic() + LAG_EVERY_S
         finally:
             self.publisher.close()
             self.owned = frozenset()
             consumer.close()
+            follow.close()
+
+    def _follower(self, settings: dict[str, Any]) -> KafkaConsumer:
+        """A reader of every committed document of the calibrators topic, from the
+        start: ``output_dir`` follows the whole topic, not only the owned models."""
+        follow = KafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
+                               **settings)
+        topic = self.publisher.topic
+        parts = follow.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        follow.assign(tps)
+        if tps:
+            follow.seek_to_beginning(*tps)
+        return follow
+
+    def _follow(self, follow: KafkaConsumer) -> None:
+        docs = []
+        try:
+            for recs in follow.poll(timeout_ms=0, max_records=10_000).values():
+                for r in recs:
+                    doc = _document(r.value)
+                    if doc is not None:
+                        docs.append((doc, bytes(r.value)))
+        except Exception as e:  # best effort: the next round reads on
+            log.debug("following %s: %s", self.publisher.topic, e)
+        if docs:
+            materialise(self.registry, docs, prune=False)
+        self.push_calibrators()
+
+    def push_calibrators(self) -> None:
+        """The live calibrators of ``output_dir`` to the engine, when a version changed."""
+        if self.engine is None:
+            return
+        live = live_calibrators(self.registry)
+        versions = sorted((k, v[2]) for k, v in live.items())
+        if versions != self._pushed:
+            self.engine.set_calibrators({k: (v[0], v[1]) for k, v in live.items()})
+            self._pushed = versions
 
     def _rollback(self, partition: int, offset: int, req: dict[str, Any]) -> None:
         """A ``calmon calibrators rollback`` of a model on this partition: done here, by

@@ -18,6 +18,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from calmon.calibrators import CalibratorWatcher
+from calmon.recal.registry import Registry
 from tests.conftest import FAST_CLIENT
 from tests.daemon_helpers import (
     CalmonDaemon,
@@ -153,6 +154,15 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
         docs = documents(kafka_bootstrap, cal_topic)
         assert [(d["version"], d.get("rollback_of")) for d in docs] == [(1, None), (2, 1)]
         assert docs[1]["params"] == doc["params"]
+        # every instance's output_dir is a local view of the whole topic
+        def viewed() -> bool:
+            for i in range(3):
+                live = Registry(tmp_path / f"calibrators{i}").live("ctr", "__all__")
+                if live is None or live.version != 2:
+                    return False
+            return True
+
+        wait_until(viewed, 60, "v2 in every instance's output_dir")
         # serving code's watcher (read_committed) serves the latest, markers ignored
         watcher = CalibratorWatcher(topic=cal_topic, bootstrap_servers=kafka_bootstrap,
                                     min_interval=0.0, consumer_settings=dict(FAST_CLIENT))
