@@ -78,6 +78,7 @@ class Cluster:
         self.events: list[Event] = []  # newest last (bounded)
         self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self.lag: dict[tuple[str, int], int] = {}
+        self.calibrated: list[tuple[str, str, str, float | None, int]] = []
         self.changes = 0  # owner steps since start: the checkpoint's "anything new?"
         self.engine = engine
         self._pushed: list[tuple[tuple[str, str], int]] | None = None
@@ -135,11 +136,14 @@ class Cluster:
                 temps[(e["model"], e["segment"])] = float(live.doc["params"]["temperature"])
         series = [k for m in sorted(owned) for k in self.owner.series(m)]
         method = self.cfg.recalibration.method
+        cal = [c for c in self.calibrated if c[0] in owned]
         return RecalState(
-            [], dict(self.outcomes), versions, temps,
+            [(m, s, w, v) for m, s, w, v, _ in cal if v is not None],
+            dict(self.outcomes), versions, temps,
             {k: v for k, v in g.drift.items() if k[0] in owned},
             drift_evidence={k: v for k, v in g.evidence.items() if k[0] in owned},
             drift_change_ts={k: v for k, v in g.change_ts.items() if k[0] in owned},
+            calibrated_samples=[(m, s, w, n) for m, s, w, _, n in cal],
             series=series,
             methods=("temperature", "platt", "isotonic", "histogram") if method == "auto"
             else (method,),
@@ -286,6 +290,15 @@ class Cluster:
 
     def _check(self) -> None:
         events = self.owner.check(self.owned)
+        # the calibrated ECE of the owned models' series, on the owner's samples from
+        # every instance predicted after the live calibrator's fit (as one instance)
+        calibrated: list[tuple[str, str, str, float | None, int]] = []
+        for m in self.owner.models(self.owned):
+            now = self.owner.nows.get(m)
+            if now is not None:
+                calibrated += self.policy.calibrated(now, self.owner.series(m),
+                                                     self.owner.samples_of)
+        self.calibrated = calibrated
         if not events:
             return
         self.changes += 1
