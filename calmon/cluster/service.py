@@ -36,6 +36,7 @@ from calmon.cluster.owner import Owner
 from calmon.cluster.sender import JoinedSender, SampleSource
 from calmon.config import Config
 from calmon.errors import CalibratorError
+from calmon.recal.alerts import AlertSender
 from calmon.recal.policy import Event, Policy, live_calibrators
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Registry
@@ -81,6 +82,7 @@ class Cluster:
         self.calibrated: list[tuple[str, str, str, float | None, int]] = []
         self.changes = 0  # owner steps since start: the checkpoint's "anything new?"
         self.engine = engine
+        self.alerts = AlertSender(cfg.alerts.webhook)  # refit reports, from the owner
         self._pushed: list[tuple[tuple[str, str], int]] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -147,7 +149,7 @@ class Cluster:
             series=series,
             methods=("temperature", "platt", "isotonic", "histogram") if method == "auto"
             else (method,),
-            owned_models=len(owned))
+            alerts_failed=self.alerts.failed, owned_models=len(owned))
 
     # ------------------------------------------------------------ the owner thread
 
@@ -159,6 +161,7 @@ class Cluster:
         self.stop()
 
     def start(self) -> None:
+        self.alerts.start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run_safely, name="calmon-recal-owner",
                                         daemon=True)
@@ -170,6 +173,7 @@ class Cluster:
             self._thread.join(timeout=15)
             self._thread = None
         self.producer.close()
+        self.alerts.stop()
 
     def check_now(self) -> None:
         self._wake.set()
@@ -277,6 +281,27 @@ class Cluster:
                      req["segment"], req["to"], doc["version"])
         self.changes += 1
 
+    def _alert(self, e: Event) -> None:
+        """The owner's refit reports, as the in-process loop sends them (``recal/loop``):
+        only published and rejected refits, with what no metric carries."""
+        if e.kind not in ("published", "rejected"):
+            return
+        f = e.fields
+        ann: dict[str, Any] = {
+            "summary": f"{f.get('method')} refit for {e.model}/{e.segment}: {e.kind}",
+            "trigger": f.get("trigger"), "fit_samples": f.get("fit_samples"),
+            "holdout_samples": f.get("holdout_samples")}
+        for side in ("before", "after"):
+            ev = f.get(f"holdout_{side}")
+            if ev:
+                ann[f"holdout_ece_{side}"] = ev["ece"]
+                ann[f"holdout_nll_{side}"] = ev["nll"]
+        if f.get("reason"):
+            ann["reason"] = f["reason"]
+        name = "CalmonRefitPublished" if e.kind == "published" else "CalmonRefitRejected"
+        self.alerts.send(name, {"model": e.model, "segment": e.segment,
+                                "method": str(f.get("method"))}, ann, "info")
+
     def _unauthentic(self, value: bytes | None, headers: Any) -> str | None:
         if self.keys is None:
             return None
@@ -310,6 +335,8 @@ class Cluster:
                      {k: v for k, v in e.fields.items() if k in ("version", "reason")})
         self.outcomes = outcomes
         self.events = (self.events + events)[-1000:]
+        for e in events:
+            self._alert(e)
         lost = self.publisher.fenced & self.owned
         if lost:  # fenced by a newer owner: rejoin, the group will move them away
             log.warning("fenced on joined-topic partitions %s: another instance owns them",
