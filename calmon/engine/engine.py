@@ -109,6 +109,7 @@ class Engine:
         self.join = Join(cfg.join)
         # a model idle this long on the instance's clock is dropped (contract v3 §2)
         self._idle_after = max(w.seconds for w in cfg.metrics.windows) + cfg.join.ttl
+        self._combo_last = np.zeros(0)  # combo -> latest prediction ts (idle segments)
         self._folded_seen = 0
         self.windows = Windows(cfg.metrics.windows, cfg.metrics.bins, cfg.metrics.fine_bins)
         # classwise ECE (metrics.classwise): per (series, class) bins of p_k against [y = k],
@@ -442,6 +443,7 @@ class Engine:
             arrivals = arrivals[keep]
         if len(arrivals):  # as columns, once, for the class counts and the score histograms
             ts_col = cols.ts[arrivals]
+            self._seen(cols.combo[arrivals], ts_col)
             self.class_counts.settle(self._models_of(cols.combo[arrivals]), ts_col,
                                      self.join.nows)
             try:
@@ -476,15 +478,26 @@ class Engine:
             self._evicted_at = self.now
         return rejected
 
+    def _seen(self, combos: np.ndarray, ts: np.ndarray) -> None:
+        """The latest prediction ts of each combo (a segment is idle when its combos are)."""
+        n = len(self.index.combos)
+        if len(self._combo_last) < n:
+            self._combo_last = np.concatenate(
+                [self._combo_last, np.full(n - len(self._combo_last), -math.inf)])
+        np.maximum.at(self._combo_last, combos, ts)
+
     def _drop_idle(self) -> None:
         """Capacity frees itself (contract v3 §2): a model whose latest prediction is
         more than its largest window and join.ttl behind the instance's clock is dropped
         with its pending predictions (counted as expired by ttl), its series and its
         slots in limits.max_models and limits.max_series, which new names reuse."""
         limit = self.join.clock - self._idle_after
+        if not math.isfinite(limit):
+            return
         nows = self.join.nows
         idle = [m for m, name in enumerate(self.models) if name and nows[m] < limit]
         if not idle:
+            self._drop_idle_segments(limit)
             return
         self.join.combo_model = self._combo_models()
         combos = self.join.drop_models(idle)
@@ -495,19 +508,46 @@ class Engine:
                 self.last_delta.expired[(self.models[m], "ttl")] += n
         for m in idle:
             name = self.models[m]
-            sids = self.index.drop_model(name)
-            self.windows.forget(sids)
-            self.scores.forget(sids)
-            if self.classwise is not None:
-                self.classwise.forget([c for sid in sids for c in self._classes_of.get(sid, ())])
-            if self.buffers is not None:
-                for sid in sids:
-                    self.buffers.rings.pop(sid, None)
+            self._forget_series(self.index.drop_model(name))
             self.models[m] = ""
             del self._model_idx[name]
             self.class_counts.set_model(m, 0)
         self._free_models = sorted(self._free_models + idle, reverse=True)
+        self._combo_last[[c for c in range(min(len(self._combo_last), len(self.index.combos)))
+                          if not self.index.combos[c][0]]] = -math.inf
+        self._drop_idle_segments(limit)
         log.info("dropped %d idle model(s): their slots are free", len(idle))
+
+    def _drop_idle_segments(self, limit: float) -> None:
+        """A live model's combos idle as long (no prediction of that segment
+        combination), and the series only they fed, go the same way."""
+        last = self._combo_last
+        n = min(len(last), len(self.index.combos))
+        idle = np.flatnonzero(last[:n] < limit)
+        if not len(idle):
+            return
+        cids = [c for c in idle.tolist() if self.index.combos[c][0]]
+        if not cids:
+            return
+        self.join.combo_model = self._combo_models()
+        combos = self.join.drop_models([], np.asarray(cids, np.int64))
+        if len(combos):
+            models, counts = np.unique(self._combo_model[combos], return_counts=True)
+            for m, k in zip(models.tolist(), counts.tolist()):
+                self.counters["expired"] += k
+                self.last_delta.expired[(self.models[m], "ttl")] += k
+        sids = self.index.drop_combos(cids)
+        last[cids] = -math.inf
+        self._forget_series(sids)
+
+    def _forget_series(self, sids: list[int]) -> None:
+        self.windows.forget(sids)
+        self.scores.forget(sids)
+        if self.classwise is not None:
+            self.classwise.forget([c for sid in sids for c in self._classes_of.get(sid, ())])
+        if self.buffers is not None:
+            for sid in sids:
+                self.buffers.rings.pop(sid, None)
 
     def _evict(self) -> None:
         """Buckets that slid out of their series' windows (on their model's clock) go."""
@@ -901,6 +941,7 @@ class Engine:
                 "layout": self._layout(),
                 "now": self.now,
                 "model_now": list(self.join.nows),  # event time per model (v3)
+                "combo_last": self._combo_last.tolist(),  # v3: idle segments are dropped
                 "models": [[m, *row] for m, row in zip(self.models,
                                                        self.class_counts.snapshot())],
                 "counters": dict(self.counters),
@@ -964,6 +1005,12 @@ class Engine:
             self._check_restored(snap)
             if nows is None:
                 self.join.nows = self._recorded_nows(snap["join"], now)
+            last = snap.get("combo_last")
+            if last is None:  # before v3: every combo as recent as its model
+                last = [self.join.nows[m] for m in self._combo_models().tolist()]
+            self._combo_last = np.array(last, np.float64)
+            if len(self._combo_last) > len(self.index.combos):
+                raise ValueError("combo_last: more values than combos")
             self.changed_all = True
             self.version += 1
 

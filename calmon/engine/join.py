@@ -824,16 +824,19 @@ class Join:
         self._labels_of_batch = (_EI, _E)
         return ev
 
-    def drop_models(self, models: list[int]) -> np.ndarray:
-        """Forget the pending predictions of these models (dropped when idle, between
-        batches); returns their combos, to be counted as expired by ttl."""
+    def drop_models(self, models: list[int], of_combos: np.ndarray | None = None
+                    ) -> np.ndarray:
+        """Forget the pending predictions of these models, or of these combos (dropped
+        when idle, between batches); returns their combos, to be counted as expired by
+        ttl."""
         self._heaps = None
         for m in models:
             self.nows[m] = -INF
         slots = self._index.slots()
         if not len(slots):
             return _EI
-        gone = slots[np.isin(self.combo_model[self._combo[slots]], models)]
+        gone = slots[np.isin(self.combo_model[self._combo[slots]], models) if of_combos is None
+                     else np.isin(self._combo[slots], of_combos)]
         combos: np.ndarray = self._combo[gone].astype(np.int64)
         gone_list = gone.tolist()
         for slot in gone_list:

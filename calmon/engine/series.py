@@ -156,6 +156,40 @@ class SeriesIndex:
         self._free_series = sorted(self._free_series + sids, reverse=True)
         return sids
 
+    def drop_combos(self, cids: list[int]) -> list[int]:
+        """Forget these combos (idle) of live models, and the series and admitted
+        segment values no other combo of their model uses; returns the freed series."""
+        self.generation += 1
+        dead = set(cids)
+        models = {self.combos[c][0] for c in cids}
+        for c in cids:
+            self.combos[c] = ("", ())
+            self.combo_series[c] = ()
+        self._combo_ids = {k: v for k, v in self._combo_ids.items() if v not in dead}
+        for m in models:
+            memo = self._fast.get(m)
+            if memo:
+                keep = {k: v for k, v in memo.items() if v not in dead}
+                self._fast_size -= len(memo) - len(keep)
+                self._fast[m] = keep
+        freed = []
+        for m in models:
+            live = [c for c, (mm, _) in enumerate(self.combos) if mm == m]
+            used = {s for c in live for s in self.combo_series[c]}
+            for s, (mm, seg) in enumerate(self.series):
+                if mm == m and s not in used and seg != ALL:
+                    del self._series_ids[(mm, seg)]
+                    self.series[s] = ("", "")
+                    freed.append(s)
+            values = {(k, v) for c in live for k, v in zip(self.keys, self.combos[c][1])
+                      if v is not None}
+            for (mm, k), kept in self._admitted.items():
+                if mm == m:
+                    kept &= {v for kk, v in values if kk == k}
+        self._free_combos = sorted(self._free_combos + cids, reverse=True)
+        self._free_series = sorted(self._free_series + freed, reverse=True)
+        return freed
+
     def _arrays(self) -> None:
         if self._arrays_at != self.generation or len(self._len) != len(self.combo_series):
             self._arrays_at = self.generation

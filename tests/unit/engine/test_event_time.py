@@ -177,3 +177,26 @@ def test_max_series_folds_new_segments_into_other_and_counts_them() -> None:
     f.feed([P("again", T0 + 20, "m", prob=0.5, segment={"country": "E"}), L("again", 0)])
     segments = {r.segment: r.stats.samples for r in f.view().rows if r.window == "1h"}
     assert segments["country=__other__"] == 7 and "country=E" not in segments
+
+
+def test_an_idle_segment_frees_its_series_for_a_new_one() -> None:
+    """max_series: 3 holds __all__ and two countries; once country=A has had no
+    prediction for longer than 7d + 7d while its model lives on, its series (and its
+    pending prediction) go, and a new country takes the freed slot instead of folding."""
+    cfg = {"limits": {"max_series": 3}, "segments": {"slices": [["country"]]}}
+    e = Engine(from_dict(cfg))
+    e.feed([P("a", T0, "m", prob=0.5, segment={"country": "A"}), L("a", 1),
+            P("a2", T0, "m", prob=0.5, segment={"country": "A"}),  # stays pending
+            P("b", T0, "m", prob=0.5, segment={"country": "B"}), L("b", 1)])
+    for day in range(1, 16):  # country B, daily
+        e.feed([P(f"b{day}", T0 + day * DAY, "m", prob=0.5, segment={"country": "B"}),
+                L(f"b{day}", 0)])
+    assert e.index.find("m", "country=A") is None  # dropped after 14 days idle
+    assert e.counters["expired"] == 1  # a2 went with it
+    e.feed([P("c", T0 + 15 * DAY, "m", prob=0.5, segment={"country": "C"}), L("c", 1)])
+    segments = {r.segment: r.stats.samples for r in e.view().rows if r.window == "7d"}
+    assert segments == {"__all__": 8, "country=B": 7, "country=C": 1}
+    assert e.view().series_held == 3 and e.last_delta.series_folded == 0
+    f = Engine(from_dict(cfg))
+    f.restore(e.snapshot())
+    assert f.index.series == e.index.series and list(f._combo_last) == list(e._combo_last)
