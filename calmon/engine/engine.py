@@ -398,6 +398,8 @@ class Engine:
         (then labels found out of range when their prediction came)."""
         self.counters["predictions"] += self._count_models(
             self.last_delta.predictions, np.bincount(admitted, minlength=len(self.models)))
+        seen = cols.combo >= 0  # every admitted prediction, duplicates too
+        self._seen(cols.combo[seen], cols.ts[seen])
         marks = self.class_counts.marks  # before settle() clears them
         self.join.combo_model = self._combo_models()  # the batch's new combos too
         ev = self.join.finish(arrivals)
@@ -443,7 +445,6 @@ class Engine:
             arrivals = arrivals[keep]
         if len(arrivals):  # as columns, once, for the class counts and the score histograms
             ts_col = cols.ts[arrivals]
-            self._seen(cols.combo[arrivals], ts_col)
             self.class_counts.settle(self._models_of(cols.combo[arrivals]), ts_col,
                                      self.join.nows)
             try:
