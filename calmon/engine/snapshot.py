@@ -301,8 +301,9 @@ class Refresher:
             since = self._refreshed_at if self._refreshed_at is not None else self._started
         self._serial += 1
         self.latest = Snapshot(work.now, rows, work.counters, work.pending, work.pending_labels,
-                               work.series, work.version, built_at=self.clock(),
-                               stale_since=since, serial=self._serial)
+                               work.series, work.version,
+                               series_held=sum(1 for m, _ in work.series if m),
+                               built_at=self.clock(), stale_since=since, serial=self._serial)
         return self.latest
 
 

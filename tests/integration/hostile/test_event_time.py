@@ -114,3 +114,6 @@ def test_a_flood_from_one_model_leaves_another_models_joins_exact(
         expired = series(d.scrape(), "calmon_join_expired_total", "model", "reason")
         assert expired.get(("quiet", "capacity"), 0) == 0
         assert expired[("spam", "capacity")] == 20_000 - 500
+        sc = d.scrape()
+        assert series(sc, "calmon_series") == {(): 2.0}  # quiet's and spam's __all__
+        assert series(sc, "calmon_series_folded_total") == {(): 0.0}
