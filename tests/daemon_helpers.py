@@ -300,7 +300,7 @@ class CalmonDaemon:
 
     def scrape(self, fresh: float = 15.0) -> Scrape:
         """/metrics, once the statistics served reflect the engine's latest batch (the
-        statistics thread publishes them shortly after it), waiting at most ``fresh``
+        loop publishes them shortly after it), waiting at most ``fresh``
         seconds for that (a daemon still consuming may never be caught)."""
         deadline = time.monotonic() + fresh
         while time.monotonic() < deadline:

@@ -1,8 +1,9 @@
 """Statistics as a read model: what /metrics, /reliability and /status render.
 
 The loop thread feeds the engine; a ``Refresher`` turns what changed into an
-immutable ``Snapshot`` of rows, off the request path (the daemon's statistics
-thread calls ``update``; ``replay`` calls it once with ``full``):
+immutable ``Snapshot`` of rows, off the request path (the daemon's loop calls
+``update`` between batches, within a share of its time; ``replay`` calls it once
+with ``full``):
 
 - the plug-in numbers (counts, ECE, MCE, ACE, Brier, NLL, ..., the noise floor)
   of every (series, window) whose counts changed are recomputed at each update,
@@ -97,8 +98,8 @@ class _Work:
 
 
 class Refresher:
-    """Builds snapshots of one engine. Not thread-safe: one thread calls ``update``;
-    any thread may read ``latest``."""
+    """Builds snapshots of one engine. One thread calls ``update`` (it reads the engine
+    under its lock, in short holds); any thread may read ``latest``."""
 
     def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time,
                  slice_rows: int = SLICE_ROWS) -> None:

@@ -199,7 +199,7 @@ def test_the_exporter_shows_what_the_daemon_counted(tmp_path: Path) -> None:
     d = daemon_over(tmp_path, ListSource(partitions_of([*preds, *bad], labels)))
     with Running(d) as run:
         run.wait(lambda: sum(d.published_positions.values()) == 62, "every record")
-        # the statistics thread publishes a snapshot of that state soon after
+        # the loop publishes a snapshot of that state soon after
         run.wait(lambda: d.status()["statistics"]["current"], "statistics of that state")
         text = generate_latest(d.registry).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
