@@ -215,3 +215,48 @@ def test_the_exporter_shows_what_the_daemon_counted(tmp_path: Path) -> None:
     positives = sum(i % 2 for i in range(30))
     assert samples[("calmon_observed_rate", key)] == positives / 30
     assert sorted(d.dead_letters.reasons()) == ["not_json", "prob_out_of_range"]  # type: ignore
+
+
+def test_scrapes_over_http_compute_no_statistic_and_honour_gzip(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """Every statistic is computed on the loop thread; /metrics (plain and gzip),
+    /reliability and /status requests only render what it published."""
+    import gzip
+    import urllib.request
+
+    from calmon.engine import metrics, snapshot, stats
+
+    computing: list[str] = []
+
+    def counted(mod: Any, name: str) -> None:
+        real = getattr(mod, name)
+
+        def call(*a: Any, **k: Any) -> Any:
+            computing.append(threading.current_thread().name)
+            return real(*a, **k)
+        monkeypatch.setattr(mod, name, call)
+
+    for mod, name in ((snapshot, "expensive_stats"), (snapshot, "plugin_stats"),
+                      (stats, "ece_interval_batch"), (metrics, "ece_interval"),
+                      (metrics, "smece"), (metrics, "from_vector")):
+        counted(mod, name)
+    preds, labels = traffic(60)
+    d = daemon_over(tmp_path, ListSource(partitions_of(preds, labels)))
+    with Running(d) as run:
+        run.wait(lambda: sum(d.published_positions.values()) == 120, "every record")
+        run.wait(lambda: d.status()["statistics"]["current"], "statistics of that state")
+        assert d.http is not None
+        base = f"http://127.0.0.1:{d.http.port}"
+        loop = set(computing)  # the loop thread's name
+        for _ in range(3):
+            plain = urllib.request.urlopen(base + "/metrics", timeout=10).read()
+            req = urllib.request.Request(base + "/metrics",
+                                         headers={"Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.headers["Content-Encoding"] == "gzip"
+                unzipped = gzip.decompress(resp.read())
+            for path in ("/reliability", "/reliability?model=m&junk=1", "/status"):
+                assert urllib.request.urlopen(base + path, timeout=10).status == 200
+    assert computing and set(computing) == loop, set(computing)  # never an HTTP thread
+    assert b"calmon_statistics_age_seconds " in plain
+    assert b'calmon_window_samples{model="m",segment="__all__",window="1h"} 60.0' in unzipped
