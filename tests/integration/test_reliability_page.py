@@ -8,7 +8,6 @@ The expected bins come from the produced records (right-closed equal-width bins,
 from __future__ import annotations
 
 import math
-import os
 import re
 import shutil
 import struct
@@ -47,7 +46,6 @@ N_PREDICTIONS = 1500
 WINDOW = "7d"  # make_dataset spreads prediction ts over 2 h: every sample is in the window
 MIN_SAMPLES = 400  # recalibration.min_samples: smaller series are drawn as "too few samples"
 LEVEL = 0.9  # metrics.interval_level (the default)
-DOCS_PNG = Path(__file__).resolve().parents[2] / "docs" / "reliability.png"
 
 
 # ---------------------------------------------------------------- parsing the page
@@ -382,5 +380,3 @@ def test_headless_chromium_renders_the_page(served: Any, tmp_path: Path) -> None
     want = alpha * _hex(bar.group(1)) + (1 - alpha) * _hex(plot.group(1))
     near = np.all(np.abs(rgb.astype(float) - want) <= 3, axis=1).sum()
     assert near >= 2000, f"only {near} pixels in the bar colour {want.round()}"
-    if os.environ.get("CALMON_UPDATE_SCREENSHOT"):  # refresh the README's screenshot
-        shutil.copyfile(png, DOCS_PNG)
