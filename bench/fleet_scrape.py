@@ -26,6 +26,7 @@ recalibration check (``Policy.check``) over every series of the fleet
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -190,9 +191,70 @@ def feed(data: list[Any], side: str, every: float | None) -> dict[str, Any]:
         out["gzip"] = len(gz) if enc == "gzip" else len(gzip.compress(plain))
         out["gzip_sent"] = enc == "gzip"
         out["samples"] = sum(1 for line in plain.split(b"\n") if line and line[:1] != b"#")
+        if isinstance(reader, After):
+            out.update(memory(reader, engine))
     if reader is not None:
         reader.close()
     return out
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_during(work: Any) -> int:
+    """The RSS growth while ``work()`` runs (sampled every 5 ms) over the RSS before."""
+    import gc
+
+    gc.collect()
+    base = _rss()
+    peak = [base]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.005):
+            peak[0] = max(peak[0], _rss())
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    work()
+    stop.set()
+    th.join()
+    return max(peak[0], _rss()) - base
+
+
+def memory(reader: Any, engine: Any) -> dict[str, Any]:
+    """RSS growth of one scrape, of 16 concurrent ones (a new snapshot first, so they
+    all render), and 15 s after 64 /reliability requests with junk query strings."""
+    from urllib.parse import parse_qs
+
+    from calmon.io import reliability
+    from calmon.io.http import _PageCache
+
+    def scrapes(n: int) -> Any:
+        def run() -> None:
+            reader.refresher.latest = dataclasses.replace(reader.refresher.latest,
+                                                          serial=-n)  # not rendered yet
+            ths = [threading.Thread(target=reader.scrape) for _ in range(n)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+        return run
+
+    one = _peak_during(scrapes(1))
+    sixteen = _peak_during(scrapes(16))
+    cache = _PageCache(5.0)
+    page = reliability.Page(engine.cfg, lambda: reader.refresher.latest)
+    base = _rss()
+    for i in range(64):
+        q = f"junk{i}={'x' * 200}&window=w{i}&page={i}"
+        assert cache.get("/reliability", q, page)[0] == 200
+        parse_qs(q)
+    time.sleep(15)
+    return {"rss_one": one, "rss_16": sixteen, "rss_junk": _rss() - base,
+            "page_builds": cache.builds}
 
 
 def recal_check(data: list[Any]) -> dict[str, Any]:
@@ -257,6 +319,10 @@ def report(name: str, r: dict[str, Any]) -> None:
           f"final scrape {w['final_scrape']:.2f} s; ingest {w['rate']:,.0f} rec/s with scrapes, "
           f"{wo['rate']:,.0f} without ({w['rate'] / wo['rate']:.2f}x), "
           f"{r['bare']['rate']:,.0f} with no reader at all")
+    if "rss_16" in w:
+        print(f"  RSS growth: one scrape {w['rss_one'] / 2**20:.1f} MiB, 16 concurrent "
+              f"{w['rss_16'] / 2**20:.1f} MiB; 64 junk /reliability queries "
+              f"{w['rss_junk'] / 2**20:.1f} MiB 15 s later ({w['page_builds']} page builds)")
     if "recal" in r:
         rc = r["recal"]
         print(f"  recalibration check over {rc['series']} series: {rc['check_first']:.2f} s "

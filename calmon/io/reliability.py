@@ -151,11 +151,23 @@ class Page:
         self.windows = [w.name for w in cfg.metrics.windows]
 
     def cache_key(self, query: dict[str, list[str]]) -> Hashable:
+        """The query as the page reads it: junk parameters, an unknown window, model or
+        segment and a page past the last all map to the page that is shown for them,
+        so junk query strings share a few cache entries."""
         window = query.get("window", [None])[0]
-        # any unknown window shows the default one with a note: one entry for them all
-        return (window if window in self.windows else (window is not None, self.windows[-1]),
-                query.get("model", [None])[0], query.get("segment", [None])[0],
-                _page_number(query))
+        shown = window if window in self.windows else self.windows[-1]
+        model = query.get("model", [None])[0]
+        segment = query.get("segment", [None])[0]
+        rows = [r for r in self.snapshot().rows if r.window == shown and r.stats.samples > 0]
+        if model is not None and all(r.model != model for r in rows):
+            model = "\0unknown"
+        if segment is not None and all(r.segment != segment for r in rows):
+            segment = "\0unknown"
+        matching = sum(1 for r in rows if model in (None, r.model)
+                       and segment in (None, r.segment))
+        pages = max(1, math.ceil(matching / PAGE_SIZE))
+        return (shown, window is not None and window != shown, model, segment,
+                min(_page_number(query), pages))
 
     def __call__(self, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
         return page(self.cfg, self.snapshot(), self.calibrated, query)
