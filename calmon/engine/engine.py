@@ -374,6 +374,15 @@ class Engine:
         """Each model's now, by model index."""
         return np.asarray(self.join.nows, np.float64)
 
+    def _now_per(self, models: np.ndarray) -> float | np.ndarray:
+        """The now of each of these models' rows: one number when they are one model
+        (the common batch), else an array."""
+        nows = self.join.nows
+        if len(models) and int(models.min()) == int(models.max()):
+            return float(nows[int(models[0])])
+        out: np.ndarray = self._nows()[models]
+        return out
+
     def _series_nows(self) -> np.ndarray:
         """Each series' model's now, by series id."""
         self._maps()
@@ -576,8 +585,8 @@ class Engine:
             for at, given in _by_classes(cols.vectors, rows, np.flatnonzero(~binary)):
                 conf[at] = _probs(given, kind[at]).max(axis=1)
         sample, sid = self.index.fan_out(cols.combo[rows])
-        now = self._nows()[self._models_of(cols.combo[rows])]  # each one's model's now
-        self.scores.add(sid, cols.ts[rows][sample], conf[sample], now[sample])
+        now = self._now_per(self._models_of(cols.combo[rows]))  # each one's model's now
+        self.scores.add(sid, cols.ts[rows][sample], conf[sample], _take(now, sample))
 
     def _sample_classes(self, j: Joined) -> np.ndarray:
         out = np.zeros(len(j), np.int64)
@@ -648,12 +657,12 @@ class Engine:
         # the writes
         self.counters["joined"] += self._count_models(
             self.last_delta.joined, np.bincount(models, minlength=len(self.models)))
-        now = self._nows()[models]  # each sample's model's now
+        now = self._now_per(models)  # each sample's model's now
         for ii, probs in classwise:
             onehot = np.zeros_like(probs)
             onehot[np.arange(len(ii)), label[ii]] = 1.0
-            self._add_classwise(combos[ii], ts[ii], probs, onehot, now[ii])
-        self.windows.add(samples, now[sample])
+            self._add_classwise(combos[ii], ts[ii], probs, onehot, _take(now, ii))
+        self.windows.add(samples, _take(now, sample))
         self.changed.update(np.unique(sid).tolist())
         self._count_bins(samples)
         self._count_delays(j.label_ts - ts, models)
@@ -661,7 +670,7 @@ class Engine:
             self._buffer(combos, ts, label, kinds, scores, rows)
 
     def _add_classwise(self, combos: np.ndarray, ts: np.ndarray, probs: np.ndarray,
-                       onehot: np.ndarray, now: np.ndarray) -> None:
+                       onehot: np.ndarray, now: float | np.ndarray) -> None:
         """Every class k of every sample, as a sample of the (series, k) pseudo-series."""
         assert self.classwise is not None
         sample, sid = self.index.fan_out(combos)
@@ -679,7 +688,7 @@ class Engine:
         zeros = np.zeros(len(rows))
         self.classwise.add(Samples(np.array(ids, np.int64), ts[rows], probs[rows, cls],
                                    onehot[rows, cls].astype(np.int64),
-                                   zeros.astype(np.int64), zeros, zeros), now[rows])
+                                   zeros.astype(np.int64), zeros, zeros), _take(now, rows))
 
     def _classwise_ece(self, sid: int, w: int, now: float) -> float | None:
         """Mean over classes of the ECE of p_k against [y = k] (Kull et al. 2019)."""
@@ -1056,6 +1065,11 @@ class Engine:
                     m = int(self._series_model[sid])
                     out[m] = max(out[m], float(held.max()))
         return [min(t, now) if math.isfinite(t) else now for t in out]
+
+
+def _take(now: float | np.ndarray, rows: np.ndarray) -> float | np.ndarray:
+    """``now`` of these rows: a number stays one."""
+    return now[rows] if isinstance(now, np.ndarray) else now
 
 
 def _int_column(values: list[int]) -> np.ndarray:
