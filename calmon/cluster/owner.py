@@ -136,7 +136,9 @@ class Owner:
                           for m, s, r in snap.get("rings", [])}
             self.seen = {(str(m), str(t), int(p)): int(o) for m, t, p, o in snap.get("seen", [])}
             self.nows = {str(m): float(t) for m, t in snap.get("nows", [])}
-            self.partition_of = {str(m): int(p) for m, p in snap.get("partition_of", [])}
+            # in place: the publisher holds this very mapping (model -> its producer)
+            self.partition_of.clear()
+            self.partition_of.update({str(m): int(p) for m, p in snap.get("partition_of", [])})
             self.offsets = {int(p): int(o) for p, o in snap.get("offsets", [])}
             if isinstance(snap.get("policy"), dict):
                 self.policy.restore(snap["policy"])

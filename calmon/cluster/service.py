@@ -370,17 +370,21 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         c = self.c
+        t0 = time.monotonic()
         for tp in assigned:
-            c.publisher.take(tp.partition)  # fences the former owner first
-            docs = read_back(c.publisher, tp.partition)
-            materialise(c.registry, docs)
+            c.publisher.take(tp.partition)  # fences each former owner first
+        if assigned:  # then one read-back covers them all: every fenced writer is done
+            first = min(tp.partition for tp in assigned)
+            materialise(c.registry, read_back(c.publisher, first))
+        for tp in assigned:
             at = c.owner.offsets.get(tp.partition)
             if at is None:
                 self.consumer.seek_to_beginning(tp)
             else:
                 self.consumer.seek(tp, at)
         c.owned = frozenset(c.owned | {tp.partition for tp in assigned})
-        log.info("recalibration owner of joined-topic partitions %s (models %s)",
-                 sorted(c.owned), c.owner.models(c.owned) or "none yet")
+        log.info("recalibration owner of joined-topic partitions %s (models %s), taken "
+                 "over in %.1fs", sorted(c.owned), c.owner.models(c.owned) or "none yet",
+                 time.monotonic() - t0)
 
 

@@ -59,8 +59,9 @@ def test_the_owner_killed_after_its_alarm_leaves_one_publish(
                 view = owner_view(daemons)
                 if view is None:
                     return None
-                ev = daemons[view[0]].scrape().get("calmon_drift_evidence", {})
-                return view[0] if any(v >= 1.0 for v in ev.values()) else None
+                # the alarm's drift event: a trigger fires on the post-change samples
+                drift = daemons[view[0]].scrape().get("calmon_drift", {})
+                return view[0] if any(v == 1.0 for v in drift.values()) else None
 
             owner = wait_until(alarmed, 120, "the owner's alarm")
             assert documents(kafka_bootstrap, cal_topic) == []  # not yet: < min_samples

@@ -123,7 +123,9 @@ def test_every_senders_samples_reach_the_owner_once_even_when_sent_again() -> No
                       strict=True)) == want
     # the owner's state restores whole, offsets included
     other = owner_of(cfg)
+    held = other.partition_of  # a publisher holds this mapping: restored in place
     other.restore(owner.snapshot())
+    assert held is other.partition_of and held == {"m": 0}
     assert other.sample_count("m") == 900 and other.offsets == {0: offset}
     assert not other.accept(0, offset, again.pending[0][1] if again.pending else
                             encode(JoinedBatch("m", 0.0, 1, {("labels", 1): (0, 300)}, [])))
