@@ -501,7 +501,8 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
         # recalibration of the ".." models, so their calibrators are written somewhere
         def published() -> dict[str, float] | None:
             got = series(daemon.scrape(), "calmon_recalibrations_total", "model", "outcome")
-            ok = {m: v for (m, o), v in got.items() if o == "published" and m.startswith("..")}
+            ok = {m: v for (m, o), v in got.items()
+                  if o == "published" and v > 0 and m.startswith("..")}
             return ok if len(ok) == 2 else None
 
         try:

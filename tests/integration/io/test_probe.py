@@ -60,7 +60,8 @@ def test_unequal_partitions_fail_when_scaled_out(capsys, tmp_path: Path,
     rc, out = _probe(capsys, _config(tmp_path, kafka_bootstrap, preds, labels))
     assert rc == 0 and "warning: input topics have 4 and 6 partitions" in out
     rc, out = _probe(capsys, _config(tmp_path, kafka_bootstrap, preds, labels,
-                                     "  instance: {index: 0, count: 2}"))
+                                     "  instance: {index: 0, count: 2}\n"
+                                     "recalibration: {enabled: false}"))
     assert rc == 1 and "# FAIL input topics have 4 and 6 partitions" in out
 
 
