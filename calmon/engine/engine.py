@@ -130,6 +130,8 @@ class Engine:
         # per model counts of this batch's labels that met no prediction, with one more
         # slot at the end, [-1], for "model not known yet"
         self._batch_labels: list[int] = [0]
+        # waiting labels whose prediction came later in the same batch, by its model
+        self._batch_label_models: Counter[str] = Counter()
         self._combo_model = np.zeros(0, np.int64)  # combo -> model index
         self._series_model = np.zeros(0, np.int64)  # series id -> model index
         self._maps_at = (-1, -1)  # the index generation they were built at
@@ -304,9 +306,19 @@ class Engine:
         if not ev.waiting:
             return
         get = self._model_idx.get
+        mine: dict[str, str] | None = None
         for q in ev.waiting:
             hint = b.l_model[q]
             midx = None if hint is None else get(hint)
+            if midx is None:
+                # a label ahead of its prediction in the same batch (partitions come in
+                # any order within a poll) is that prediction's model's
+                if mine is None:
+                    mine = dict(zip(b.p_id, b.p_model))
+                model = mine.get(b.l_id[q])
+                if model is not None:  # resolved at the batch's end, once it is admitted
+                    self._batch_label_models[model] += 1
+                    continue
             self._batch_labels[-1 if midx is None else midx] += 1
         ev.waiting.clear()
 
@@ -419,6 +431,10 @@ class Engine:
                 self.counters["labels"] += c
                 self.last_delta.labels[self.models[midx] if midx < len(self.models) else ""] += c
                 self._batch_labels[midx] = 0
+        for model, c in self._batch_label_models.items():
+            self.counters["labels"] += c
+            self.last_delta.labels[model if model in self._model_idx else ""] += c
+        self._batch_label_models.clear()
         if ev.out_of_range:
             at = [i for i, k in enumerate(b.kinds) if k == LABEL]
             pairs += [(at[q], self._rejected(b, raws, at[q], "label_out_of_range"))
@@ -987,6 +1003,7 @@ class Engine:
                                        for row in snap["models"]])
             self._maps_at = (-1, -1)
             self._batch_labels = [0] * (len(self.models) + 1)
+            self._batch_label_models.clear()
             self._model_idx = {m: i for i, m in enumerate(self.models) if m}
             self._free_models = [i for i, m in enumerate(self.models) if not m][::-1]
             self.counters = Counter({k: 0 for k in COUNTER_KEYS})

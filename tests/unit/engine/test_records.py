@@ -522,3 +522,19 @@ def test_event_times_past_the_ceiling_are_bad_ts() -> None:
                  not_after=T0 + 3600)
     assert [r.reason for r in rej] == ["bad_ts", "bad_ts"]
     assert e.now == T0  # "now" did not move
+
+
+def test_a_label_ahead_of_its_prediction_in_one_batch_counts_under_its_model() -> None:
+    """Partitions come in any order within a poll: a label read before its prediction in
+    the same batch is that prediction's model's (calmon_labels_total{model}); a label
+    whose prediction has not come is the unknown model's ("")."""
+    e = Engine(from_dict({}))
+    labels = [Raw(Kind.LABEL, f'{{"id": "a{i}", "label": 1}}'.encode(), 1.7e9, f"l/0/{i}")
+              for i in range(40)]
+    orphans = [Raw(Kind.LABEL, f'{{"id": "z{i}", "label": 0}}'.encode(), 1.7e9, f"l/1/{i}")
+               for i in range(3)]
+    preds = [Raw(Kind.PREDICTION, f'{{"id": "a{i}", "model": "ctr", "prob": 0.3}}'.encode(),
+                 1.7e9, f"p/0/{i}") for i in range(40)]
+    e.feed(labels + orphans + preds)
+    assert dict(e.last_delta.labels) == {"ctr": 40, "": 3}
+    assert e.view().counters["labels"] == 43 and e.view().counters["joined"] == 40
