@@ -335,14 +335,8 @@ class Engine:
         self.last_delta.class_resets[self.models[midx]] += 1
         model = self.models[midx]
         sids = [sid for sid, (m, _seg) in enumerate(self.index.series) if m == model]
-        self.windows.forget(sids)
         self.changed.update(sids)
-        self.scores.forget(sids)
-        if self.classwise is not None:
-            self.classwise.forget([c for sid in sids for c in self._classes_of.get(sid, ())])
-        if self.buffers is not None:
-            for sid in sids:
-                self.buffers.rings.pop(sid, None)
+        self._forget_series(sids)
 
     def _new_model(self, model: str, classes: int) -> int:
         if self._free_models:  # a dropped model's index
