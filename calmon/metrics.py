@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from calmon.calibrators.scores import sigmoid, softmax
 from calmon.engine import metrics as _m
 from calmon.engine.windows import bin_index
 
@@ -65,11 +66,7 @@ def _target(scores: ArrayLike, labels: ArrayLike,
     if not np.all(np.isfinite(s)):
         raise ValueError("scores must be finite")
     if logits:
-        if s.ndim == 1:
-            s = 1.0 / (1.0 + np.exp(-s))
-        else:
-            z = np.exp(s - s.max(axis=1, keepdims=True))
-            s = z / z.sum(axis=1, keepdims=True)
+        s = sigmoid(s) if s.ndim == 1 else softmax(s)
     if np.any(s < 0) or np.any(s > 1):
         raise ValueError("probabilities must lie in [0, 1] (pass logits=True for logits)")
     if s.ndim == 2:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from calmon.calibrators.scores import to_probs
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.engine import Engine, Row
@@ -145,7 +146,7 @@ def _accuracy_over_time(s: SampleSet, cal: tuple[Apply, float | None] | None) ->
     """Realized accuracy per time bucket against the accuracy the model's own confidence
     promises for its predicted class, after the calibrator from its fit on (raw before:
     what calmon estimated live)."""
-    raw_probs = _probs(s.score, s.kind)
+    raw_probs = _apply(to_probs, s)  # the model's own (sigmoid / softmax of logits)
     probs = raw_probs
     if cal is not None:
         after = s.ts > (cal[1] if cal[1] is not None else -math.inf)
@@ -197,18 +198,6 @@ def _apply(apply: Apply, s: SampleSet) -> np.ndarray:
         rows = s.kind == k
         out[rows] = apply(s.score[rows], SCORE_KINDS[int(k)])
     return out
-
-
-def _probs(score: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """The model's own probabilities (sigmoid / softmax of logits)."""
-    from calmon.engine.records import ScoreKind
-
-    if score.ndim == 1:
-        return np.where(kind == int(ScoreKind.LOGIT), 1 / (1 + np.exp(-np.clip(score, -500, 500))),
-                        score)
-    z = np.exp(score - score.max(axis=1, keepdims=True))
-    soft = z / z.sum(axis=1, keepdims=True)
-    return np.where((kind == int(ScoreKind.LOGITS))[:, None], soft, score)
 
 
 def _f(v: Any) -> str:

@@ -7,9 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from importlib.metadata import version
 from pathlib import Path
+
+from tests.daemon_helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-very-secret"
@@ -103,10 +104,9 @@ server: {{host: 127.0.0.1, port: 0}}
                                 stdout=subprocess.PIPE, stderr=f, text=True, env=_env(),
                                 cwd=tmp_path)
         try:
-            deadline = time.monotonic() + 120
-            while "cannot assign partitions" not in err.read_text() and proc.poll() is None:
-                assert time.monotonic() < deadline, err.read_text()
-                time.sleep(0.2)
+            wait_until(lambda: "cannot assign partitions" in err.read_text()
+                       or proc.poll() is not None, 120, "the daemon's retry line",
+                       interval=0.2, detail=err.read_text)
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=60)
         finally:
