@@ -142,7 +142,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
             while ts >= next_check:
                 _feed(engine, batch, invalid)
                 batch = []
-                events += policy.check(engine.now, series(), engine.samples)
+                events += policy.check_each(engine.now_of, series(), engine.samples)
                 # skip idle stretches in one step: nothing changes between empty checks
                 # except cooldowns, which the next check with data sees anyway
                 next_check = max(next_check + interval,
@@ -153,9 +153,10 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
             batch = []
     _feed(engine, batch, invalid)  # the rest, then one last check
     if math.isfinite(engine.now):
-        events += policy.check(engine.now, series(), engine.samples)
+        events += policy.check_each(engine.now_of, series(), engine.samples)
     now = engine.now
-    calibrated = policy.calibrated(now, series(), engine.samples) if math.isfinite(now) else []
+    calibrated = (policy.calibrated(engine.now_of, series(), engine.samples)
+                  if math.isfinite(now) else [])
     # the label-free estimates and score PSI of the rows read the calibrators live now
     live = live_calibrators(policy.registry)
     engine.set_calibrators({k: (v[0], v[1]) for k, v in live.items()})

@@ -104,12 +104,13 @@ class Owner:
 
     def check(self, partitions: Iterable[int] | None = None) -> list[Event]:
         """One policy check of every owned model, each on its own clock."""
-        events: list[Event] = []
-        for model in self.models(partitions):
-            now = self.nows.get(model, -math.inf)
-            if math.isfinite(now):
-                events += self.policy.check(now, self.series(model), self.samples_of)
-        return events
+        series = [k for model in self.models(partitions) for k in self.series(model)]
+        return self.policy.check_each(self.now_of, series, self.samples_of)
+
+    def now_of(self, model: str) -> float:
+        """The model's event time: the largest its senders reported (-inf if none)."""
+        with self.lock:
+            return self.nows.get(model, -math.inf)
 
     def sample_count(self, model: str) -> int:
         """Samples the owner took for a model (its ``__all__`` ring's total)."""

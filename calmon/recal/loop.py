@@ -115,13 +115,13 @@ class Recalibrator:
     # ------------------------------------------------------------ one run
 
     def run_once(self) -> list[Event]:
-        now = self.engine.now
-        if not math.isfinite(now):
+        if not math.isfinite(self.engine.now):
             return []
         series = [(m, s) for m, s, _ in self.engine.buffered_series()]
-        events = self.policy.check(now, series, self.engine.samples)
+        # each model on its own event time (contract §2)
+        events = self.policy.check_each(self.engine.now_of, series, self.engine.samples)
         self.push_calibrators()
-        calibrated = self.policy.calibrated(now, series, self.engine.samples)
+        calibrated = self.policy.calibrated(self.engine.now_of, series, self.engine.samples)
         # series without a calibrator: the identity, i.e. exactly the raw window
         done = {(m, s) for m, s, _, _, _ in calibrated}
         todo = set(series) - done
@@ -167,7 +167,7 @@ class Recalibrator:
             return None
         fitted = parse_iso(live.doc.get("fitted_at"))
         mask = (samples.ts > (fitted if fitted is not None else math.inf)) & in_window(
-            samples.ts, self.cfg.window(window).seconds, self.engine.now)
+            samples.ts, self.cfg.window(window).seconds, self.engine.now_of(model))
         if not mask.any():
             return None
         p, y = target(live.calibrator, samples.select(mask))

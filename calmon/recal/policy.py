@@ -31,6 +31,7 @@ series only.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -194,24 +195,42 @@ class Policy:
 
     def check(self, now: float, series: Iterable[tuple[str, str]],
               samples_of: SamplesOf) -> list[Event]:
+        """One check of ``series`` on one clock (replay's and the tests' form)."""
+        return self.check_each(lambda _model: now, series, samples_of)
+
+    def check_each(self, now_of: Callable[[str], float], series: Iterable[tuple[str, str]],
+                   samples_of: SamplesOf) -> list[Event]:
+        """One check of every model in ``series`` on its own event time, ``now_of(model)``
+        (contract §2: no model's records move another's clock, hence its holds,
+        cooldowns and windows); a model whose time is unknown waits."""
         with self._lock:
             # segments before their model: a segment that drifts alone is handled first
             keys = sorted(set(series), key=lambda k: (k[0], k[1] == ALL, k[1]))
             events: list[Event] = []
-            for model, segment in keys:
-                try:
-                    events += self._check_series(now, model, segment, keys, samples_of)
-                except Exception as e:  # one series' trouble never stops the others
-                    log.exception("recalibration of %r/%r failed", model, segment)
-                    st = self.states.get((model, segment))
-                    if st is not None:
-                        st.last_refit = now
-                    events.append(Event(now, model, segment, "failed",
-                                        {"method": self.rc.method, "trigger": None,
-                                         "fit_samples": 0, "holdout_samples": 0,
-                                         "reason": f"{type(e).__name__}: {str(e)[:200]}"}))
+            for model, group in itertools.groupby(keys, key=lambda k: k[0]):
+                mine = list(group)
+                now = now_of(model)
+                if math.isfinite(now):
+                    events += self._check_model(now, mine, samples_of)
             self._publish_readers()
             return events
+
+    def _check_model(self, now: float, keys: list[tuple[str, str]],
+                     samples_of: SamplesOf) -> list[Event]:
+        events: list[Event] = []
+        for model, segment in keys:
+            try:
+                events += self._check_series(now, model, segment, keys, samples_of)
+            except Exception as e:  # one series' trouble never stops the others
+                log.exception("recalibration of %r/%r failed", model, segment)
+                st = self.states.get((model, segment))
+                if st is not None:
+                    st.last_refit = now
+                events.append(Event(now, model, segment, "failed",
+                                    {"method": self.rc.method, "trigger": None,
+                                     "fit_samples": 0, "holdout_samples": 0,
+                                     "reason": f"{type(e).__name__}: {str(e)[:200]}"}))
+        return events
 
     def live(self, model: str, segment: str) -> Live | None:
         live = self.registry.live(model, segment)
@@ -575,13 +594,19 @@ class Policy:
             self.published_ece = {(m, s): float(e) for m, s, e in snap.get("published_ece", [])}
             self._publish_readers()
 
-    def calibrated(self, now: float, series: Iterable[tuple[str, str]],
+    def calibrated(self, now: float | Callable[[str], float],
+                   series: Iterable[tuple[str, str]],
                    samples_of: SamplesOf) -> list[tuple[str, str, str, float | None, int]]:
         """(model, segment, window, ECE, samples) after the live calibrator, on samples
-        predicted after its ``fitted_at`` only (never the data it was fit on). Series
-        without a calibrator are left to the caller (their raw window is exact)."""
+        predicted after its ``fitted_at`` only (never the data it was fit on), in windows
+        ending at ``now`` (or at each model's own ``now(model)``). Series without a
+        calibrator are left to the caller (their raw window is exact)."""
+        now_of = now if callable(now) else (lambda _model, t=now: t)
         out: list[tuple[str, str, str, float | None, int]] = []
         for model, segment in sorted(set(series)):
+            t_now = now_of(model)
+            if not math.isfinite(t_now):
+                continue
             live = self.live(model, segment)
             if live is None:
                 continue
@@ -591,7 +616,7 @@ class Policy:
             fitted = parse_iso(live.doc.get("fitted_at"))
             fresh = samples.ts > (fitted if fitted is not None else math.inf)
             for w in self.cfg.metrics.windows:
-                mask = fresh & in_window(samples.ts, w.seconds, now)
+                mask = fresh & in_window(samples.ts, w.seconds, t_now)
                 n = int(mask.sum())
                 if n == 0:
                     out.append((model, segment, w.name, None, 0))

@@ -145,6 +145,38 @@ def test_drift_is_refit_on_post_change_samples_through_the_gate(tmp_path: Path) 
                                                     abs=1e-9)
 
 
+def test_another_models_clock_never_moves_a_models_recalibration(tmp_path: Path) -> None:
+    """Contract §2 (v3): "now" is per model. A model whose records run 50 minutes ahead
+    (within the skew) neither empties another model's calibrated windows nor changes
+    its checks: the calibrated ECE of ``bin`` is counted on ``bin``'s own last hour."""
+    cfg = recal_config(tmp_path)
+    engine = Engine(cfg)
+    recal = Recalibrator(cfg, engine)
+    rng = np.random.default_rng(11)
+    stream = Stream()
+    stream.extend(binary_logit_stream(rng, "bin", 2000, BASE_TS, 2 * HOUR, prefix="a"))
+    stream.extend(binary_logit_stream(rng, "bin", 6000, T2, 2400.0, scale=2.5, prefix="b"))
+    feed(engine, stream)
+    assert [e.kind for e in recal.run_once()] == ["drift", "published"]
+    later = binary_logit_stream(rng, "bin", 3000, T2 + 2400.0 + 60, 5400.0, scale=2.5,
+                                prefix="c")
+    ts, z, y, _ = arrays(later, "bin")
+    ahead = binary_logit_stream(rng, "ahead", 500, float(ts.max()) + 3000.0, 60.0,
+                                prefix="d")
+    feed(engine, later)
+    feed(engine, ahead)
+    assert [e for e in recal.run_once() if e.model == "bin"] == []
+    state = recal.metrics_state()
+    counts = {(m, w): n for m, _, w, n in state.calibrated_samples}
+    cal = {(m, w): v for m, _, w, v in state.calibrated_ece}
+    doc = read_json(latest(Path(cfg.recalibration.output_dir), "bin"))
+    mask = window_mask(ts, float(ts.max()), HOUR)  # bin's own clock, not ahead's
+    assert 0 < mask.sum() < len(ts)
+    assert counts[("bin", "1h")] == mask.sum()
+    assert cal[("bin", "1h")] == pytest.approx(ece_np(probs_of(doc, z[mask]), y[mask]),
+                                               abs=1e-9)
+
+
 def test_auto_picks_a_binning_method_for_a_step_distortion(tmp_path: Path) -> None:
     """Scores whose true probability is a step (0.2 below 0.5, 0.8 above) cannot be fixed
     by a sigmoid of the logit; ``auto`` (choosing on its own selection split) publishes
