@@ -98,16 +98,16 @@ class Publisher:
     callback. A fenced producer raises out of ``__call__`` (the policy counts a failed
     refit) and is dropped: the partition's new owner publishes."""
 
-    def __init__(self, cfg: KafkaConfig, topic: str, group: str) -> None:
+    def __init__(self, cfg: KafkaConfig, topic: str, group_id: str) -> None:
         self.cfg = cfg
         self.topic = topic
-        self.group = group
+        self.group_id = group_id  # kafka.group_id
         self.producers: dict[int, KafkaProducer] = {}
         self.partition_of: Mapping[str, int] = {}  # model -> joined-topic partition
         self.fenced: set[int] = set()
 
     def transactional_id(self, partition: int) -> str:
-        return f"{self.group}-recal-{partition}"
+        return f"{self.group_id}-recal-{partition}"
 
     def take(self, partition: int) -> KafkaProducer:
         """Become the one writer of ``partition``: fences any former owner."""

@@ -118,6 +118,26 @@ class Owner:
             ring = self.rings.get((model, "__all__"))
             return 0 if ring is None else ring.total
 
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Drop what the owner holds of ``partitions`` (moved to another owner, or
+        fenced): their models' rings, marks, clocks and policy state, and the input
+        offsets, so a partition that comes back is read again from its start."""
+        gone = set(partitions)
+        if not gone:
+            return
+        with self.lock:
+            models = {m for m, p in self.partition_of.items() if p in gone}
+            self.rings = {k: r for k, r in self.rings.items() if k[0] not in models}
+            self.seen = {k: o for k, o in self.seen.items() if k[0] not in models}
+            self.nows = {m: t for m, t in self.nows.items() if m not in models}
+            for m in models:
+                del self.partition_of[m]  # in place: the publisher holds this mapping
+            self.offsets = {p: o for p, o in self.offsets.items() if p not in gone}
+        self.policy.forget(models)
+        if models:
+            log.info("recalibration state of %s dropped (joined-topic partitions %s)",
+                     sorted(models), sorted(gone))
+
     # ------------------------------------------------------------ state
 
     def snapshot(self) -> dict[str, Any]:

@@ -68,10 +68,10 @@ class Cluster:
         self.keys = keyring(cfg.calibrators.verify_keys) or (
             None if signer is None else KeyRing.of([{"id": signer.key_id,
                                                      "public_key": signer.public_key}]))
-        self.publisher = Publisher(kc, kc.calibrators_topic, self.group)
+        self.publisher = Publisher(kc, kc.calibrators_topic, kc.group_id)
         self.registry = Registry(cfg.recalibration.output_dir, self.publisher,
                                  signer=Signer.from_config(cfg.calibrators),
-                                 verify_keys=cfg.calibrators.verify_keys)
+                                 verify_keys=cfg.calibrators.verify_keys, topic_first=True)
         self.policy = Policy(cfg, self.registry)
         self.owner = Owner(self.policy, cfg.recalibration.buffer)
         self.publisher.partition_of = self.owner.partition_of
@@ -338,9 +338,11 @@ class Cluster:
         for e in events:
             self._alert(e)
         lost = self.publisher.fenced & self.owned
-        if lost:  # fenced by a newer owner: rejoin, the group will move them away
+        if lost:  # fenced: a newer owner took them; what this one held is stale now
             log.warning("fenced on joined-topic partitions %s: another instance owns them",
                         sorted(lost))
+            self.owned = frozenset(self.owned - lost)
+            self.owner.forget(lost)
 
     def _lag(self, consumer: KafkaConsumer) -> None:
         tps = [TopicPartition(self.topic, p) for p in sorted(self.owned)]
@@ -376,6 +378,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         if assigned:  # then one read-back covers them all: every fenced writer is done
             first = min(tp.partition for tp in assigned)
             materialise(c.registry, read_back(c.publisher, first))
+        # state of partitions owned no more (another instance may have moved on with
+        # them meanwhile) is dropped: if they come back, they are rebuilt from the topic
+        kept = {tp.partition for tp in assigned}
+        c.owner.forget(set(c.owner.offsets) - kept)
         for tp in assigned:
             at = c.owner.offsets.get(tp.partition)
             if at is None:

@@ -578,6 +578,15 @@ class Policy:
             "published_ece": [[m, s, e] for (m, s), e in sorted(self.published_ece.items())],
         }
 
+    def forget(self, models: Iterable[str]) -> None:
+        """Drop every series state of ``models`` (their recalibration moved elsewhere)."""
+        gone = set(models)
+        with self._lock:
+            self.states = {k: v for k, v in self.states.items() if k[0] not in gone}
+            self.published_ece = {k: v for k, v in self.published_ece.items()
+                                  if k[0] not in gone}
+            self._publish_readers()
+
     def snapshot(self) -> dict[str, Any]:
         """The state after the last check, as plain data (built by the checking thread,
         so a checkpoint never iterates what a check is writing)."""

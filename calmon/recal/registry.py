@@ -53,9 +53,14 @@ class Registry:
     unsigned or forged files, as serving code's watcher does."""
 
     def __init__(self, output_dir: str | Path | None, publish: Publish | None = None, *,
-                 signer: Signer | None = None, verify_keys: VerifyKeys = None) -> None:
+                 signer: Signer | None = None, verify_keys: VerifyKeys = None,
+                 topic_first: bool = False) -> None:
+        """``topic_first`` (scaled out, contract §7): the calibrators topic is the truth
+        and ``output_dir`` its copy, so a document is written locally only once the
+        topic took it (a fenced publish leaves no local version behind)."""
         self.root = None if output_dir is None else Path(output_dir)
         self.publish_to_topic = publish
+        self.topic_first = topic_first and publish is not None
         self.signer = signer
         self.verify_keys = keyring(verify_keys)
         self._errors: dict[tuple[str, str], str] = {}  # series -> why its latest.json is refused
@@ -129,6 +134,8 @@ class Registry:
                 doc, _ = self._finish({**doc, "version": len(docs) + 1})
                 docs.append(json.loads(json.dumps(doc, allow_nan=False)))
             return doc
+        if self.topic_first:
+            return self._publish_topic_first(doc)
         with self._lock:
             d = self.dir_of(model, segment)
             d.mkdir(parents=True, exist_ok=True)
@@ -141,6 +148,23 @@ class Registry:
             atomic_write(d / "latest.json", data)
         if self.publish_to_topic is not None:
             self.publish_to_topic(f"{model}/{segment}", data)
+        return doc
+
+    def _publish_topic_first(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """The owner's publish: numbered from the local copy (read back to the owner's
+        marker, and only the owner publishes), committed to the topic, then copied. The
+        lock is not held over the network: readers of ``live`` never wait on a broker."""
+        model, segment = doc["model"], doc["segment"]
+        assert self.publish_to_topic is not None
+        with self._lock:
+            d = self.dir_of(model, segment)
+            existing = self.versions(model, segment)
+            doc, data = self._finish({**doc, "version": (existing[-1] + 1) if existing else 1})
+        self.publish_to_topic(f"{model}/{segment}", data)  # raises when fenced
+        with self._lock:
+            d.mkdir(parents=True, exist_ok=True)
+            atomic_write(d / f"v{doc['version']}.json", data)
+            atomic_write(d / "latest.json", data)
         return doc
 
     def _finish(self, doc: dict[str, Any]) -> tuple[dict[str, Any], bytes]:

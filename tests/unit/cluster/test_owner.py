@@ -210,3 +210,27 @@ def test_calibrated_streams_over_three_instances_alarm_at_most_at_alpha() -> Non
     assert owner.sample_count("m0") == 2000  # every sender's share reached the owner
     bound = alpha + 3 * math.sqrt(alpha * (1 - alpha) / n_models)
     assert alarmed / n_models <= bound, alarmed
+
+
+def test_a_partition_moved_away_is_forgotten_and_read_again_when_it_returns() -> None:
+    """What an owner held of a partition it lost (a rebalance, or a fenced publish) is
+    dropped whole: rings, marks, clock, offsets and the policy's state of its models;
+    the other partitions' models keep theirs."""
+    cfg = config_mod.from_dict({"recalibration": {"buffer": 10_000, "min_samples": 50}})
+    owner = owner_of(cfg)
+    for part, model in ((0, "a"), (1, "b")):
+        engine, sender = Engine(cfg), JoinedSender(part)
+        feed(engine, records(100, seed=part, model=model), 0, part)
+        sender.collect(engine, {("predictions", part): 100, ("labels", part): 100})
+        for i, (_key, value) in enumerate(sender.pending):
+            assert owner.accept(part, i, value)
+    owner.check()
+    assert {m for m, _ in owner.policy.states} == {"a", "b"}
+    held = owner.partition_of
+    owner.forget({1})
+    assert owner.models() == ["a"] and held is owner.partition_of
+    assert owner.sample_count("b") == 0 and owner.sample_count("a") == 100
+    assert set(owner.offsets) == {0} and "b" not in owner.nows
+    assert all(k[0] != "b" for k in owner.seen)
+    assert {m for m, _ in owner.policy.states} == {"a"}
+    assert {row[0] for row in owner.policy.snapshot()["series"]} == {"a"}

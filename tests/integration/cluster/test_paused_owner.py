@@ -1,0 +1,132 @@
+"""A former owner paused past a rebalance cannot publish (contract §7): the broker
+fences it, not a check of ours.
+
+Two real owner services (``calmon.cluster.service.Cluster``, the daemon's own) in this
+process, on the broker: instance A owns the model, alarms and decides to publish, and
+is held right there, between its decision and its transaction (a stalled thread: a GC
+pause, a slow disk). Past ``max_poll_interval_ms`` its client leaves the group, B takes
+the partition over (initialising the partition's transactional id), reads the topic
+back and publishes v1 itself. A then resumes and sends its publish: the broker refuses
+it, nothing of it is ever read back, and A drops what it held of the partition."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from calmon import config as config_mod
+from calmon.cluster.batch import JoinedBatch, Series, encode
+from calmon.cluster.kafka import JoinedProducer
+from calmon.cluster.service import Cluster
+from calmon.engine.buffer import SampleSet
+from calmon.engine.records import ScoreKind
+from calmon.engine.series import ALL
+from tests.daemon_helpers import wait_until
+from tests.integration.cluster.test_scaled_out import GROUP_CLIENT, RECAL, documents
+from tests.recal_helpers import BASE_TS
+
+pytestmark = pytest.mark.integration
+
+
+def batches(rng: np.random.Generator) -> list[tuple[bytes, bytes]]:
+    """Two senders' joined batches of ``ctr``: 40 calibrated minutes, then (after a
+    gap longer than the 1h window) 40 minutes of logits sharpened 2.5x; 3,000 each."""
+    out = []
+    for sender in (0, 1):
+        for half, (t0, scale) in enumerate(((BASE_TS, 1.0), (BASE_TS + 7200.0, 2.5))):
+            n = 1500
+            ts = np.sort(t0 + rng.uniform(0.0, 2400.0, n))
+            z = rng.normal(0.0, 1.5, n)
+            y = (rng.random(n) < 1.0 / (1.0 + np.exp(-z))).astype(np.int32)
+            x = SampleSet(ts, y, np.full(n, int(ScoreKind.LOGIT), np.int8), scale * z, 0)
+            source = {("predictions", sender): (half * n, (half + 1) * n)}
+            b = JoinedBatch("ctr", float(ts.max()), sender, source, [Series(ALL, 0, n, x)])
+            out.append((b"ctr", encode(b)))
+    return out
+
+
+def test_a_paused_former_owner_is_fenced_by_the_broker(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    (joined_topic,) = kafka_topics(count=1, partitions=1)
+    (cal_topic,) = kafka_topics(count=1, partitions=1)
+    group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+
+    def cfg(i: int) -> config_mod.Config:
+        # client ids order the members (the range assignor gives partition 0 to the
+        # first member id): A ("a-...") owns it while both are in the group
+        client = {**GROUP_CLIENT, "client_id": f"{'ab'[i]}-{group}"}
+        return config_mod.from_dict({
+            "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group,
+                      "instance": {"index": i, "count": 2}, "joined_topic": joined_topic,
+                      "calibrators_topic": cal_topic, "client": client},
+            "metrics": {"windows": ["1h", "24h"]},
+            "recalibration": {**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")},
+            "state": {"dir": str(tmp_path / f"state{i}")}})
+
+    a, b = Cluster(cfg(0)), Cluster(cfg(1))
+    decided, resume = threading.Event(), threading.Event()
+    refused: list[BaseException] = []
+    send = a.registry.publish_to_topic
+    assert send is not None
+
+    def held(key: str, data: bytes) -> Any:
+        """A's publish, held between the policy's decision and the transaction."""
+        decided.set()
+        resume.wait(120)
+        try:
+            return send(key, data)
+        except BaseException as e:
+            refused.append(e)
+            raise
+
+    a.registry.publish_to_topic = held
+    try:
+        # B joins first, so it leads the group (Tansu hands no new leader over when
+        # the leader leaves); A joins and takes partition 0 over
+        b.start()
+        wait_until(lambda: b.owned == frozenset({0}) or None, 120, "B owning partition 0")
+        a.start()
+        wait_until(lambda: (a.owned == frozenset({0}) and not b.owned) or None, 120,
+                   "A owning partition 0")
+        producer = JoinedProducer(cfg(0).kafka, joined_topic)
+        assert producer.send(batches(np.random.default_rng(26)))
+        producer.close()
+        wait_until(decided.is_set, 120, "A's decision to publish ctr")
+        assert a.owned == frozenset({0}) and b.owned == frozenset()
+        # the id the README's ACLs name: one per joined-topic partition
+        assert a.publisher.transactional_id(0) == f"{group}-recal-0"
+        # A's client leaves the group once its poll is overdue; B takes the partition
+        # (its transactional id initialised: A fenced), reads back and publishes v1
+        wait_until(lambda: b.owned == frozenset({0}) or None, 120, "B owning partition 0")
+        wait_until(lambda: documents(kafka_bootstrap, cal_topic) or None, 120,
+                   "B's publish")
+        resume.set()
+        wait_until(lambda: refused or None, 60, "A's publish refused")
+        wait_until(lambda: a.outcomes.get(("ctr", ALL, "temperature", "failed")) or None,
+                   60, "A's refused publish counted failed")
+        # the broker's fencing error, not one of ours
+        assert type(refused[0]).__module__.startswith("kafka"), repr(refused[0])
+        assert 0 not in a.owned and a.owner.models() == []  # A forgot the partition
+        docs = documents(kafka_bootstrap, cal_topic)
+        # A's output_dir holds the topic's documents only (B's, copied): no phantom
+        for path in (tmp_path / "calibrators0").rglob("v*.json"):
+            assert json.loads(path.read_bytes()) in docs, path
+        assert Counter((d["model"], d["segment"], d["version"]) for d in docs) == {
+            ("ctr", ALL, 1): 1}
+        assert b.outcomes.get(("ctr", ALL, "temperature", "published")) == 1
+        # B fitted on both senders' post-change samples: more than either sent (1,500),
+        # at most the 3,000 there are
+        fit = docs[0]["fit"]
+        assert 1500 < fit["samples"] + fit["holdout_samples"] <= 3000, fit
+    finally:
+        resume.set()
+        b.stop()
+        a.stop()
