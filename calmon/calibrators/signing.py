@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from cryptography.exceptions import InvalidSignature
@@ -51,38 +51,37 @@ def _b64(text: str, what: str) -> bytes:
 
 def private_key(text: str) -> Ed25519PrivateKey:
     """An Ed25519 private key from base64 of its raw 32 bytes, or from PEM (PKCS#8)."""
-    if not isinstance(text, str):
-        raise CalibratorError("the signing key must be a string")
-    if "-----BEGIN" in text:
-        try:
-            key = serialization.load_pem_private_key(text.encode("ascii", "replace"), None)
-        except (ValueError, TypeError, binascii.Error):
-            raise CalibratorError("the signing key is not a readable PEM private key") from None
-        if not isinstance(key, Ed25519PrivateKey):
-            raise CalibratorError("the signing key is not an Ed25519 key")
-        return key
-    raw = _b64(text, "the signing key")
-    if len(raw) != RAW_KEY_BYTES:
-        raise CalibratorError(f"the signing key must be {RAW_KEY_BYTES} bytes, got {len(raw)}")
-    return Ed25519PrivateKey.from_private_bytes(raw)
+    key = _key(text, "the signing key", lambda pem: serialization.load_pem_private_key(pem, None),
+               Ed25519PrivateKey.from_private_bytes)
+    assert isinstance(key, Ed25519PrivateKey)
+    return key
 
 
 def public_key(text: str) -> Ed25519PublicKey:
     """An Ed25519 public key from base64 of its raw 32 bytes, or from PEM."""
+    key = _key(text, "the public key", serialization.load_pem_public_key,
+               Ed25519PublicKey.from_public_bytes)
+    assert isinstance(key, Ed25519PublicKey)
+    return key
+
+
+def _key(text: str, what: str, from_pem: Callable[[bytes], object],
+         from_raw: Callable[[bytes], object]) -> object:
+    """``what`` from PEM or base64 of its raw bytes; every failure a CalibratorError."""
     if not isinstance(text, str):
-        raise CalibratorError("a public key must be a string")
+        raise CalibratorError(f"{what} must be a string")
     if "-----BEGIN" in text:
         try:
-            key = serialization.load_pem_public_key(text.encode("ascii", "replace"))
+            key = from_pem(text.encode("ascii", "replace"))
         except (ValueError, TypeError, binascii.Error):
-            raise CalibratorError("not a readable PEM public key") from None
-        if not isinstance(key, Ed25519PublicKey):
-            raise CalibratorError("the public key is not an Ed25519 key")
+            raise CalibratorError(f"{what} is not readable PEM") from None
+        if not isinstance(key, Ed25519PrivateKey | Ed25519PublicKey):
+            raise CalibratorError(f"{what} is not an Ed25519 key")
         return key
-    raw = _b64(text, "the public key")
+    raw = _b64(text, what)
     if len(raw) != RAW_KEY_BYTES:
-        raise CalibratorError(f"a public key must be {RAW_KEY_BYTES} bytes, got {len(raw)}")
-    return Ed25519PublicKey.from_public_bytes(raw)
+        raise CalibratorError(f"{what} must be {RAW_KEY_BYTES} bytes, got {len(raw)}")
+    return from_raw(raw)
 
 
 def raw_public(key: Ed25519PublicKey) -> bytes:
