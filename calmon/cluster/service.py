@@ -380,7 +380,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             materialise(c.registry, read_back(c.publisher, first))
         # state of partitions owned no more (another instance may have moved on with
         # them meanwhile) is dropped: if they come back, they are rebuilt from the topic
-        kept = {tp.partition for tp in assigned}
+        kept = set(c.owned) | {tp.partition for tp in assigned}  # eager or incremental
         c.owner.forget(set(c.owner.offsets) - kept)
         for tp in assigned:
             at = c.owner.offsets.get(tp.partition)
