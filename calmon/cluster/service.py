@@ -81,6 +81,7 @@ class Cluster:
         self.lag: dict[tuple[str, int], int] = {}
         self.calibrated: list[tuple[str, str, str, float | None, int]] = []
         self.changes = 0  # owner steps since start: the checkpoint's "anything new?"
+        self.checks = 0  # policy checks completed (/status, as the in-process loop's)
         self.engine = engine
         self.alerts = AlertSender(cfg.alerts.webhook)  # refit reports, from the owner
         self._pushed: list[tuple[tuple[str, str], int]] | None = None
@@ -115,14 +116,14 @@ class Cluster:
 
     def status(self) -> dict[str, Any]:
         """What /status shows of the owner: its partitions, and per owned model the
-        samples it took (its ``__all__`` ring's total) and its event time."""
+        samples it took (its ``__all__`` ring's total) and its event time; the checks done."""
         owned = self.owned
         return {"owned_partitions": sorted(owned),
                 "models": {m: {"samples": self.owner.sample_count(m),
                                "now": self.owner.nows.get(m)}
                            for m in self.owner.models(owned)},
                 "duplicates": self.owner.duplicates, "bad_batches": self.owner.bad,
-                "pending_batches": len(self.sender.pending)}
+                "pending_batches": len(self.sender.pending), "checks": self.checks}
 
     def metrics_state(self) -> RecalState:
         g = self.policy.gauges
@@ -324,6 +325,7 @@ class Cluster:
                 calibrated += self.policy.calibrated(now, self.owner.series(m),
                                                      self.owner.samples_of)
         self.calibrated = calibrated
+        self.checks += 1
         if not events:
             return
         self.changes += 1

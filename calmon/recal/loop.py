@@ -67,6 +67,7 @@ class Recalibrator:
         self._pushed: list[tuple[tuple[str, str], int]] | None = None
         self.events: list[Event] = []  # this process's events, newest last (bounded)
         self.overruns = 0  # checks skipped while the previous one still ran
+        self.checks = 0  # checks completed (/status: a check began after n was read once n + 2)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -138,6 +139,7 @@ class Recalibrator:
             self._calibrated = calibrated
             self._series = series
             self.events = (self.events + events)[-1000:]
+            self.checks += 1
         for e in events:
             self._alert(e)
         return events
