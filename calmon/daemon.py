@@ -189,10 +189,16 @@ class Daemon:
             with contextlib.suppress(ValueError):  # already there (the default registry)
                 others.append(standard(registry=self.registry))
         self.exposition = Exposition(windows, lambda: self.refresher.latest.serial, others)
-        cal_bins = self.recal.calibrated_bins if self.recal is not None else None
+        # the calibrated diagrams: the loop's, or scaled out the owner's (its models only,
+        # on every instance's samples)
+        cal_bins = (self.recal.calibrated_bins if self.recal is not None else
+                    self.cluster.calibrated_bins if self.cluster is not None else None)
         self.pages: dict[str, Page] = {
             "/": landing.page,
-            "/reliability": reliability.Page(cfg, lambda: self.refresher.latest, cal_bins)}
+            "/reliability": reliability.Page(
+                cfg, lambda: self.refresher.latest, cal_bins,
+                calibrated_note=("all instances' buffered samples, on the owner"
+                                 if self.cluster is not None else "buffered samples"))}
         self.http: HttpServer | None = None
 
     # ------------------------------------------------------------ readers

@@ -20,7 +20,7 @@ from typing import Any
 
 from calmon.cluster.batch import BatchError, JoinedBatch, decode
 from calmon.engine.buffer import Ring, SampleSet
-from calmon.recal.policy import Event, Policy
+from calmon.recal.policy import CalibratedWindow, Event, Policy
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,15 @@ class Owner:
         """The model's event time: the largest its senders reported (-inf if none)."""
         with self.lock:
             return self.nows.get(model, -math.inf)
+
+    def calibrated(self, partitions: Iterable[int] | None = None) -> list[CalibratedWindow]:
+        """The calibrated windows of every owned model's series, on the samples of all
+        its senders and its own clock: after the live calibrator on what was predicted
+        after its ``fitted_at``; a series without one as given (its cluster-wide raw
+        window, as far as the buffer holds it: no instance's own window is)."""
+        series = [k for model in self.models(partitions) for k in self.series(model)]
+        return self.policy.calibrated_windows(self.now_of, series, self.samples_of,
+                                              identity=True)
 
     def sample_count(self, model: str) -> int:
         """Samples the owner took for a model (its ``__all__`` ring's total)."""

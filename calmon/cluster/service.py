@@ -35,6 +35,7 @@ from calmon.cluster.kafka import (
 from calmon.cluster.owner import Owner
 from calmon.cluster.sender import JoinedSender, SampleSource
 from calmon.config import Config
+from calmon.engine.metrics import Bins
 from calmon.errors import CalibratorError
 from calmon.recal.alerts import AlertSender
 from calmon.recal.policy import Event, Policy, live_calibrators
@@ -80,6 +81,7 @@ class Cluster:
         self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self.lag: dict[tuple[str, int], int] = {}
         self.calibrated: list[tuple[str, str, str, float | None, int]] = []
+        self._calibrated_bins: dict[tuple[str, str, str], Bins] = {}
         self.changes = 0  # owner steps since start: the checkpoint's "anything new?"
         self.checks = 0  # policy checks completed (/status, as the in-process loop's)
         self.engine = engine
@@ -151,6 +153,14 @@ class Cluster:
             methods=("temperature", "platt", "isotonic", "histogram") if method == "auto"
             else (method,),
             alerts_failed=self.alerts.failed, owned_models=len(owned))
+
+    def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
+        """The /reliability page's calibrated diagram of an owned model's series, as of
+        the last check (all instances' samples after the live calibrator's fit); None
+        without a calibrator, or when another instance owns the model."""
+        if model not in self.owner.models(self.owned):
+            return None
+        return self._calibrated_bins.get((model, segment, window))
 
     # ------------------------------------------------------------ the owner thread
 
@@ -316,15 +326,13 @@ class Cluster:
 
     def _check(self) -> None:
         events = self.owner.check(self.owned)
-        # the calibrated ECE of the owned models' series, on the owner's samples from
-        # every instance predicted after the live calibrator's fit (as one instance)
-        calibrated: list[tuple[str, str, str, float | None, int]] = []
-        for m in self.owner.models(self.owned):
-            now = self.owner.nows.get(m)
-            if now is not None:
-                calibrated += self.policy.calibrated(now, self.owner.series(m),
-                                                     self.owner.samples_of)
-        self.calibrated = calibrated
+        # the calibrated ECE and diagrams of the owned models' series, on the owner's
+        # samples from every instance predicted after the live calibrator's fit (as one
+        # instance would); computed here so that scrapes only read them
+        windows = self.owner.calibrated(self.owned)
+        self.calibrated = [(c.model, c.segment, c.window, c.ece, c.samples) for c in windows]
+        self._calibrated_bins = {(c.model, c.segment, c.window): c.bins for c in windows
+                                 if c.calibrated and c.bins is not None}
         self.checks += 1
         if not events:
             return

@@ -144,10 +144,14 @@ class Page:
     query as far as it changes the page, so junk parameters share one cached answer."""
 
     def __init__(self, cfg: Config, snapshot: Callable[[], View],
-                 calibrated: CalibratedBins | None = None) -> None:
+                 calibrated: CalibratedBins | None = None, *,
+                 calibrated_note: str = "buffered samples") -> None:
+        """``calibrated_note``: what the calibrated diagrams are drawn from (scaled out,
+        the owner's samples of every instance, not this instance's raw share)."""
         self.cfg = cfg
         self.snapshot = snapshot
         self.calibrated = calibrated
+        self.calibrated_note = calibrated_note
         self.windows = [w.name for w in cfg.metrics.windows]
 
     def cache_key(self, query: dict[str, list[str]]) -> Hashable:
@@ -170,7 +174,8 @@ class Page:
                 min(_page_number(query), pages))
 
     def __call__(self, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        return page(self.cfg, self.snapshot(), self.calibrated, query)
+        return page(self.cfg, self.snapshot(), self.calibrated, query,
+                    calibrated_note=self.calibrated_note)
 
 
 def _page_number(query: dict[str, list[str]]) -> int:
@@ -185,7 +190,8 @@ def _worst_first(row: Row, min_samples: int) -> tuple[bool, float, float, str, s
 
 
 def page(cfg: Config, view: View, calibrated: CalibratedBins | None,
-         query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+         query: dict[str, list[str]], *, calibrated_note: str = "buffered samples"
+         ) -> tuple[int, str, bytes]:
     windows = [w.name for w in cfg.metrics.windows]
     asked = query.get("window", [None])[0]
     window = asked if asked in windows else windows[-1]
@@ -237,7 +243,8 @@ def page(cfg: Config, view: View, calibrated: CalibratedBins | None,
         cal = calibrated(row.model, row.segment, window) if calibrated else None
         if cal is not None and cal.count.sum() > 0:
             cells.append(f'<figure>{diagram(cal, "calibrated", "calibrated", level)}'
-                         f"<figcaption>{_ece_text(cal)} (buffered samples)</figcaption></figure>")
+                         f"<figcaption>{_ece_text(cal)} ({html.escape(calibrated_note)})"
+                         "</figcaption></figure>")
         worst = row.worst_class
         if worst is not None:  # metrics.classwise: the class that is off most, one-vs-rest
             cells.append(

@@ -610,30 +610,61 @@ class Policy:
         predicted after its ``fitted_at`` only (never the data it was fit on), in windows
         ending at ``now`` (or at each model's own ``now(model)``). Series without a
         calibrator are left to the caller (their raw window is exact)."""
+        return [(c.model, c.segment, c.window, c.ece, c.samples)
+                for c in self.calibrated_windows(now, series, samples_of)]
+
+    def calibrated_windows(self, now: float | Callable[[str], float],
+                           series: Iterable[tuple[str, str]], samples_of: SamplesOf, *,
+                           identity: bool = False) -> list[CalibratedWindow]:
+        """Per series and window (ending at ``now``, or at ``now(model)``), the bins of
+        the buffered samples after the live calibrator, predicted after its
+        ``fitted_at`` only. With ``identity``, a series without a calibrator is scored
+        as given on every buffered sample of the window (what its calibrated ECE is);
+        otherwise it is left out."""
         now_of = now if callable(now) else (lambda _model, t=now: t)
-        out: list[tuple[str, str, str, float | None, int]] = []
+        out: list[CalibratedWindow] = []
         for model, segment in sorted(set(series)):
             t_now = now_of(model)
             if not math.isfinite(t_now):
                 continue
             live = self.live(model, segment)
-            if live is None:
+            if live is None and not identity:
                 continue
             samples = samples_of(model, segment, None)
             if samples is None:
                 continue
-            fitted = parse_iso(live.doc.get("fitted_at"))
-            fresh = samples.ts > (fitted if fitted is not None else math.inf)
+            if live is None:
+                fresh = np.ones(len(samples), dtype=bool)
+            else:
+                fitted = parse_iso(live.doc.get("fitted_at"))
+                fresh = samples.ts > (fitted if fitted is not None else math.inf)
             for w in self.cfg.metrics.windows:
                 mask = fresh & in_window(samples.ts, w.seconds, t_now)
                 n = int(mask.sum())
-                if n == 0:
-                    out.append((model, segment, w.name, None, 0))
-                    continue
-                p, y = target(live.calibrator, samples.select(mask))
-                b = _bins(p, y, self.cfg.metrics.bins)
-                out.append((model, segment, w.name, ece(b.count, b.conf, b.correct), n))
+                b = None
+                if n:
+                    p, y = target(None if live is None else live.calibrator,
+                                  samples.select(mask))
+                    b = _bins(p, y, self.cfg.metrics.bins)
+                out.append(CalibratedWindow(model, segment, w.name, b, n, live is not None))
         return out
+
+
+@dataclass(frozen=True)
+class CalibratedWindow:
+    """A series' window after its live calibrator (``calibrated``; else the identity)."""
+
+    model: str
+    segment: str
+    window: str
+    bins: Bins | None  # None when no sample qualifies
+    samples: int
+    calibrated: bool
+
+    @property
+    def ece(self) -> float | None:
+        b = self.bins
+        return None if b is None else ece(b.count, b.conf, b.correct)
 
 
 def live_calibrators(registry: Registry) -> dict[tuple[str, str], tuple[Any, Any, int]]:
