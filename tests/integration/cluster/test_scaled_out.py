@@ -10,24 +10,35 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from scipy.special import expit
 
 from calmon.calibrators import CalibratorWatcher
 from calmon.recal.registry import Registry
+from tests import oracle
 from tests.conftest import FAST_CLIENT
 from tests.daemon_helpers import (
     CalmonDaemon,
     Producer,
     run_calmon,
+    series,
     wait_until,
     write_config,
 )
-from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream, dumps
+from tests.recal_helpers import (
+    BASE_TS,
+    Stream,
+    arrays,
+    binary_logit_stream,
+    dumps,
+    window_mask,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -137,6 +148,39 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
         assert one_fit >= RECAL["min_samples"]
         assert abs(float(one["params"]["temperature"]) - float(doc["params"]["temperature"])
                    ) < 0.25 * float(one["params"]["temperature"])
+
+        # the owner's calibrated ECE (§6, §7): only samples predicted after fitted_at,
+        # from every instance; the others export none for the model
+        fitted_at = datetime.strptime(doc["fitted_at"], "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=UTC).timestamp()
+        after = binary_logit_stream(rng, "ctr", 600, fitted_at + 1.0, 600.0, scale=2.5,
+                                    prefix="c")
+        with Producer(kafka_bootstrap) as producer:
+            producer.send([(preds_topic, str(q["id"]).encode(), dumps(q)) for q in after.preds]
+                          + [(labels_topic, str(q["id"]).encode(), dumps(q))
+                             for q in after.labels])
+        ts, z, y, _ = arrays(after, "ctr")
+        now = float(ts.max())  # the latest prediction of ctr anywhere
+        fresh = window_mask(ts, now, 3600.0) & (ts > fitted_at)
+        probs = np.clip(expit(z[fresh] / float(doc["params"]["temperature"])
+                              + float(doc["params"]["bias"])), 1e-7, 1 - 1e-7)
+        owner = daemons[next(i for i, v in enumerate(owned) if sum(v.values()))]
+
+        def calibrated() -> tuple[float] | None:  # a tuple: an ECE of 0 is an answer too
+            sc = owner.scrape()
+            n = series(sc, "calmon_calibrated_samples", "model", "segment", "window").get(
+                ("ctr", "__all__", "1h"))
+            if n != fresh.sum():
+                return None
+            return (series(sc, "calmon_calibrated_ece", "model", "segment", "window")[
+                ("ctr", "__all__", "1h")],)
+
+        (value,) = wait_until(calibrated, 60, "the owner's calibrated ECE of the new samples")
+        assert value == pytest.approx(oracle.ece(probs, y[fresh].astype(float), 15), abs=1e-9)
+        for d in daemons:
+            if d is not owner:
+                assert ("ctr", "1h") not in series(d.scrape(), "calmon_calibrated_samples",
+                                                   "model", "window")
 
         # list and rollback act on the topic's history, from an instance that is not
         # the owner: the owner republishes, once
