@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -224,8 +225,15 @@ def test_any_input_with_tight_limits(batches: list[list[Raw]]) -> None:
 def _within_ttls(rec: dict[str, Any]) -> dict[str, Any]:
     """The claim holds for records within the TTLs: a label whose own ts is a week
     older than the predictions expires or joins depending on what came first, by the
-    contract's event-time TTL. So every ts that is a number is kept within two hours."""
+    contract's event-time TTL. So every ts that is a time (a number, or an ISO-8601
+    string as Python reads it, e.g. "20300101000000000") is kept within two hours."""
     ts = rec.get("ts")
+    if isinstance(ts, str):
+        try:
+            when = datetime.fromisoformat(ts.strip())
+            ts = when.replace(tzinfo=when.tzinfo or UTC).timestamp()
+        except (ValueError, OverflowError, OSError):
+            return rec  # not a time: bad_ts in every order
     if isinstance(ts, int | float) and not isinstance(ts, bool) and not (
             BASE_TS <= ts <= BASE_TS + 7200):
         rec["ts"] = BASE_TS
