@@ -32,8 +32,6 @@ from calmon.recal.policy import (
     Event,
     Policy,
     live_calibrators,
-    parse_iso,
-    target,
 )
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Publish, Registry
@@ -63,6 +61,7 @@ class Recalibrator:
         # what the exporter shows (process-local), replaced whole under the lock
         self._outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self._calibrated: list[tuple[str, str, str, float | None, int]] = []
+        self._calibrated_bins: dict[tuple[str, str, str], Bins] = {}
         self._series: list[tuple[str, str]] = []  # the series the last run evaluated
         self._pushed: list[tuple[tuple[str, str], int]] | None = None
         self.events: list[Event] = []  # this process's events, newest last (bounded)
@@ -122,7 +121,11 @@ class Recalibrator:
         # each model on its own event time (contract §2)
         events = self.policy.check_each(self.engine.now_of, series, self.engine.samples)
         self.push_calibrators()
-        calibrated = self.policy.calibrated(self.engine.now_of, series, self.engine.samples)
+        # once a run, so /reliability and the exporter only read (contract §5)
+        windows = self.policy.calibrated_windows(self.engine.now_of, series,
+                                                 self.engine.samples)
+        calibrated = [(c.model, c.segment, c.window, c.ece, c.samples) for c in windows]
+        bins = {(c.model, c.segment, c.window): c.bins for c in windows if c.bins is not None}
         # series without a calibrator: the identity, i.e. exactly the raw window
         done = {(m, s) for m, s, _, _, _ in calibrated}
         todo = set(series) - done
@@ -137,6 +140,7 @@ class Recalibrator:
                     outcomes[(e.model, e.segment, str(e.fields.get("method")), e.kind)] += 1
             self._outcomes = outcomes
             self._calibrated = calibrated
+            self._calibrated_bins = bins
             self._series = series
             self.events = (self.events + events)[-1000:]
             self.checks += 1
@@ -160,20 +164,9 @@ class Recalibrator:
 
     def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
         """The reliability diagram of a window after the live calibrator (for /reliability),
-        from buffered samples predicted after its fit; None without a calibrator."""
-        from calmon.engine.metrics import bins_from_samples
-
-        live = self.policy.live(model, segment)
-        samples = self.engine.samples(model, segment)
-        if live is None or samples is None or len(samples) == 0:
-            return None
-        fitted = parse_iso(live.doc.get("fitted_at"))
-        mask = (samples.ts > (fitted if fitted is not None else math.inf)) & in_window(
-            samples.ts, self.cfg.window(window).seconds, self.engine.now_of(model))
-        if not mask.any():
-            return None
-        p, y = target(live.calibrator, samples.select(mask))
-        return bins_from_samples(p, y, self.cfg.metrics.bins)
+        from buffered samples predicted after its fit, as of the last run; None without
+        a calibrator."""
+        return self._calibrated_bins.get((model, segment, window))
 
     # ------------------------------------------------------------ alerts
 

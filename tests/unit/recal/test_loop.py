@@ -175,6 +175,17 @@ def test_another_models_clock_never_moves_a_models_recalibration(tmp_path: Path)
     assert counts[("bin", "1h")] == mask.sum()
     assert cal[("bin", "1h")] == pytest.approx(ece_np(probs_of(doc, z[mask]), y[mask]),
                                                abs=1e-9)
+    # /reliability's calibrated diagram is the same window, computed by the run (15
+    # right-closed bins of P(y=1)), and only read by the page: more traffic does not
+    # change it before the next run
+    want = np.bincount(np.clip(np.ceil(probs_of(doc, z[mask]) * 15).astype(int) - 1, 0, 14),
+                       minlength=15)
+    bins = recal.calibrated_bins("bin", "__all__", "1h")
+    assert bins is not None and bins.count.tolist() == want.tolist()
+    feed(engine, binary_logit_stream(rng, "bin", 200, float(ts.max()) + 1, 60.0, prefix="e"))
+    again = recal.calibrated_bins("bin", "__all__", "1h")
+    assert again is not None and again.count.tolist() == want.tolist()
+    assert recal.calibrated_bins("ahead", "__all__", "1h") is None  # no calibrator
 
 
 def test_auto_picks_a_binning_method_for_a_step_distortion(tmp_path: Path) -> None:
