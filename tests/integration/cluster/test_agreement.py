@@ -17,9 +17,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemon_helpers import CalmonDaemon, Producer, Scrape, scrape, wait_until, write_config
-from tests.integration.cluster.test_scaled_out import GROUP_CLIENT, RECAL, documents
-from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream, dumps
+from tests.daemon_helpers import Producer, Scrape, scrape, wait_until
+from tests.integration.cluster.fleet import (
+    RECAL,
+    documents,
+    instances,
+    records_of,
+    single_instance,
+)
+from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream
 
 pytestmark = pytest.mark.integration
 
@@ -72,19 +78,9 @@ def test_three_instances_agree_with_one_within_a_chunk(
     # one chunk's event-time span: how far apart two readings of the same change can be
     span = max(c.preds[-1]["ts"] - c.preds[0]["ts"] for c in chunks)
 
-    single = CalmonDaemon(write_config(
-        tmp_path / "single.yaml", kafka_bootstrap, preds_topic, labels_topic,
-        kafka={"calibrators_topic": single_cal}, metrics={"windows": ["1h", "24h"]},
-        recalibration={**RECAL, "output_dir": str(tmp_path / "single-calibrators")}),
-        log=tmp_path / "single.log")
-    daemons = [CalmonDaemon(write_config(
-        tmp_path / f"instance{i}.yaml", kafka_bootstrap, preds_topic, labels_topic,
-        kafka={"group_id": group, "instance": {"index": i, "count": 3},
-               "joined_topic": joined_topic, "calibrators_topic": cal_topic,
-               "client": GROUP_CLIENT},
-        metrics={"windows": ["1h", "24h"]},
-        recalibration={**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")}),
-        log=tmp_path / f"instance{i}.log") for i in range(3)]
+    single = single_instance(tmp_path, kafka_bootstrap, preds_topic, labels_topic, single_cal)
+    daemons = instances(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group=group,
+                        joined_topic=joined_topic, cal_topic=cal_topic)
 
     def owners() -> list[dict[str, Any]]:
         return [d.status()["recalibration_owner"] for d in daemons]
@@ -124,9 +120,7 @@ def test_three_instances_agree_with_one_within_a_chunk(
     sent: list[tuple[Any, bytes]] = []  # (metadata, key) of every drifted prediction
 
     def produce(producer: Producer, part: Stream) -> list[Any]:
-        records = [(preds_topic, str(p["id"]).encode(), dumps(p)) for p in part.preds]
-        records += [(labels_topic, str(lab["id"]).encode(), dumps(lab))
-                    for lab in part.labels]
+        records = records_of(preds_topic, labels_topic, part)
         return list(zip(producer.send(records), (r[1] for r in records), strict=True))
 
     try:

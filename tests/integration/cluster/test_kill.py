@@ -15,28 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemon_helpers import CalmonDaemon, Producer, wait_until, write_config
-from tests.integration.cluster.test_scaled_out import GROUP_CLIENT
-from tests.recal_helpers import BASE_TS, binary_logit_stream, dumps
+from tests.daemon_helpers import Producer, wait_until
+from tests.integration.cluster.fleet import RECAL, instances, owner_view, records_of
+from tests.recal_helpers import BASE_TS, binary_logit_stream
 
 pytestmark = pytest.mark.integration
 
 N = 4000
-
-
-def owner_view(daemons: list[CalmonDaemon]) -> tuple[int, dict[str, Any]] | None:
-    """(index, the owner's status section) of the one instance owning ``ctr``."""
-    found = []
-    for i, d in enumerate(daemons):
-        if not d.running:
-            continue
-        try:
-            o = d.status().get("recalibration_owner") or {}
-        except OSError:
-            return None
-        if "ctr" in o.get("models", {}):
-            found.append((i, o))
-    return found[0] if len(found) == 1 else None
 
 
 def test_killed_instances_neither_lose_nor_double_samples(
@@ -47,21 +32,12 @@ def test_killed_instances_neither_lose_nor_double_samples(
     group = f"calmon-test-{uuid.uuid4().hex[:8]}"
     rng = np.random.default_rng(9)
     s = binary_logit_stream(rng, "ctr", N, BASE_TS, 2400.0)
-    records = [(preds_topic, str(p["id"]).encode(), dumps(p)) for p in s.preds]
-    records += [(labels_topic, str(lab["id"]).encode(), dumps(lab)) for lab in s.labels]
+    records = records_of(preds_topic, labels_topic, s)
     with Producer(kafka_bootstrap) as producer:
         producer.send(records)
-    daemons = []
-    for i in range(3):
-        cfg = write_config(
-            tmp_path / f"instance{i}.yaml", kafka_bootstrap, preds_topic, labels_topic,
-            kafka={"group_id": group, "instance": {"index": i, "count": 3},
-                   "joined_topic": joined_topic, "calibrators_topic": cal_topic,
-                   "client": GROUP_CLIENT},
-            metrics={"windows": ["1h", "24h"]},
-            recalibration={"enabled": True, "interval": "1s", "min_samples": 100000,
-                           "output_dir": str(tmp_path / f"calibrators{i}")})
-        daemons.append(CalmonDaemon(cfg, log=tmp_path / f"instance{i}.log"))
+    daemons = instances(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group=group,
+                        joined_topic=joined_topic, cal_topic=cal_topic,
+                        recalibration={**RECAL, "min_samples": 100000})
 
     def owner_counts(expected: int) -> tuple[int, dict[str, Any]] | None:
         view = owner_view(daemons)

@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.daemon_helpers import CalmonDaemon, Producer, wait_until, write_config
-from tests.integration.cluster.test_kill import owner_view
-from tests.integration.cluster.test_scaled_out import GROUP_CLIENT, RECAL, documents
-from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream, dumps
+from tests.daemon_helpers import Producer, wait_until
+from tests.integration.cluster.fleet import documents, instances, owner_view, records_of
+from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream
 
 pytestmark = pytest.mark.integration
 
@@ -34,19 +33,10 @@ def test_the_owner_killed_after_its_alarm_leaves_one_publish(
     late = Stream(drifted.preds[900:], drifted.labels[900:])
 
     def records(s: Stream) -> list[tuple[str, bytes, bytes]]:
-        return ([(preds_topic, str(p["id"]).encode(), dumps(p)) for p in s.preds]
-                + [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in s.labels])
+        return records_of(preds_topic, labels_topic, s)
 
-    daemons = []
-    for i in range(3):
-        cfg = write_config(
-            tmp_path / f"instance{i}.yaml", kafka_bootstrap, preds_topic, labels_topic,
-            kafka={"group_id": group, "instance": {"index": i, "count": 3},
-                   "joined_topic": joined_topic, "calibrators_topic": cal_topic,
-                   "client": GROUP_CLIENT},
-            metrics={"windows": ["1h", "24h"]},
-            recalibration={**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")})
-        daemons.append(CalmonDaemon(cfg, log=tmp_path / f"instance{i}.log"))
+    daemons = instances(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group=group,
+                        joined_topic=joined_topic, cal_topic=cal_topic)
     try:
         with Producer(kafka_bootstrap) as producer:
             producer.send(records(first) + records(early))

@@ -30,7 +30,7 @@ from calmon.engine.buffer import SampleSet
 from calmon.engine.records import ScoreKind
 from calmon.engine.series import ALL
 from tests.daemon_helpers import wait_until
-from tests.integration.cluster.test_scaled_out import GROUP_CLIENT, RECAL, documents
+from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, documents
 from tests.recal_helpers import BASE_TS
 
 pytestmark = pytest.mark.integration

@@ -12,11 +12,9 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 from scipy.special import expit
 
 from calmon.calibrators import CalibratorWatcher
@@ -24,12 +22,17 @@ from calmon.recal.registry import Registry
 from tests import oracle
 from tests.conftest import FAST_CLIENT
 from tests.daemon_helpers import (
-    CalmonDaemon,
     Producer,
     run_calmon,
     series,
     wait_until,
-    write_config,
+)
+from tests.integration.cluster.fleet import (
+    RECAL,
+    documents,
+    instances,
+    records_of,
+    single_instance,
 )
 from tests.recal_helpers import (
     BASE_TS,
@@ -41,33 +44,6 @@ from tests.recal_helpers import (
 )
 
 pytestmark = pytest.mark.integration
-
-GROUP_CLIENT = {**FAST_CLIENT, "max_poll_interval_ms": 10000, "session_timeout_ms": 6000,
-                "heartbeat_interval_ms": 1000}
-RECAL = {"enabled": True, "interval": "1s", "cooldown": "1h", "window": "1h",
-         "min_samples": 2000, "method": "temperature"}
-
-
-def documents(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    """Every committed record of the calibrators topic that is a document."""
-    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
-                      enable_auto_commit=False, **FAST_CLIENT)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
-        c.assign(tps)
-        c.seek_to_beginning(*tps)
-        ends = c.end_offsets(tps)
-        out: list[dict[str, Any]] = []
-        while any(c.position(tp) < ends[tp] for tp in tps):
-            for recs in c.poll(timeout_ms=300).values():
-                for r in recs:
-                    doc = json.loads(r.value)
-                    if "model" in doc:
-                        out.append(doc)
-        return out
-    finally:
-        c.close()
-
 
 def test_three_instances_publish_one_drift_once_fitted_across_them(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
@@ -81,8 +57,7 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
     t2 = BASE_TS + 2400.0 + 3600.0 + 1200.0  # the calibrated half is out of the 1h window
     drifted = binary_logit_stream(rng, "ctr", 3000, t2, 2400.0, scale=2.5, prefix="b")
     stream.extend(drifted)
-    records = [(preds_topic, str(p["id"]).encode(), dumps(p)) for p in stream.preds]
-    records += [(labels_topic, str(lab["id"]).encode(), dumps(lab)) for lab in stream.labels]
+    records = records_of(preds_topic, labels_topic, stream)
     with Producer(kafka_bootstrap) as producer:
         sent = producer.send(records)
     # independently of calmon: each instance's share of the drifted samples (p % 3)
@@ -93,21 +68,9 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
 
     # the same stream through one instance, for comparison (its own calibrators topic)
     (single_cal,) = kafka_topics(count=1, partitions=1)
-    single = CalmonDaemon(write_config(
-        tmp_path / "single.yaml", kafka_bootstrap, preds_topic, labels_topic,
-        kafka={"calibrators_topic": single_cal}, metrics={"windows": ["1h", "24h"]},
-        recalibration={**RECAL, "output_dir": str(tmp_path / "single-calibrators")}),
-        log=tmp_path / "single.log")
-    daemons = []
-    for i in range(3):
-        cfg = write_config(
-            tmp_path / f"instance{i}.yaml", kafka_bootstrap, preds_topic, labels_topic,
-            kafka={"group_id": group, "instance": {"index": i, "count": 3},
-                   "joined_topic": joined_topic, "calibrators_topic": cal_topic,
-                   "client": GROUP_CLIENT},
-            metrics={"windows": ["1h", "24h"]},
-            recalibration={**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")})
-        daemons.append(CalmonDaemon(cfg, log=tmp_path / f"instance{i}.log"))
+    single = single_instance(tmp_path, kafka_bootstrap, preds_topic, labels_topic, single_cal)
+    daemons = instances(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group=group,
+                        joined_topic=joined_topic, cal_topic=cal_topic)
     try:
         single.start(wait_ready=False)
         for d in daemons:

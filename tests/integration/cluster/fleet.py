@@ -1,0 +1,92 @@
+"""What the scaled-out integration tests share: the group client settings, the
+recalibration config, the daemons of one fleet (and the single instance they are
+compared with), the records of a stream, and readers of the calibrators topic and of
+the owner's ``/status``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from tests.conftest import FAST_CLIENT
+from tests.daemon_helpers import CalmonDaemon, write_config
+from tests.recal_helpers import Stream, dumps
+
+# a group join takes ~3 s on Tansu with max_poll_interval_ms 10000 (~23 s by default)
+GROUP_CLIENT = {**FAST_CLIENT, "max_poll_interval_ms": 10000, "session_timeout_ms": 6000,
+                "heartbeat_interval_ms": 1000}
+RECAL = {"enabled": True, "interval": "1s", "cooldown": "1h", "window": "1h",
+         "min_samples": 2000, "method": "temperature"}
+WINDOWS = {"windows": ["1h", "24h"]}
+
+
+def instances(tmp_path: Path, bootstrap: str, preds_topic: str, labels_topic: str, *,
+              group: str, joined_topic: str, cal_topic: str, count: int = 3,
+              recalibration: dict[str, Any] | None = None) -> list[CalmonDaemon]:
+    """``count`` daemons of one fleet (not started): instance i of count, one state
+    dir and ``output_dir`` (``calibrators<i>``) each, config ``instance<i>.yaml``."""
+    return [CalmonDaemon(write_config(
+        tmp_path / f"instance{i}.yaml", bootstrap, preds_topic, labels_topic,
+        kafka={"group_id": group, "instance": {"index": i, "count": count},
+               "joined_topic": joined_topic, "calibrators_topic": cal_topic,
+               "client": GROUP_CLIENT},
+        metrics=WINDOWS,
+        recalibration={**(recalibration or RECAL),
+                       "output_dir": str(tmp_path / f"calibrators{i}")}),
+        log=tmp_path / f"instance{i}.log") for i in range(count)]
+
+
+def single_instance(tmp_path: Path, bootstrap: str, preds_topic: str, labels_topic: str,
+                    cal_topic: str) -> CalmonDaemon:
+    """One daemon on the whole stream, the fleet's reference (its own calibrators topic)."""
+    return CalmonDaemon(write_config(
+        tmp_path / "single.yaml", bootstrap, preds_topic, labels_topic,
+        kafka={"calibrators_topic": cal_topic}, metrics=WINDOWS,
+        recalibration={**RECAL, "output_dir": str(tmp_path / "single-calibrators")}),
+        log=tmp_path / "single.log")
+
+
+def records_of(preds_topic: str, labels_topic: str,
+               s: Stream) -> list[tuple[str, bytes, bytes]]:
+    """A stream's predictions and labels as (topic, key, value), keyed by id."""
+    return ([(preds_topic, str(p["id"]).encode(), dumps(p)) for p in s.preds]
+            + [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in s.labels])
+
+
+def documents(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """Every committed record of the calibrators topic that is a document."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
+                      enable_auto_commit=False, **FAST_CLIENT)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        ends = c.end_offsets(tps)
+        out: list[dict[str, Any]] = []
+        while any(c.position(tp) < ends[tp] for tp in tps):
+            for recs in c.poll(timeout_ms=300).values():
+                for r in recs:
+                    doc = json.loads(r.value)
+                    if "model" in doc:
+                        out.append(doc)
+        return out
+    finally:
+        c.close()
+
+
+def owner_view(daemons: list[CalmonDaemon]) -> tuple[int, dict[str, Any]] | None:
+    """(index, the owner's status section) of the one instance owning ``ctr``."""
+    found = []
+    for i, d in enumerate(daemons):
+        if not d.running:
+            continue
+        try:
+            o = d.status().get("recalibration_owner") or {}
+        except OSError:
+            return None
+        if "ctr" in o.get("models", {}):
+            found.append((i, o))
+    return found[0] if len(found) == 1 else None
