@@ -187,7 +187,9 @@ def build(cfg: dict[str, Any]) -> dict[str, Any]:
         ], axis_label="calibration error", minimum=0))
     lay.add(timeseries(
         "Raw vs calibrated ECE", "ECE of the raw scores and, on predictions made after the "
-        "live calibrator was fitted, after it.", PCT, [
+        "live calibrator was fitted, after it. Scaled out, each instance's raw ECE is of its "
+        "own share, and the calibrated ECE comes from the model's owner alone, over every "
+        "instance's samples.", PCT, [
             target(f"calmon_ece{sel(window=True)}", "raw {{instance}}", "A"),
             target(f"calmon_calibrated_ece{sel(window=True)}", "calibrated {{instance}}", "B"),
         ], axis_label="calibration error", minimum=0))
