@@ -24,6 +24,7 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from calmon.calibrators.signing import KeyRing, Signer, keyring
 from calmon.cluster.admin import apply_rollback, decode_request
 from calmon.cluster.kafka import (
+    READ_BACK_TIMEOUT_S,
     SIGNATURE_HEADER,
     JoinedProducer,
     Publisher,
@@ -77,6 +78,8 @@ class Cluster:
         self.owner = Owner(self.policy, cfg.recalibration.buffer)
         self.publisher.partition_of = self.owner.partition_of
         self.owned: frozenset[int] = frozenset()
+        self.waiting: set[int] = set()  # assigned, not taken over yet (paused)
+        self.takeover_failures = 0
         self.events: list[Event] = []  # newest last (bounded)
         self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self.lag: dict[tuple[str, int], int] = {}
@@ -121,6 +124,7 @@ class Cluster:
         samples it took (its ``__all__`` ring's total) and its event time; the checks done."""
         owned = self.owned
         return {"owned_partitions": sorted(owned),
+                "waiting_partitions": sorted(self.waiting),
                 "models": {m: {"samples": self.owner.sample_count(m),
                                "now": self.owner.nows.get(m)}
                            for m in self.owner.models(owned)},
@@ -228,12 +232,15 @@ class Cluster:
                     self._check()
                     next_check = time.monotonic() + interval
                 if time.monotonic() >= next_lag:
+                    if self.waiting:
+                        self.take_over(consumer, set(self.waiting))
                     self._lag(consumer)
                     self._follow(follow)
                     next_lag = time.monotonic() + LAG_EVERY_S
         finally:
             self.publisher.close()
             self.owned = frozenset()
+            self.waiting = set()
             consumer.close()
             follow.close()
 
@@ -242,17 +249,22 @@ class Cluster:
         start: ``output_dir`` follows the whole topic, not only the owned models."""
         follow = KafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                                **settings)
+        self._follow_from_start(follow)
+        return follow
+
+    def _follow_from_start(self, follow: KafkaConsumer) -> None:
         topic = self.publisher.topic
         parts = follow.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         follow.assign(tps)
         if tps:
             follow.seek_to_beginning(*tps)
-        return follow
 
     def _follow(self, follow: KafkaConsumer) -> None:
         docs = []
         try:
+            if not follow.assignment():  # the topic was not there at the start
+                self._follow_from_start(follow)
             for recs in follow.poll(timeout_ms=0, max_records=10_000).values():
                 for r in recs:
                     doc = _document(r.value)
@@ -354,6 +366,43 @@ class Cluster:
             self.owned = frozenset(self.owned - lost)
             self.owner.forget(lost)
 
+    def take_over(self, consumer: KafkaConsumer, parts: set[int]) -> bool:
+        """Become the one writer of ``parts`` (the broker fences each former owner), read
+        the calibrators back to this owner's marker, and read the partitions on from
+        where the checkpoint left them (from the start when never owned here). When the
+        broker or the calibrators topic is not there yet, the partitions are paused,
+        neither read nor checked, and taken over at a later attempt (``waiting``)."""
+        t0 = time.monotonic()
+        tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+        try:
+            for p in sorted(parts):
+                self.publisher.take(p)
+            # one read-back covers them all: every fenced writer is done by now. Within
+            # half the poll interval, so a slow broker does not cost the membership
+            limit = consumer.config["max_poll_interval_ms"] / 2000.0
+            materialise(self.registry, read_back(self.publisher, min(parts),
+                                                 timeout_s=min(READ_BACK_TIMEOUT_S, limit)))
+        except Exception as e:
+            consumer.pause(*tps)
+            self.waiting |= parts
+            self.takeover_failures += 1
+            log.warning("cannot take over joined-topic partitions %s yet (%s); paused, "
+                        "retrying", sorted(parts), e)
+            return False
+        for tp in tps:
+            at = self.owner.offsets.get(tp.partition)
+            if at is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, at)
+        consumer.resume(*tps)
+        self.waiting -= parts
+        self.owned = frozenset(self.owned | parts)
+        log.info("recalibration owner of joined-topic partitions %s (models %s), taken "
+                 "over in %.1fs", sorted(self.owned), self.owner.models(self.owned) or
+                 "none yet", time.monotonic() - t0)
+        return True
+
     def _lag(self, consumer: KafkaConsumer) -> None:
         tps = [TopicPartition(self.topic, p) for p in sorted(self.owned)]
         if not tps:
@@ -376,31 +425,17 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         parts = {tp.partition for tp in revoked}
         self.c.owned = frozenset(self.c.owned - parts)
+        self.c.waiting -= parts
         self.c.publisher.release(parts)
         log.info("recalibration ownership of joined-topic partitions %s released",
                  sorted(parts))
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         c = self.c
-        t0 = time.monotonic()
-        for tp in assigned:
-            c.publisher.take(tp.partition)  # fences each former owner first
-        if assigned:  # then one read-back covers them all: every fenced writer is done
-            first = min(tp.partition for tp in assigned)
-            materialise(c.registry, read_back(c.publisher, first))
+        parts = {tp.partition for tp in assigned}
         # state of partitions owned no more (another instance may have moved on with
         # them meanwhile) is dropped: if they come back, they are rebuilt from the topic
-        kept = set(c.owned) | {tp.partition for tp in assigned}  # eager or incremental
+        kept = set(c.owned) | parts  # eager or incremental assignors alike
         c.owner.forget(set(c.owner.offsets) - kept)
-        for tp in assigned:
-            at = c.owner.offsets.get(tp.partition)
-            if at is None:
-                self.consumer.seek_to_beginning(tp)
-            else:
-                self.consumer.seek(tp, at)
-        c.owned = frozenset(c.owned | {tp.partition for tp in assigned})
-        log.info("recalibration owner of joined-topic partitions %s (models %s), taken "
-                 "over in %.1fs", sorted(c.owned), c.owner.models(c.owned) or "none yet",
-                 time.monotonic() - t0)
-
-
+        if parts:
+            c.take_over(self.consumer, parts)

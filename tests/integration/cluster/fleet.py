@@ -9,11 +9,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from kafka import KafkaConsumer, TopicPartition
 
+from calmon.cluster.batch import JoinedBatch, Series, encode
+from calmon.engine.buffer import SampleSet
+from calmon.engine.records import ScoreKind
+from calmon.engine.series import ALL
 from tests.conftest import FAST_CLIENT
 from tests.daemon_helpers import CalmonDaemon, write_config
-from tests.recal_helpers import Stream, dumps
+from tests.recal_helpers import BASE_TS, Stream, dumps
 
 # a group join takes ~3 s on Tansu with max_poll_interval_ms 10000 (~23 s by default)
 GROUP_CLIENT = {**FAST_CLIENT, "max_poll_interval_ms": 10000, "session_timeout_ms": 6000,
@@ -90,3 +95,20 @@ def owner_view(daemons: list[CalmonDaemon]) -> tuple[int, dict[str, Any]] | None
         if "ctr" in o.get("models", {}):
             found.append((i, o))
     return found[0] if len(found) == 1 else None
+
+
+def joined_batches(rng: np.random.Generator) -> list[tuple[bytes, bytes]]:
+    """Two senders' joined batches of ``ctr``: 40 calibrated minutes, then (after a
+    gap longer than the 1h window) 40 minutes of logits sharpened 2.5x; 3,000 each."""
+    out = []
+    for sender in (0, 1):
+        for half, (t0, scale) in enumerate(((BASE_TS, 1.0), (BASE_TS + 7200.0, 2.5))):
+            n = 1500
+            ts = np.sort(t0 + rng.uniform(0.0, 2400.0, n))
+            z = rng.normal(0.0, 1.5, n)
+            y = (rng.random(n) < 1.0 / (1.0 + np.exp(-z))).astype(np.int32)
+            x = SampleSet(ts, y, np.full(n, int(ScoreKind.LOGIT), np.int8), scale * z, 0)
+            source = {("predictions", sender): (half * n, (half + 1) * n)}
+            b = JoinedBatch("ctr", float(ts.max()), sender, source, [Series(ALL, 0, n, x)])
+            out.append((b"ctr", encode(b)))
+    return out

@@ -23,34 +23,13 @@ import numpy as np
 import pytest
 
 from calmon import config as config_mod
-from calmon.cluster.batch import JoinedBatch, Series, encode
 from calmon.cluster.kafka import JoinedProducer
 from calmon.cluster.service import Cluster
-from calmon.engine.buffer import SampleSet
-from calmon.engine.records import ScoreKind
 from calmon.engine.series import ALL
 from tests.daemon_helpers import wait_until
-from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, documents
-from tests.recal_helpers import BASE_TS
+from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, documents, joined_batches
 
 pytestmark = pytest.mark.integration
-
-
-def batches(rng: np.random.Generator) -> list[tuple[bytes, bytes]]:
-    """Two senders' joined batches of ``ctr``: 40 calibrated minutes, then (after a
-    gap longer than the 1h window) 40 minutes of logits sharpened 2.5x; 3,000 each."""
-    out = []
-    for sender in (0, 1):
-        for half, (t0, scale) in enumerate(((BASE_TS, 1.0), (BASE_TS + 7200.0, 2.5))):
-            n = 1500
-            ts = np.sort(t0 + rng.uniform(0.0, 2400.0, n))
-            z = rng.normal(0.0, 1.5, n)
-            y = (rng.random(n) < 1.0 / (1.0 + np.exp(-z))).astype(np.int32)
-            x = SampleSet(ts, y, np.full(n, int(ScoreKind.LOGIT), np.int8), scale * z, 0)
-            source = {("predictions", sender): (half * n, (half + 1) * n)}
-            b = JoinedBatch("ctr", float(ts.max()), sender, source, [Series(ALL, 0, n, x)])
-            out.append((b"ctr", encode(b)))
-    return out
 
 
 def test_a_paused_former_owner_is_fenced_by_the_broker(
@@ -97,7 +76,7 @@ def test_a_paused_former_owner_is_fenced_by_the_broker(
         wait_until(lambda: (a.owned == frozenset({0}) and not b.owned) or None, 120,
                    "A owning partition 0")
         producer = JoinedProducer(cfg(0).kafka, joined_topic)
-        assert producer.send(batches(np.random.default_rng(26)))
+        assert producer.send(joined_batches(np.random.default_rng(26)))
         producer.close()
         wait_until(decided.is_set, 120, "A's decision to publish ctr")
         assert a.owned == frozenset({0}) and b.owned == frozenset()
