@@ -7,7 +7,10 @@ engine's rings took since the last one become batches *in the checkpoint itself*
 re-reads the input and joins those samples again (nothing was sent); a crash after it
 sends the same bytes again from the restored checkpoint, and the owner drops the copy
 by its source offsets (``owner.Owner.accept``). A batch is only forgotten once the
-broker acknowledged it.
+broker acknowledged it. While the broker does not acknowledge, a model's older pending
+batches are dropped once its newer ones hold ``capacity`` samples of every series (what
+the owner's ring keeps), so an outage of ``joined_topic`` never grows the checkpoint
+past about the size of the engine's own rings.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from calmon.cluster.batch import JoinedBatch, Series, encode
+from calmon.cluster.batch import JoinedBatch, Series, decode, encode
 from calmon.engine.buffer import SampleSet
 
 
@@ -33,8 +36,11 @@ Send = Callable[[list[tuple[bytes, bytes]]], bool]
 
 
 class JoinedSender:
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, capacity: int | None = None) -> None:
+        """``capacity``: the samples a series' batch keeps while unacknowledged
+        (``recalibration.buffer``; None keeps all)."""
         self.index = index
+        self.capacity = capacity
         self.sent: dict[tuple[str, str], int] = {}  # series -> its ring total already taken
         self.since: dict[tuple[str, int], int] = {}  # input positions at the last collect
         self.pending: list[tuple[bytes, bytes]] = []  # batches not yet acknowledged
@@ -64,7 +70,49 @@ class JoinedSender:
         for model, series in sorted(by_model.items()):
             b = JoinedBatch(model, engine.now_of(model), self.index, source, series)
             self.pending.append((model.encode(), encode(b)))
+        if self.capacity is not None and len(self.pending) > len(by_model):
+            self._bound()
         return len(by_model)
+
+    def _bound(self) -> None:
+        """Unacknowledged for long (``joined_topic`` down): drop a model's older pending
+        batch once its newer ones hold ``capacity`` samples of each of its series (the
+        owner's ring would evict it anyway), handing its ``added`` count on to the next,
+        so the owner's totals stay exact. Never merged: a batch the broker may have
+        stored is re-sent as it was or not at all, so a copy is always dropped whole."""
+        cap = self.capacity
+        assert cap is not None
+        batches = [decode(v) for _k, v in self.pending]
+        keep = [True] * len(batches)
+        newer: dict[tuple[str, str], int] = {}  # samples the newer batches hold
+        carry: dict[int, dict[str, int]] = {}  # batch index -> added to hand on
+        nearest: dict[tuple[str, str], int] = {}  # series -> its nearest newer kept batch
+        for i in range(len(batches) - 1, -1, -1):
+            b = batches[i]
+            if b.series and all(newer.get((b.model, s.segment), 0) >= cap for s in b.series):
+                keep[i] = False
+                for s in b.series:
+                    to = carry.setdefault(nearest[(b.model, s.segment)], {})
+                    to[s.segment] = to.get(s.segment, 0) + s.added
+                continue
+            for s in b.series:
+                key = (b.model, s.segment)
+                newer[key] = newer.get(key, 0) + len(s.samples)
+                nearest[key] = i
+        if all(keep):
+            return
+        pending = []
+        for i, (k, v) in enumerate(self.pending):
+            if not keep[i]:
+                continue
+            more = carry.get(i)
+            if more:
+                b = batches[i]
+                v = encode(JoinedBatch(b.model, b.now, b.sender, b.source, [
+                    Series(s.segment, s.classes, s.added + more.get(s.segment, 0), s.samples)
+                    for s in b.series]))
+            pending.append((k, v))
+        self.pending = pending
 
     def flush(self, send: Send) -> bool:
         """Produce the pending batches; forgotten only once all are acknowledged."""

@@ -62,7 +62,8 @@ class Cluster:
         self.cfg = cfg
         self.topic = kc.joined_topic
         self.group = f"{kc.group_id}-recal"
-        self.sender = JoinedSender(kc.instance.index if kc.instance is not None else 0)
+        self.sender = JoinedSender(kc.instance.index if kc.instance is not None else 0,
+                                   cfg.recalibration.buffer)
         signer = Signer.from_config(cfg.calibrators)
         self.producer = JoinedProducer(kc, self.topic, signer=signer)
         # joined batches are refit material: with a signing key, only signed ones count
@@ -115,7 +116,7 @@ class Cluster:
 
     def restore_sender(self, snap: dict[str, Any] | None) -> None:
         """A roll-back of the engine: the sender's marks go back with it."""
-        self.sender = JoinedSender(self.sender.index)
+        self.sender = JoinedSender(self.sender.index, self.sender.capacity)
         if snap is not None and isinstance(snap.get("sender"), dict):
             self.sender.restore(snap["sender"])
 

@@ -234,3 +234,27 @@ def test_a_partition_moved_away_is_forgotten_and_read_again_when_it_returns() ->
     assert all(k[0] != "b" for k in owner.seen)
     assert {m for m, _ in owner.policy.states} == {"a"}
     assert {row[0] for row in owner.policy.snapshot()["series"]} == {"a"}
+
+
+def test_an_unacknowledged_backlog_stays_bounded_and_the_owner_exact() -> None:
+    """joined_topic down for five checkpoints: the sender keeps only the newest batches
+    that fill the owner's ring (capacity 100), not all 300 samples, and when the broker
+    is back the owner counts all 300 and holds exactly the newest 100."""
+    cfg = config_mod.from_dict({"recalibration": {"buffer": 100}})
+    engine, sender = Engine(cfg), JoinedSender(0, cfg.recalibration.buffer)
+    data = records(300, seed=5)
+    for k in range(5):
+        feed(engine, data[60 * k:60 * (k + 1)], 60 * k, 0)
+        sender.collect(engine, {("predictions", 0): 60 * (k + 1), ("labels", 0): 60 * (k + 1)})
+        assert not sender.flush(lambda batch: False)  # the broker does not answer
+    assert len(sender.pending) == 2  # 60 + 60 >= 100: the three older ones are gone
+    assert sum(len(decode(v)) for _k, v in sender.pending) == 120
+    owner = owner_of(cfg)
+    assert sender.flush(lambda batch: all(owner.accept(0, i, v)
+                                          for i, (_k, v) in enumerate(batch)))
+    assert owner.sample_count("m") == 300
+    got = owner.samples_of("m", ALL)
+    assert got is not None
+    want = [(p["ts"], p["logit"], lab["label"]) for p, lab in data[200:]]
+    assert list(zip(got.ts.tolist(), got.score.tolist(), got.label.tolist(),
+                    strict=True)) == want
