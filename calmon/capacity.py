@@ -78,8 +78,14 @@ def worst_case(cfg: Config) -> WorstCase:
     rings = (series if rc.per_segment else models) if rc.enabled else 0
     mem_buffers = rings * rc.buffer * (RING_ROW + 8 * k)
     parts = {"series": mem_series, "join": mem_join, "buffers": mem_buffers, "base": BASE}
+    inst = cfg.kafka.instance
+    if rc.enabled and inst is not None and inst.count > 1:
+        # scaled out, an instance may own every model's recalibration (the others
+        # down): the owner's buffers of all of them, beside its own engine's
+        parts["owner_buffers"] = mem_buffers
     return WorstCase(per_model, models, series, sum(parts.values()),
-                     ckpt_series + ckpt_join + mem_buffers, parts)
+                     ckpt_series + ckpt_join + sum(v for n, v in parts.items()
+                                                    if n.endswith("buffers")), parts)
 
 
 def cgroup_limit(files: tuple[str, ...] = CGROUP_FILES) -> int | None:

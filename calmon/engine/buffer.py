@@ -41,17 +41,39 @@ class SampleSet:
 
 
 class Ring:
+    """The newest ``capacity`` samples of a series. The arrays start small and double
+    as samples come, up to ``capacity``: a fleet's thousands of quiet segment series
+    cost what they hold, not ``recalibration.buffer`` rows each."""
+
+    INITIAL = 256
+
     def __init__(self, capacity: int, classes: int) -> None:
         self.capacity = capacity
         self.classes = classes  # 0 binary, K multiclass
-        shape = (capacity,) if classes == 0 else (capacity, classes)
-        self.ts = np.zeros(capacity)
-        self.label = np.zeros(capacity, np.int32)
-        self.kind = np.zeros(capacity, np.int8)
-        self.score = np.zeros(shape)
+        self._allocate(min(capacity, self.INITIAL))
         self.size = 0
         self.head = 0  # next write position
         self.total = 0  # samples ever added (detectors read only what is new)
+
+    def _allocate(self, rows: int) -> None:
+        self.ts = np.zeros(rows)
+        self.label = np.zeros(rows, np.int32)
+        self.kind = np.zeros(rows, np.int8)
+        self.score = np.zeros((rows,) if self.classes == 0 else (rows, self.classes))
+
+    def _grow(self, need: int) -> None:
+        """Room for ``need`` samples (at most ``capacity``). Below capacity the ring has
+        never wrapped (at most its head came round to 0, exactly full): its contents are
+        rows 0..size-1, oldest first, kept in place."""
+        rows = len(self.ts)
+        if need <= rows or rows >= self.capacity:
+            return
+        ts, label, kind, score = self.ts, self.label, self.kind, self.score
+        self._allocate(min(self.capacity, max(need, 2 * rows)))
+        n = self.size
+        self.ts[:n], self.label[:n], self.kind[:n], self.score[:n] = (
+            ts[:n], label[:n], kind[:n], score[:n])
+        self.head = n
 
     def extend(self, ts: np.ndarray, label: np.ndarray, kind: np.ndarray,
                score: np.ndarray) -> None:
@@ -60,20 +82,23 @@ class Ring:
         if n >= self.capacity:  # only the newest fit
             ts, label, kind, score = (a[n - self.capacity:] for a in (ts, label, kind, score))
             n = self.capacity
-        idx = (self.head + np.arange(n)) % self.capacity
+        self._grow(self.size + n)
+        rows = len(self.ts)
+        idx = (self.head + np.arange(n)) % rows
         self.ts[idx] = ts
         self.label[idx] = label
         self.kind[idx] = kind
         self.score[idx] = score
-        self.head = (self.head + n) % self.capacity
-        self.size = min(self.capacity, self.size + n)
+        self.head = (self.head + n) % rows
+        self.size = min(rows, self.size + n)
 
     def samples(self, last: int | None = None) -> SampleSet:
         """A copy of the contents, or of the newest ``last`` samples only (cheap: the
         detectors read what is new every check)."""
         n = self.size if last is None else max(0, min(last, self.size))
-        start = (self.head - n) % self.capacity
-        idx = (start + np.arange(n)) % self.capacity
+        rows = len(self.ts)
+        start = (self.head - n) % rows
+        idx = (start + np.arange(n)) % rows
         return SampleSet(self.ts[idx].copy(), self.label[idx].copy(), self.kind[idx].copy(),
                          self.score[idx].copy(), self.total)
 

@@ -37,6 +37,20 @@ def test_memory_grows_with_every_limit() -> None:
         assert worst_case(from_dict(change)).memory < base.memory, change
 
 
+def test_scaled_out_an_instance_may_hold_every_models_owner_buffers() -> None:
+    """Scaled out, the owner keeps a ring per series of each model it owns, beside its
+    engine's: one instance may own them all, so the worst case counts them twice."""
+    kafka = {"instance": {"index": 0, "count": 2}, "joined_topic": "j",
+             "calibrators_topic": "c"}
+    one = worst_case(from_dict({}))
+    out = worst_case(from_dict({"kafka": kafka}))
+    assert out.parts["owner_buffers"] == one.parts["buffers"] > 0
+    assert out.memory == one.memory + one.parts["buffers"]
+    assert out.checkpoint == one.checkpoint + one.parts["buffers"]
+    assert "owner_buffers" not in worst_case(
+        from_dict({"kafka": kafka, "recalibration": {"enabled": False}})).parts
+
+
 def test_cgroup_limit(tmp_path: Path) -> None:
     v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
     v2.write_text("max\n")

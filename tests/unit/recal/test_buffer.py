@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calmon.engine.buffer import Ring
 from calmon.engine.engine import Engine
 from calmon.io.checkpoint import decode, encode
 from tests.recal_helpers import (
@@ -96,3 +97,26 @@ def test_without_per_segment_only_the_models_ring_is_kept(tmp_path: Path) -> Non
     assert_rings(engine, stream, {("bin", "__all__")})
     assert any(r.segment == "country=US" for r in engine.view().rows)  # the series exists
     assert engine.samples("bin", "country=US") is None  # ... without a ring
+
+
+def test_a_ring_grows_as_it_fills_and_always_holds_the_newest_in_order() -> None:
+    """Rings start small and double up to capacity (a quiet series costs what it holds);
+    whatever the sizes of the extends, the contents are the newest ``capacity`` samples
+    in arrival order, as a plain list says, and ``last`` reads the newest of them."""
+    rng = np.random.default_rng(8)
+    for capacity, classes in ((1, 0), (300, 0), (1000, 0), (777, 4), (5000, 3)):
+        ring = Ring(capacity, classes)
+        assert len(ring.ts) <= max(Ring.INITIAL, 1)  # not capacity rows up front
+        seen: list[float] = []
+        for _ in range(40):
+            n = int(rng.choice([0, 1, 5, 255, 256, 257, 600, 1500]))
+            ts = np.arange(len(seen), len(seen) + n, dtype=float)
+            score = rng.random(n) if classes == 0 else rng.random((n, classes))
+            ring.extend(ts, ts.astype(np.int32) % 7, np.full(n, 2, np.int8), score)
+            seen += ts.tolist()
+            got = ring.samples()
+            assert got.ts.tolist() == seen[-capacity:]
+            assert got.label.tolist() == [int(t) % 7 for t in seen[-capacity:]]
+            assert got.score.shape == ((len(got),) if classes == 0 else (len(got), classes))
+            assert ring.samples(3).ts.tolist() == seen[-capacity:][-3:]
+            assert ring.total == len(seen) and len(ring.ts) <= capacity
