@@ -97,6 +97,18 @@ def owner_view(daemons: list[CalmonDaemon]) -> tuple[int, dict[str, Any]] | None
     return found[0] if len(found) == 1 else None
 
 
+def owner_alarmed(daemons: list[CalmonDaemon]) -> tuple[int] | None:
+    """(index,) of ``ctr``'s owner once an owner logged its drift (a tuple: instance 0
+    is an owner too, and 0 alone would read as "not yet")."""
+    view = owner_view(daemons)
+    if view is None:
+        return None
+    # (an early rebalance may have moved the model after its first alarm: then the
+    # current owner's detector alarms on the same samples too)
+    logged = any("recalibration drift of ctr/__all__" in d.log_tail(100_000) for d in daemons)
+    return (view[0],) if logged else None
+
+
 def joined_batches(rng: np.random.Generator) -> list[tuple[bytes, bytes]]:
     """Two senders' joined batches of ``ctr``: 40 calibrated minutes, then (after a
     gap longer than the 1h window) 40 minutes of logits sharpened 2.5x; 3,000 each."""
