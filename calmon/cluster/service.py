@@ -39,7 +39,7 @@ from calmon.config import Config
 from calmon.engine.metrics import Bins
 from calmon.errors import CalibratorError
 from calmon.recal.alerts import AlertSender
-from calmon.recal.policy import Event, Policy, live_calibrators
+from calmon.recal.policy import Event, Policy, live_calibrators, live_gauges
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Registry
 
@@ -91,6 +91,10 @@ class Cluster:
         self.engine = engine
         self.alerts = AlertSender(cfg.alerts.webhook)  # refit reports, from the owner
         self._pushed: list[tuple[tuple[str, str], int]] | None = None
+        # live versions and temperatures of output_dir, read by the owner thread whenever
+        # output_dir changed (scrapes only read them)
+        self._live: tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]] | None = (
+            None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()  # tests: run a check now
@@ -134,16 +138,12 @@ class Cluster:
 
     def metrics_state(self) -> RecalState:
         g = self.policy.gauges
-        versions: dict[tuple[str, str], int] = {}
-        temps: dict[tuple[str, str], float] = {}
         owned = set(self.owner.models(self.owned))
-        for e in self.registry.entries():
-            if e["live"] is None or e["model"] not in owned:
-                continue
-            versions[(e["model"], e["segment"])] = e["live"]
-            live = self.registry.live(e["model"], e["segment"])
-            if live is not None and live.doc.get("method") == "temperature":
-                temps[(e["model"], e["segment"])] = float(live.doc["params"]["temperature"])
+        if self._live is None:  # before the owner thread read output_dir: once
+            self._live = live_gauges(self.registry)
+        every_version, every_temp = self._live
+        versions = {k: v for k, v in every_version.items() if k[0] in owned}
+        temps = {k: v for k, v in every_temp.items() if k[0] in owned}
         series = [k for m in sorted(owned) for k in self.owner.series(m)]
         method = self.cfg.recalibration.method
         cal = [c for c in self.calibrated if c[0] in owned]
@@ -273,12 +273,15 @@ class Cluster:
                         docs.append((doc, bytes(r.value)))
         except Exception as e:  # best effort: the next round reads on
             log.debug("following %s: %s", self.publisher.topic, e)
-        if docs:
-            materialise(self.registry, docs, prune=False)
-        self.push_calibrators()
+        if docs or self._live is None:
+            if docs:
+                materialise(self.registry, docs, prune=False)
+            self.push_calibrators()
 
     def push_calibrators(self) -> None:
-        """The live calibrators of ``output_dir`` to the engine, when a version changed."""
+        """After ``output_dir`` changed: its live calibrators to the engine (when a version
+        changed), and their versions and temperatures for the exporter."""
+        self._live = live_gauges(self.registry)
         if self.engine is None:
             return
         live = live_calibrators(self.registry)
@@ -303,6 +306,7 @@ class Cluster:
         if doc is not None:
             log.info("rollback: %s/%s v%d republished as v%d", req["model"],
                      req["segment"], req["to"], doc["version"])
+            self.push_calibrators()
         self.changes += 1
 
     def _alert(self, e: Event) -> None:
@@ -358,6 +362,8 @@ class Cluster:
                      {k: v for k, v in e.fields.items() if k in ("version", "reason")})
         self.outcomes = outcomes
         self.events = (self.events + events)[-1000:]
+        if any(e.kind == "published" for e in events):
+            self.push_calibrators()
         for e in events:
             self._alert(e)
         lost = self.publisher.fenced & self.owned
@@ -383,6 +389,7 @@ class Cluster:
             limit = consumer.config["max_poll_interval_ms"] / 2000.0
             materialise(self.registry, read_back(self.publisher, min(parts),
                                                  timeout_s=min(READ_BACK_TIMEOUT_S, limit)))
+            self.push_calibrators()
         except Exception as e:
             consumer.pause(*tps)
             self.waiting |= parts

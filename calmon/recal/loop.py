@@ -32,6 +32,7 @@ from calmon.recal.policy import (
     Event,
     Policy,
     live_calibrators,
+    live_gauges,
 )
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Publish, Registry
@@ -62,6 +63,9 @@ class Recalibrator:
         self._outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self._calibrated: list[tuple[str, str, str, float | None, int]] = []
         self._calibrated_bins: dict[tuple[str, str, str], Bins] = {}
+        # live versions and temperatures of output_dir, read by the runs (not by scrapes)
+        self._live: tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]] | None = (
+            None)
         self._series: list[tuple[str, str]] = []  # the series the last run evaluated
         self._pushed: list[tuple[tuple[str, str], int]] | None = None
         self.events: list[Event] = []  # this process's events, newest last (bounded)
@@ -121,6 +125,7 @@ class Recalibrator:
         # each model on its own event time (contract §2)
         events = self.policy.check_each(self.engine.now_of, series, self.engine.samples)
         self.push_calibrators()
+        self._live = live_gauges(self.registry)  # a CLI rollback shows from this run on
         # once a run, so /reliability and the exporter only read (contract §5)
         windows = self.policy.calibrated_windows(self.engine.now_of, series,
                                                  self.engine.samples)
@@ -201,15 +206,9 @@ class Recalibrator:
     # ------------------------------------------------------------ readers, state
 
     def metrics_state(self) -> RecalState:
-        versions: dict[tuple[str, str], int] = {}
-        temps: dict[tuple[str, str], float] = {}
-        for e in self.registry.entries():
-            if e["live"] is None:
-                continue
-            versions[(e["model"], e["segment"])] = e["live"]
-            live = self.registry.live(e["model"], e["segment"])
-            if live is not None and live.doc.get("method") == "temperature":
-                temps[(e["model"], e["segment"])] = float(live.doc["params"]["temperature"])
+        if self._live is None:  # before the first run: once, then the runs keep it
+            self._live = live_gauges(self.registry)
+        versions, temps = self._live
         g = self.policy.gauges  # immutable, replaced whole by each check
         with self._lock:
             calibrated = list(self._calibrated)

@@ -667,6 +667,22 @@ class CalibratedWindow:
         return None if b is None else ece(b.count, b.conf, b.correct)
 
 
+def live_gauges(registry: Registry) -> tuple[dict[tuple[str, str], int],
+                                             dict[tuple[str, str], float]]:
+    """(live version, temperature of a temperature calibrator) per series of
+    ``output_dir``: read from disk by the checking thread, never by a scrape."""
+    versions: dict[tuple[str, str], int] = {}
+    temps: dict[tuple[str, str], float] = {}
+    for e in registry.entries():
+        if e["live"] is None:
+            continue
+        versions[(e["model"], e["segment"])] = e["live"]
+        live = registry.live(e["model"], e["segment"])
+        if live is not None and live.doc.get("method") == "temperature":
+            temps[(e["model"], e["segment"])] = float(live.doc["params"]["temperature"])
+    return versions, temps
+
+
 def live_calibrators(registry: Registry) -> dict[tuple[str, str], tuple[Any, Any, int]]:
     """(model, segment) -> (apply(scores, kind), reference bin counts or None, version) of
     every live calibrator: what the engine's label-free estimates need."""

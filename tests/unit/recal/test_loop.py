@@ -379,3 +379,23 @@ def test_overrun_checks_are_counted_and_exported(tmp_path: Path) -> None:
     line = next(x for x in text.splitlines()
                 if x.startswith("calmon_recalibration_overruns_total "))
     assert float(line.split()[1]) >= 1
+
+
+def test_the_version_gauges_are_read_by_the_runs_not_by_scrapes(tmp_path: Path) -> None:
+    """Contract §5: a scrape only renders. The live versions and temperatures of
+    output_dir are read by the recalibration runs; a rollback by the CLI beside the
+    daemon shows from the next run on (at most one recalibration.interval later)."""
+    cfg = recal_config(tmp_path)
+    engine = Engine(cfg)
+    recal = Recalibrator(cfg, engine)
+    feed(engine, drift_stream(seed=1))
+    recal.run_once()
+    assert recal.metrics_state().versions == {("bin", "__all__"): 1, ("mc5", "__all__"): 1}
+    cli = Registry(Path(cfg.recalibration.output_dir))  # another process's view
+    assert cli.rollback("bin", "__all__", 1)["version"] == 2
+    assert recal.metrics_state().versions[("bin", "__all__")] == 1  # no scrape reads disk
+    recal.run_once()
+    state = recal.metrics_state()
+    assert state.versions[("bin", "__all__")] == 2
+    doc = read_json(latest(Path(cfg.recalibration.output_dir), "bin"))
+    assert state.temperatures[("bin", "__all__")] == doc["params"]["temperature"]
