@@ -12,14 +12,17 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +98,46 @@ def http_get(port: int, path: str, timeout: float = HTTP_TIMEOUT_S) -> tuple[int
         return e.code, e.read()
     except (OSError, urllib.error.URLError):
         return 0, b""
+
+
+@contextmanager
+def idle_connections(port: int, count: int) -> Iterator[None]:
+    """``count`` idle connections to ``port``, held open by a thread and each re-opened
+    as the server closes it (the slow-client attack), for as long as the block runs."""
+    stop = threading.Event()
+    opened = threading.Event()
+
+    def attack() -> None:
+        idle: list[socket.socket] = []
+        try:
+            while not stop.is_set():
+                while len(idle) < count:
+                    idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                opened.set()
+                for s in list(idle):  # re-open the ones the server closed
+                    s.setblocking(False)
+                    try:
+                        if s.recv(1) == b"":
+                            idle.remove(s)
+                            s.close()
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        idle.remove(s)
+                        s.close()
+                stop.wait(0.01)  # the attack's pace, not a synchronisation
+        finally:
+            for s in idle:
+                s.close()
+
+    attacker = threading.Thread(target=attack, daemon=True)
+    attacker.start()
+    try:
+        assert opened.wait(30), f"{count} connections to port {port} did not open"
+        yield
+    finally:
+        stop.set()
+        attacker.join(10)
 
 
 def get_status(port: int) -> dict[str, Any]:

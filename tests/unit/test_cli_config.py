@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from calmon.cli import main
+from tests.hostile_batches import ALIAS_BOMB
 
 REPO = Path(__file__).resolve().parents[2]
 ERROR_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*: \S.*$")
@@ -340,18 +341,6 @@ server:
     assert rc == 2
     assert err.startswith("kafka.instance.index: must be below count (2), got 3")
 
-
-ALIAS_BOMB = """\
-a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
-b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
-c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
-d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
-e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
-f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
-g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
-h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
-i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
-"""
 
 
 @pytest.mark.parametrize("text", [

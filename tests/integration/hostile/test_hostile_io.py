@@ -10,11 +10,9 @@ import hashlib
 import io
 import json
 import math
-import socket
 import struct
 import subprocess
 import sys
-import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +32,7 @@ from tests.daemon_helpers import (
     dumps,
     end_positions,
     http_get,
+    idle_connections,
     interleave,
     make_dataset,
     series,
@@ -41,7 +40,7 @@ from tests.daemon_helpers import (
     wait_until,
     write_config,
 )
-from tests.hostile_batches import MIB, gzip_bomb, gzip_payload, send_one_batch
+from tests.hostile_batches import ALIAS_BOMB, MIB, gzip_bomb, gzip_payload, send_one_batch
 
 pytestmark = pytest.mark.integration
 
@@ -167,41 +166,9 @@ def test_codecs_join_exactly_and_bad_batches_are_skipped_in_bounded_memory(
 def probes_under_idle_connections(port: int, connections: int, probes: int) -> list[int]:
     """/healthz and /readyz ``probes`` times each while ``connections`` idle sockets
     are held open, each re-opened as the server closes it."""
-    stop = threading.Event()
-    opened = threading.Event()
-
-    def attack() -> None:
-        idle: list[socket.socket] = []
-        try:
-            while not stop.is_set():
-                while len(idle) < connections:
-                    idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
-                opened.set()
-                for s in list(idle):
-                    s.setblocking(False)
-                    try:
-                        if s.recv(1) == b"":
-                            idle.remove(s)
-                            s.close()
-                    except BlockingIOError:
-                        pass
-                    except OSError:
-                        idle.remove(s)
-                        s.close()
-                stop.wait(0.01)  # the attack's pace, not a synchronisation
-        finally:
-            for s in idle:
-                s.close()
-
-    attacker = threading.Thread(target=attack, daemon=True)
-    attacker.start()
-    try:
-        assert opened.wait(30)
+    with idle_connections(port, connections):
         return [http_get(port, path, timeout=5)[0]
                 for _ in range(probes) for path in ("/healthz", "/readyz")]
-    finally:
-        stop.set()
-        attacker.join(10)
 
 
 def test_a_confluent_message_error_is_counted_not_fatal(
@@ -233,18 +200,6 @@ def test_a_confluent_message_error_is_counted_not_fatal(
 
 # ---------------------------------------------------------------- config and state
 
-
-ALIAS_BOMB = """\
-a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
-b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
-c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
-d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
-e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
-f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
-g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
-h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
-i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
-"""
 
 
 def run_measured(*args: str, timeout: float = 60.0) -> tuple[int, str, int]:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.registry import CollectorRegistry
 
 from calmon.io.http import HttpServer
-from tests.daemon_helpers import http_get, wait_until
+from tests.daemon_helpers import http_get, idle_connections, wait_until
 
 CAP = 8
 TIMEOUT_S = 1.0
@@ -83,49 +83,22 @@ def test_healthz_answers_under_40_idle_connections_reopened_as_they_close() -> N
     # a deadline long enough that the slot holders below hold their slots throughout
     srv = make_server(max_connections=32, request_timeout_s=20.0)
     srv.start()
-    stop = threading.Event()
-
-    def attack() -> None:
-        idle: list[socket.socket] = []
-        try:
-            while not stop.is_set():
-                while len(idle) < 40:
-                    idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
-                for s in list(idle):  # re-open the ones the server closed
-                    s.setblocking(False)
-                    try:
-                        if s.recv(1) == b"":
-                            idle.remove(s)
-                            s.close()
-                    except BlockingIOError:
-                        pass
-                    except OSError:
-                        idle.remove(s)
-                        s.close()
-                stop.wait(0.01)  # the attack's pace, not a synchronisation
-        finally:
-            for s in idle:
-                s.close()
-
-    attacker = threading.Thread(target=attack, daemon=True)
-    attacker.start()
     hogs: list[socket.socket] = []
     try:
-        # every request thread busy too: 32 clients that never read /big
-        for _ in range(32):
-            h = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-            h.sendall(b"GET /big HTTP/1.0\r\n\r\n")
-            hogs.append(h)
-        wait_until(lambda: http_get(srv.port, "/metrics", timeout=5)[0] == 503, 10,
-                   "every request slot taken")
-        codes = [http_get(srv.port, path, timeout=5)[0]
-                 for _ in range(30) for path in ("/healthz", "/readyz")]
+        with idle_connections(srv.port, 40):
+            # every request thread busy too: 32 clients that never read /big
+            for _ in range(32):
+                h = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                h.sendall(b"GET /big HTTP/1.0\r\n\r\n")
+                hogs.append(h)
+            wait_until(lambda: http_get(srv.port, "/metrics", timeout=5)[0] == 503, 10,
+                       "every request slot taken")
+            codes = [http_get(srv.port, path, timeout=5)[0]
+                     for _ in range(30) for path in ("/healthz", "/readyz")]
         assert codes == [200] * 60
     finally:
         for h in hogs:
             h.close()
-        stop.set()
-        attacker.join(10)
         srv.stop()
 
 
