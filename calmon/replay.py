@@ -119,7 +119,8 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     ``output_dir`` (memory when None) and apply to everything the policy scores after
     them, as they would live."""
     from calmon.calibrators.signing import Signer
-    from calmon.recal.policy import Policy, live_calibrators, parse_iso
+    from calmon.recal.live import live_calibrators
+    from calmon.recal.policy import Policy, parse_iso
     from calmon.recal.registry import Registry
 
     if not cfg.recalibration.enabled:

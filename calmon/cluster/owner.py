@@ -102,10 +102,14 @@ class Owner:
         with self.lock:
             return sorted(k for k in self.rings if k[0] == model)
 
+    def series_of(self, partitions: Iterable[int] | None = None) -> list[tuple[str, str]]:
+        """Every series of the models whose batches came on ``partitions`` (all: None)."""
+        return [k for model in self.models(partitions) for k in self.series(model)]
+
     def check(self, partitions: Iterable[int] | None = None) -> list[Event]:
         """One policy check of every owned model, each on its own clock."""
-        series = [k for model in self.models(partitions) for k in self.series(model)]
-        return self.policy.check_each(self.now_of, series, self.samples_of)
+        return self.policy.check_each(self.now_of, self.series_of(partitions),
+                                      self.samples_of)
 
     def now_of(self, model: str) -> float:
         """The model's event time: the largest its senders reported (-inf if none)."""
@@ -117,9 +121,8 @@ class Owner:
         its senders and its own clock: after the live calibrator on what was predicted
         after its ``fitted_at``; a series without one as given (its cluster-wide raw
         window, as far as the buffer holds it: no instance's own window is)."""
-        series = [k for model in self.models(partitions) for k in self.series(model)]
-        return self.policy.calibrated_windows(self.now_of, series, self.samples_of,
-                                              identity=True)
+        return self.policy.calibrated_windows(self.now_of, self.series_of(partitions),
+                                              self.samples_of, identity=True)
 
     def sample_count(self, model: str) -> int:
         """Samples the owner took for a model (its ``__all__`` ring's total)."""

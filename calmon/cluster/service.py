@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any, Protocol
+from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
@@ -39,7 +39,8 @@ from calmon.config import Config
 from calmon.engine.metrics import Bins
 from calmon.errors import CalibratorError
 from calmon.recal.alerts import AlertSender
-from calmon.recal.policy import Event, Policy, live_calibrators, live_gauges
+from calmon.recal.live import Engineish, LiveCalibrators
+from calmon.recal.policy import Event, Policy, readings
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Registry
 
@@ -47,10 +48,6 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 500
 LAG_EVERY_S = 5.0
-
-
-class Engineish(Protocol):
-    def set_calibrators(self, calibrators: Any) -> None: ...
 
 
 class Cluster:
@@ -90,11 +87,9 @@ class Cluster:
         self.checks = 0  # policy checks completed (/status, as the in-process loop's)
         self.engine = engine
         self.alerts = AlertSender(cfg.alerts.webhook)  # refit reports, from the owner
-        self._pushed: list[tuple[tuple[str, str], int]] | None = None
-        # live versions and temperatures of output_dir, read by the owner thread whenever
-        # output_dir changed (scrapes only read them)
-        self._live: tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]] | None = (
-            None)
+        # output_dir's live calibrators, read by the owner thread whenever output_dir
+        # changed (never by scrapes)
+        self.live = LiveCalibrators(self.registry, engine)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()  # tests: run a check now
@@ -138,13 +133,12 @@ class Cluster:
 
     def metrics_state(self) -> RecalState:
         g = self.policy.gauges
-        owned = set(self.owner.models(self.owned))
-        if self._live is None:  # before the owner thread read output_dir: once
-            self._live = live_gauges(self.registry)
-        every_version, every_temp = self._live
-        versions = {k: v for k, v in every_version.items() if k[0] in owned}
-        temps = {k: v for k, v in every_temp.items() if k[0] in owned}
-        series = [k for m in sorted(owned) for k in self.owner.series(m)]
+        parts = self.owned  # one reading of it (the owner thread replaces it whole)
+        owned = set(self.owner.models(parts))
+        live = self.live.latest()
+        versions = {k: v for k, v in live.versions.items() if k[0] in owned}
+        temps = {k: v for k, v in live.temperatures.items() if k[0] in owned}
+        series = self.owner.series_of(parts)
         method = self.cfg.recalibration.method
         cal = [c for c in self.calibrated if c[0] in owned]
         return RecalState(
@@ -213,6 +207,7 @@ class Cluster:
         next_check = time.monotonic() + min(interval, 15.0)
         next_lag = 0.0
         follow = self._follower(settings)
+        self.live.refresh()  # what is on disk already serves the estimates
         try:
             while not self._stop.is_set():
                 for tp, recs in consumer.poll(timeout_ms=POLL_MS).items():
@@ -273,22 +268,9 @@ class Cluster:
                         docs.append((doc, bytes(r.value)))
         except Exception as e:  # best effort: the next round reads on
             log.debug("following %s: %s", self.publisher.topic, e)
-        if docs or self._live is None:
-            if docs:
-                materialise(self.registry, docs, prune=False)
-            self.push_calibrators()
-
-    def push_calibrators(self) -> None:
-        """After ``output_dir`` changed: its live calibrators to the engine (when a version
-        changed), and their versions and temperatures for the exporter."""
-        self._live = live_gauges(self.registry)
-        if self.engine is None:
-            return
-        live = live_calibrators(self.registry)
-        versions = sorted((k, v[2]) for k, v in live.items())
-        if versions != self._pushed:
-            self.engine.set_calibrators({k: (v[0], v[1]) for k, v in live.items()})
-            self._pushed = versions
+        if docs:
+            materialise(self.registry, docs, prune=False)
+            self.live.refresh()
 
     def _rollback(self, partition: int, offset: int, req: dict[str, Any]) -> None:
         """A ``calmon calibrators rollback`` of a model on this partition: done here, by
@@ -306,7 +288,7 @@ class Cluster:
         if doc is not None:
             log.info("rollback: %s/%s v%d republished as v%d", req["model"],
                      req["segment"], req["to"], doc["version"])
-            self.push_calibrators()
+            self.live.refresh()
         self.changes += 1
 
     def _alert(self, e: Event) -> None:
@@ -347,9 +329,7 @@ class Cluster:
         # samples from every instance predicted after the live calibrator's fit (as one
         # instance would); computed here so that scrapes only read them
         windows = self.owner.calibrated(self.owned)
-        self.calibrated = [(c.model, c.segment, c.window, c.ece, c.samples) for c in windows]
-        self._calibrated_bins = {(c.model, c.segment, c.window): c.bins for c in windows
-                                 if c.calibrated and c.bins is not None}
+        self.calibrated, self._calibrated_bins = readings(windows)
         self.checks += 1
         if not events:
             return
@@ -363,7 +343,7 @@ class Cluster:
         self.outcomes = outcomes
         self.events = (self.events + events)[-1000:]
         if any(e.kind == "published" for e in events):
-            self.push_calibrators()
+            self.live.refresh()
         for e in events:
             self._alert(e)
         lost = self.publisher.fenced & self.owned
@@ -389,7 +369,7 @@ class Cluster:
             limit = consumer.config["max_poll_interval_ms"] / 2000.0
             materialise(self.registry, read_back(self.publisher, min(parts),
                                                  timeout_s=min(READ_BACK_TIMEOUT_S, limit)))
-            self.push_calibrators()
+            self.live.refresh()
         except Exception as e:
             consumer.pause(*tps)
             self.waiting |= parts

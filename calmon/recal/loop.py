@@ -28,11 +28,11 @@ from calmon.engine.metrics import Bins
 from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
 from calmon.recal.alerts import AlertSender
+from calmon.recal.live import LiveCalibrators
 from calmon.recal.policy import (
     Event,
     Policy,
-    live_calibrators,
-    live_gauges,
+    readings,
 )
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Publish, Registry
@@ -63,11 +63,9 @@ class Recalibrator:
         self._outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self._calibrated: list[tuple[str, str, str, float | None, int]] = []
         self._calibrated_bins: dict[tuple[str, str, str], Bins] = {}
-        # live versions and temperatures of output_dir, read by the runs (not by scrapes)
-        self._live: tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]] | None = (
-            None)
+        # output_dir's live calibrators, read by the runs (never by scrapes)
+        self.live = LiveCalibrators(self.registry, engine)
         self._series: list[tuple[str, str]] = []  # the series the last run evaluated
-        self._pushed: list[tuple[tuple[str, str], int]] | None = None
         self.events: list[Event] = []  # this process's events, newest last (bounded)
         self.overruns = 0  # checks skipped while the previous one still ran
         self.checks = 0  # checks completed (/status: a check began after n was read once n + 2)
@@ -79,7 +77,7 @@ class Recalibrator:
         from apscheduler.schedulers.background import BackgroundScheduler
 
         self.alerts.start()
-        self.push_calibrators()  # what is on disk already serves the estimates
+        self.live.refresh()  # what is on disk already serves the estimates
         self._scheduler = BackgroundScheduler(timezone=UTC)
         # the first run comes early (at most FIRST_RUN_S after start), so the drift and
         # calibrated-ECE gauges appear without waiting a whole interval
@@ -124,13 +122,11 @@ class Recalibrator:
         series = [(m, s) for m, s, _ in self.engine.buffered_series()]
         # each model on its own event time (contract §2)
         events = self.policy.check_each(self.engine.now_of, series, self.engine.samples)
-        self.push_calibrators()
-        self._live = live_gauges(self.registry)  # a CLI rollback shows from this run on
+        self.live.refresh()  # a CLI rollback shows from this run on
         # once a run, so /reliability and the exporter only read (contract §5)
         windows = self.policy.calibrated_windows(self.engine.now_of, series,
                                                  self.engine.samples)
-        calibrated = [(c.model, c.segment, c.window, c.ece, c.samples) for c in windows]
-        bins = {(c.model, c.segment, c.window): c.bins for c in windows if c.bins is not None}
+        calibrated, bins = readings(windows)
         # series without a calibrator: the identity, i.e. exactly the raw window
         done = {(m, s) for m, s, _, _, _ in calibrated}
         todo = set(series) - done
@@ -157,15 +153,6 @@ class Recalibrator:
         """Methods a refit may report: their counters are exported at 0 from the start
         (the exporter pre-creates them), so increase() sees the first refit."""
         return (*METHODS, "auto") if self.rc.method == "auto" else (self.rc.method,)
-
-    def push_calibrators(self) -> None:
-        """Hand the live calibrators (and their fit histograms) to the engine, for its
-        label-free estimates and score PSI; only when a version changed."""
-        live = live_calibrators(self.registry)
-        versions = sorted((k, v[2]) for k, v in live.items())
-        if versions != self._pushed:
-            self.engine.set_calibrators({k: (v[0], v[1]) for k, v in live.items()})
-            self._pushed = versions
 
     def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
         """The reliability diagram of a window after the live calibrator (for /reliability),
@@ -206,9 +193,8 @@ class Recalibrator:
     # ------------------------------------------------------------ readers, state
 
     def metrics_state(self) -> RecalState:
-        if self._live is None:  # before the first run: once, then the runs keep it
-            self._live = live_gauges(self.registry)
-        versions, temps = self._live
+        live = self.live.latest()
+        versions, temps = live.versions, live.temperatures
         g = self.policy.gauges  # immutable, replaced whole by each check
         with self._lock:
             calibrated = list(self._calibrated)

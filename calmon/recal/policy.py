@@ -610,8 +610,7 @@ class Policy:
         predicted after its ``fitted_at`` only (never the data it was fit on), in windows
         ending at ``now`` (or at each model's own ``now(model)``). Series without a
         calibrator are left to the caller (their raw window is exact)."""
-        return [(c.model, c.segment, c.window, c.ece, c.samples)
-                for c in self.calibrated_windows(now, series, samples_of)]
+        return readings(self.calibrated_windows(now, series, samples_of))[0]
 
     def calibrated_windows(self, now: float | Callable[[str], float],
                            series: Iterable[tuple[str, str]], samples_of: SamplesOf, *,
@@ -667,42 +666,17 @@ class CalibratedWindow:
         return None if b is None else ece(b.count, b.conf, b.correct)
 
 
-def live_gauges(registry: Registry) -> tuple[dict[tuple[str, str], int],
-                                             dict[tuple[str, str], float]]:
-    """(live version, temperature of a temperature calibrator) per series of
-    ``output_dir``: read from disk by the checking thread, never by a scrape."""
-    versions: dict[tuple[str, str], int] = {}
-    temps: dict[tuple[str, str], float] = {}
-    for e in registry.entries():
-        if e["live"] is None:
-            continue
-        versions[(e["model"], e["segment"])] = e["live"]
-        live = registry.live(e["model"], e["segment"])
-        if live is not None and live.doc.get("method") == "temperature":
-            temps[(e["model"], e["segment"])] = float(live.doc["params"]["temperature"])
-    return versions, temps
+CalibratedRow = tuple[str, str, str, float | None, int]  # model, segment, window, ECE, n
 
 
-def live_calibrators(registry: Registry) -> dict[tuple[str, str], tuple[Any, Any, int]]:
-    """(model, segment) -> (apply(scores, kind), reference bin counts or None, version) of
-    every live calibrator: what the engine's label-free estimates need."""
-    out: dict[tuple[str, str], tuple[Any, Any, int]] = {}
-    for e in registry.entries():
-        live = registry.live(e["model"], e["segment"])
-        if live is None:
-            continue
-        ref = live.doc.get("reference")
-        try:
-            ref_arr = np.asarray(ref, dtype=np.float64) if isinstance(ref, list) else None
-            if ref_arr is not None and (ref_arr.ndim != 1 or not np.isfinite(ref_arr).all()):
-                ref_arr = None
-        except (TypeError, ValueError):
-            ref_arr = None
-        cal = live.calibrator
-        out[(e["model"], e["segment"])] = (
-            lambda scores, kind, cal=cal: apply_or_identity(cal, scores, kind), ref_arr,
-            live.version)
-    return out
+def readings(windows: list[CalibratedWindow]
+             ) -> tuple[list[CalibratedRow], dict[tuple[str, str, str], Bins]]:
+    """What a check leaves for the readers: the (model, segment, window, ECE, samples)
+    rows, and the diagrams of the windows that went through a live calibrator."""
+    rows = [(c.model, c.segment, c.window, c.ece, c.samples) for c in windows]
+    bins = {(c.model, c.segment, c.window): c.bins for c in windows
+            if c.calibrated and c.bins is not None}
+    return rows, bins
 
 
 def _concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:

@@ -200,19 +200,20 @@ class Registry:
                    fitted_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         return self.publish(doc)
 
+    def series(self) -> list[tuple[str, str]]:
+        """Every (model, segment) with a directory (or, in memory, a document)."""
+        if self.root is None:
+            return sorted(self._memory)
+        if not self.root.is_dir():
+            return []
+        return [self._names(mdir, sdir)
+                for mdir in sorted(p for p in self.root.iterdir() if p.is_dir())
+                for sdir in sorted(p for p in mdir.iterdir() if p.is_dir())]
+
     def entries(self) -> list[dict[str, Any]]:
         """One summary per model/segment: live version, method, all versions."""
         out: list[dict[str, Any]] = []
-        if self.root is None:
-            keys = sorted(self._memory)
-        else:
-            if not self.root.is_dir():
-                return out
-            keys = []
-            for mdir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-                for sdir in sorted(p for p in mdir.iterdir() if p.is_dir()):
-                    keys.append(self._names(mdir, sdir))
-        for model, segment in keys:
+        for model, segment in self.series():
             live = self.live(model, segment)
             out.append({
                 "model": model, "segment": segment,

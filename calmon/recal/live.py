@@ -1,0 +1,85 @@
+"""The live calibrators of ``output_dir``, read in one walk by the thread that checks
+(the in-process loop, or the scaled-out owner), never by a scrape: what the engine's
+label-free estimates and score PSI need, and what the version and temperature gauges
+show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from calmon.recal.refit import apply_or_identity
+from calmon.recal.registry import Registry
+
+Key = tuple[str, str]  # (model, segment)
+
+
+@dataclass(frozen=True)
+class LiveSet:
+    # (model, segment) -> (apply(scores, kind), reference bin counts or None, version)
+    served: dict[Key, tuple[Any, Any, int]]
+    temperatures: dict[Key, float]  # of the temperature calibrators
+
+    @property
+    def versions(self) -> dict[Key, int]:
+        return {k: v[2] for k, v in self.served.items()}
+
+
+def read_live(registry: Registry) -> LiveSet:
+    served: dict[Key, tuple[Any, Any, int]] = {}
+    temps: dict[Key, float] = {}
+    for key in registry.series():
+        live = registry.live(*key)
+        if live is None:
+            continue
+        ref = live.doc.get("reference")
+        try:
+            ref_arr = np.asarray(ref, dtype=np.float64) if isinstance(ref, list) else None
+            if ref_arr is not None and (ref_arr.ndim != 1 or not np.isfinite(ref_arr).all()):
+                ref_arr = None
+        except (TypeError, ValueError):
+            ref_arr = None
+        cal = live.calibrator
+        served[key] = (lambda scores, kind, cal=cal: apply_or_identity(cal, scores, kind),
+                       ref_arr, live.version)
+        if live.doc.get("method") == "temperature":
+            temps[key] = float(live.doc["params"]["temperature"])
+    return LiveSet(served, temps)
+
+
+def live_calibrators(registry: Registry) -> dict[Key, tuple[Any, Any, int]]:
+    """(model, segment) -> (apply(scores, kind), reference bin counts or None, version) of
+    every live calibrator: what the engine's label-free estimates need."""
+    return read_live(registry).served
+
+
+class Engineish(Protocol):
+    def set_calibrators(self, calibrators: Any) -> None: ...
+
+
+class LiveCalibrators:
+    """The last read of ``output_dir``, and the engine that is handed its calibrators
+    whenever a version changed (none: the gauges only)."""
+
+    def __init__(self, registry: Registry, engine: Engineish | None) -> None:
+        self.registry = registry
+        self.engine = engine
+        self._latest: LiveSet | None = None
+        self._pushed: list[tuple[Key, int]] | None = None
+
+    def refresh(self) -> None:
+        """After ``output_dir`` may have changed: read it, push what changed."""
+        live = read_live(self.registry)
+        self._latest = live
+        versions = sorted(live.versions.items())
+        if self.engine is not None and versions != self._pushed:
+            self.engine.set_calibrators({k: (v[0], v[1]) for k, v in live.served.items()})
+            self._pushed = versions
+
+    def latest(self) -> LiveSet:
+        """What the last refresh read (before any: one read, nothing pushed)."""
+        if self._latest is None:
+            self._latest = read_live(self.registry)
+        return self._latest
