@@ -140,9 +140,7 @@ class Registry:
             d = self.dir_of(model, segment)
             d.mkdir(parents=True, exist_ok=True)
             while True:  # a CLI rollback may publish beside a running daemon
-                existing = self.versions(model, segment)
-                doc, data = self._finish(
-                    {**doc, "version": (existing[-1] + 1) if existing else 1})
+                doc, data = self._finish({**doc, "version": self._next(model, segment)})
                 if write_new(d / f"v{doc['version']}.json", data):
                     break
             atomic_write(d / "latest.json", data)
@@ -158,14 +156,18 @@ class Registry:
         assert self.publish_to_topic is not None
         with self._lock:
             d = self.dir_of(model, segment)
-            existing = self.versions(model, segment)
-            doc, data = self._finish({**doc, "version": (existing[-1] + 1) if existing else 1})
+            doc, data = self._finish({**doc, "version": self._next(model, segment)})
         self.publish_to_topic(f"{model}/{segment}", data)  # raises when fenced
         with self._lock:
             d.mkdir(parents=True, exist_ok=True)
             atomic_write(d / f"v{doc['version']}.json", data)
             atomic_write(d / "latest.json", data)
         return doc
+
+    def _next(self, model: str, segment: str) -> int:
+        """The version after the newest file of the series (1 for the first)."""
+        existing = self.versions(model, segment)
+        return existing[-1] + 1 if existing else 1
 
     def _finish(self, doc: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """Sign the document and check it as serving code will: nothing is published that
