@@ -84,8 +84,8 @@ def worst_case(cfg: Config) -> WorstCase:
         # down): the owner's buffers of all of them, beside its own engine's
         parts["owner_buffers"] = mem_buffers
     return WorstCase(per_model, models, series, sum(parts.values()),
-                     ckpt_series + ckpt_join + sum(v for n, v in parts.items()
-                                                    if n.endswith("buffers")), parts)
+                     ckpt_series + ckpt_join + mem_buffers + parts.get("owner_buffers", 0),
+                     parts)
 
 
 def cgroup_limit(files: tuple[str, ...] = CGROUP_FILES) -> int | None:
