@@ -268,7 +268,9 @@ def bare_consumer(kafka: KafkaConfig, topics: list[str], total: int,
 
 
 def bare_confluent(kafka: KafkaConfig, topics: list[str], total: int,
-                   timeout: float) -> BareResult:
+                   timeout: float, decode: bool = False) -> BareResult:
+    """The bare librdkafka consumer; with ``decode`` it also parses every value with
+    ``json.loads`` (the least a consumer of these records does with them)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(confluent_settings(kafka))
@@ -282,11 +284,15 @@ def bare_confluent(kafka: KafkaConfig, topics: list[str], total: int,
         count = nbytes = 0
         t0, c0 = time.perf_counter(), time.process_time()
         deadline = time.monotonic() + timeout
+        loads = json.loads
         while count < total:
             for m in consumer.consume(MAX_RECORDS, POLL_TIMEOUT_MS / 1000.0):
                 if m.error() is None:
                     count += 1
-                    nbytes += len(m.value())
+                    value: Any = m.value()
+                    nbytes += len(value)
+                    if decode:
+                        loads(value)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"bare consumer read {count} of {total} records "
                                    f"in {timeout:.0f}s")
@@ -551,7 +557,10 @@ def main(argv: list[str] | None = None) -> int:
                          "--quick)")
     ap.add_argument("--quick", action="store_true", help="small N (smoke test): about 10 s in all")
     ap.add_argument("--bootstrap", default=None,
-                    help="host:port of a running broker (default: start a Tansu)")
+                    help="host:port of a running broker (instead of --broker)")
+    ap.add_argument("--broker", choices=("tansu", "kafka", "both"), default="tansu",
+                    help="the broker(s) to start: an embedded Tansu, Apache Kafka 4.4 (KRaft, "
+                         "from the jars of tests/brokers/pom.xml, Java 17), or both in turn")
     ap.add_argument("--repeat", type=int, default=None,
                     help="runs per measurement, best kept (default 3; 2 with --quick)")
     ap.add_argument("--producers", type=int, default=None,
@@ -570,8 +579,6 @@ def main(argv: list[str] | None = None) -> int:
     n = args.n or (20_000 if args.quick else 200_000)
     repeat = args.repeat or (2 if args.quick else 3)
     workers = args.producers or max(1, min(4, os.cpu_count() or 1))
-    total = 2 * n
-    timeout = 120.0 + total / 2000.0
 
     import kafka
 
@@ -593,23 +600,76 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     log(f"calmon daemon benchmark: python {platform.python_version()}, {versions}, "
         f"{platform.machine()}, {os.cpu_count()} cpus")
-    tmp = Path(tempfile.mkdtemp(prefix="calmon-bench-"))
-    broker: TansuBroker | None = None
-    try:
-        if args.bootstrap:
-            bootstrap = args.bootstrap
-            log(f"broker: {bootstrap} (given)")
-        else:
-            try:
-                binary = resolve_binary()
-            except BrokerUnavailable as e:
-                print(f"bench/daemon.py: {e}; or pass --bootstrap host:port", file=sys.stderr)
-                return 2
-            broker = TansuBroker(binary, log=tmp / "tansu.log")
-            broker.start()
-            bootstrap = broker.bootstrap
-            log(f"broker: Tansu {Path(broker.binary).name} on {bootstrap}")
+    kinds = ["given"] if args.bootstrap else (
+        ["tansu", "kafka"] if args.broker == "both" else [args.broker])
+    summary: dict[str, dict[str, tuple[BareResult, CalmonResult, BareResult | None]]] = {}
+    for kind in kinds:
+        tmp = Path(tempfile.mkdtemp(prefix="calmon-bench-"))
+        try:
+            with start_broker(kind, args.bootstrap, tmp) as (bootstrap, name):
+                log(f"\n######## broker: {name} on {bootstrap}")
+                summary[name] = bench_broker(bootstrap, args, n, repeat, workers, libraries)
+        except BrokerUnavailable as e:
+            print(f"bench/daemon.py: {e}; or pass --bootstrap host:port", file=sys.stderr)
+            return 2
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if len(summary) > 1:
+        log("\n== every broker, best runs (input records/s) ==")
+        log(f"  {'broker':<22} {'library':<13} {'bare':>9} {'bare+json':>10} {'calmon':>9} "
+            f"{'calmon/bare':>12} {'calmon/bare+json':>17}")
+        for name, libs in summary.items():
+            for lib, (bare, top, decoded) in libs.items():
+                dj = f"{decoded.rate:>10,.0f}" if decoded else f"{'-':>10}"
+                rj = f"{top.input_rate / decoded.rate:>17.2f}" if decoded else f"{'-':>17}"
+                log(f"  {name:<22} {lib:<13} {bare.rate:>9,.0f} {dj} {top.input_rate:>9,.0f} "
+                    f"{top.input_rate / bare.rate:>12.2f} {rj}")
+            if {"kafka-python", "confluent"} <= libs.keys():
+                log(f"  {name:<22} calmon confluent / kafka-python: "
+                    f"{libs['confluent'][1].input_rate / libs['kafka-python'][1].input_rate:.2f}x")
+    return 0
 
+
+class start_broker:
+    """The broker of ``kind`` ("given": ``bootstrap``; "tansu": an embedded Tansu;
+    "kafka": Apache Kafka 4.4 from the jars tests/brokers/pom.xml fetches)."""
+
+    def __init__(self, kind: str, bootstrap: str | None, tmp: Path) -> None:
+        self.kind, self.bootstrap, self.tmp = kind, bootstrap, tmp
+        self.broker: Any = None
+
+    def __enter__(self) -> tuple[str, str]:
+        if self.kind == "given":
+            assert self.bootstrap is not None
+            return self.bootstrap, f"given {self.bootstrap}"
+        if self.kind == "tansu":
+            self.broker = TansuBroker(resolve_binary(), log=self.tmp / "tansu.log")
+            self.broker.start()
+            return self.broker.bootstrap, f"Tansu {Path(self.broker.binary).name}"
+        from tests.brokers import apache
+
+        try:
+            # the broker's own JIT and heap as a deployment would have them
+            self.broker = apache.ApacheKafka(self.tmp / "kafka", heap="1g")
+        except apache.Unavailable as e:
+            raise BrokerUnavailable(f"Apache Kafka: {e}") from None
+        self.broker.start()
+        return self.broker.bootstrap, f"Apache Kafka {apache.VERSION}"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.broker is not None:
+            self.broker.stop()
+
+
+def bench_broker(bootstrap: str, args: argparse.Namespace, n: int, repeat: int, workers: int,
+                 libraries: tuple[str, ...],
+                 ) -> dict[str, tuple[BareResult, CalmonResult, BareResult | None]]:
+    """Every measurement on one broker; returns the best (bare, calmon, bare+json) per
+    library (bare+json: confluent only)."""
+    total = 2 * n
+    timeout = 120.0 + total / 2000.0
+    tmp = Path(tempfile.mkdtemp(prefix="calmon-bench-run-"))
+    try:
         run_id = uuid.uuid4().hex[:8]
         pred_topic, label_topic = f"bench-predictions-{run_id}", f"bench-labels-{run_id}"
         create_topics(bootstrap, [pred_topic, label_topic], PARTITIONS)
@@ -627,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{total:,} records (poll max_records={MAX_RECORDS}), then calmon run until "
             f"{n:,} joined (clock from /readyz 200) ==")
         bares: dict[str, list[BareResult]] = {lib: [] for lib in libraries}
+        decoded: list[BareResult] = []
         runs: dict[str, list[CalmonResult]] = {lib: [] for lib in libraries}
         for k in range(repeat):
             # alternated, so a noisy neighbour slows every side alike
@@ -636,6 +697,12 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  {k + 1}. {lib:<12} bare   {b.seconds:6.2f}s  {b.rate:>9,.0f} records/s "
                     f"({b.bytes / b.seconds / 1e6:.1f} MB/s of values; "
                     f"{b.cpu_per_million:.2f} CPU-s per M records)")
+                if lib == "confluent":
+                    d = bare_confluent(kcfgs[lib], [pred_topic, label_topic], total, timeout,
+                                       decode=True)
+                    decoded.append(d)
+                    log(f"  {k + 1}. {lib:<12} bare+json.loads {d.seconds:6.2f}s  "
+                        f"{d.rate:>9,.0f} records/s ({d.cpu_per_million:.2f} CPU-s per M)")
                 r = run_calmon(tmp / f"calmon-{lib}-{k}", bootstrap, pred_topic, label_topic,
                                n, timeout, args.status_interval, library=lib)
                 runs[lib].append(r)
@@ -650,14 +717,21 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {'library':<13} {'bare rec/s':>11} {'bare CPU-s/M':>13} {'calmon rec/s':>13} "
             f"{'joined/s':>10} {'calmon CPU-s/M':>15} {'ratio':>6}")
         best: dict[str, CalmonResult] = {}
+        out: dict[str, tuple[BareResult, CalmonResult, BareResult | None]] = {}
         for lib in libraries:
             bare = min(bares[lib], key=lambda r: r.seconds)
             top = best[lib] = min(runs[lib], key=lambda r: r.seconds)
+            dec = min(decoded, key=lambda r: r.seconds) if lib == "confluent" else None
+            out[lib] = (bare, top, dec)
             ratio = top.input_rate / bare.rate
             log(f"  {lib:<13} {bare.rate:>11,.0f} {bare.cpu_per_million:>13.2f} "
                 f"{top.input_rate:>13,.0f} {top.joined_rate:>10,.0f} "
                 f"{top.cpu_per_million:>15.2f} {ratio:>6.2f}   ratio target >= {TARGET_RATIO}: "
                 f"{'MET' if ratio >= TARGET_RATIO else 'NOT MET'}")
+            if dec is not None:
+                log(f"  {'':<13} bare+json.loads {dec.rate:,.0f} records/s: calmon "
+                    f"{top.input_rate / dec.rate:.2f}x of it (target >= 1: "
+                    f"{'MET' if top.input_rate >= dec.rate else 'NOT MET'})")
         if len(best) > 1 and "kafka-python" in best and "confluent" in best:
             slow, fast = best["kafka-python"], best["confluent"]
             speedup = fast.input_rate / slow.input_rate
@@ -682,10 +756,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"records/s under sampling; {fmt} profile in {args.py_spy}")
             if fmt == "raw":
                 summarize_raw(args.py_spy)
-        return 0
+        return out
     finally:
-        if broker is not None:
-            broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -128,11 +128,10 @@ class Before:
     """A scrape as before issue 20: the registry's collector computes the view."""
 
     def __init__(self, engine: Any, totals: Any) -> None:
-        from prometheus_client.registry import CollectorRegistry
-
         from calmon.io.exporter import CalmonCollector
+        from calmon.io.exposition import new_registry
 
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = new_registry()
         self.registry.register(CalmonCollector(engine, totals=totals))
 
     def scrape(self, gz: bool = True) -> tuple[bytes, str | None]:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calmon.config import Config
+from calmon.names import BUCKETS, SERIES_FAMILIES, SERIES_GAUGES  # not engine/
 
-BUCKETS = 16  # windows.BUCKETS (engine/ is not imported: this runs before any state)
 MiB = 2**20
 GiB = 2**30
 # measured costs, in bytes (bench/fleet.py, bench/engine.py, Python 3.11, numpy 2)
@@ -28,6 +28,13 @@ PENDING = 115  # a pending binary prediction, beyond its id (bench/engine.py)
 WAITING_LABEL = 200  # a label waiting for its prediction, beyond its id
 REMEMBERED = 100  # a joined id remembered for duplicates, beyond the id
 RING_ROW = 3 * 8  # a recalibration buffer row beyond its scores: ts, label, kind
+# v5: a series' estimation map: per fine bin at most its point, value, block, and the
+# block's value and count (float64), beyond a fixed part
+MAP_PER_FINE_BIN = 5 * 8
+MAP_OVERHEAD = 512
+# v5: a pending prediction's entries in its series' pending fine-bin histograms (a count
+# and a confidence sum, each a sparse int64 entry with its key), per series and window
+PENDING_HIST_ENTRY = 2 * 16
 CGROUP_FILES = ("/sys/fs/cgroup/memory.max",  # cgroup v2
                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v1
 NO_LIMIT = 2**60  # what cgroup v1 reports when there is none
@@ -41,6 +48,27 @@ class WorstCase:
     memory: int  # bytes
     checkpoint: int  # bytes
     parts: dict[str, int]  # memory by part
+    exported: int = 0  # Prometheus series of the window families and per-bin counters
+
+
+def exported_series(cfg: Config, series: int) -> int:
+    """The most Prometheus series /metrics carries for ``series`` (model, segment) series,
+    as ``metrics.export`` allows: per window, each kept family (the v5 band and sums
+    included); per series, its gauges; per bin, the three counters where kept."""
+    ex, m = cfg.metrics.export, cfg.metrics
+    windows = len(ex.windows) if ex.windows is not None else len(m.windows)
+    per_window = [f for f in SERIES_FAMILIES if f not in SERIES_GAUGES]
+    models = min(cfg.limits.max_models, series)
+
+    def count(families: tuple[str, ...] | None, bins: bool) -> int:
+        kept = per_window if families is None else [f for f in per_window if f in families]
+        gauges = SERIES_GAUGES if families is None else [
+            f for f in SERIES_GAUGES if f in families]
+        return len(kept) * windows + len(gauges) + (3 * m.bins if bins else 0)
+
+    seg = ex.segment_families if ex.segment_families is not None else ex.families
+    return (models * count(ex.families, ex.bins != "none")
+            + (series - models) * count(seg, ex.bins == "all"))
 
 
 def series_per_model(cfg: Config) -> int:
@@ -74,18 +102,26 @@ def worst_case(cfg: Config) -> WorstCase:
     mem_join = slots * (PENDING + 8 * k + ids) + slots * (WAITING_LABEL + ids) + slots * (
         REMEMBERED + ids)
     ckpt_join = slots * (3 * ids + 8 * k + 64)
+    # v5: each series' estimation map (kept with the state), and the pending predictions
+    # as fine-bin counts by decision side: bounded by the pending slots fanned out to
+    # their series and windows, and by every series' buckets held dense
+    maps = series * (MAP_OVERHEAD + MAP_PER_FINE_BIN * m.fine_bins)
+    fan_out = 1 + len(cfg.segments.slices)
+    pending_hist = min(slots * fan_out * windows * PENDING_HIST_ENTRY,
+                       series * windows * BUCKETS * (4 * 8 * m.fine_bins + DENSE_SLACK))
     rc = cfg.recalibration
     rings = (series if rc.per_segment else models) if rc.enabled else 0
     mem_buffers = rings * rc.buffer * (RING_ROW + 8 * k)
-    parts = {"series": mem_series, "join": mem_join, "buffers": mem_buffers, "base": BASE}
+    parts = {"series": mem_series, "join": mem_join, "buffers": mem_buffers,
+             "estimates": maps + pending_hist, "base": BASE}
     inst = cfg.kafka.instance
     if rc.enabled and inst is not None and inst.count > 1:
         # scaled out, an instance may own every model's recalibration (the others
         # down): the owner's buffers of all of them, beside its own engine's
         parts["owner_buffers"] = mem_buffers
     return WorstCase(per_model, models, series, sum(parts.values()),
-                     ckpt_series + ckpt_join + mem_buffers + parts.get("owner_buffers", 0),
-                     parts)
+                     ckpt_series + ckpt_join + maps + pending_hist + mem_buffers
+                     + parts.get("owner_buffers", 0), parts, exported_series(cfg, series))
 
 
 def cgroup_limit(files: tuple[str, ...] = CGROUP_FILES) -> int | None:
@@ -128,6 +164,8 @@ def report(cfg: Config, budget: int | None) -> tuple[list[str], str | None]:
         f"#   memory: {human(w.memory)} (" + ", ".join(
             f"{k} {human(v)}" for k, v in w.parts.items()) + ")",
         f"#   checkpoint: {human(w.checkpoint)}",
+        f"#   exported series: {w.exported:,} (window families, series gauges and per-bin "
+        f"counters as metrics.export keeps them)",
     ]
     warning = None
     if budget is not None and w.memory > budget:

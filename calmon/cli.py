@@ -129,7 +129,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from calmon.report import write_report
 
         write_report(cfg, engine, Path(args.html), None if bt is None else bt.calibrators,
-                     title=f"calmon replay of {Path(args.predictions).name}")
+                     events=None if bt is None else bt.events,
+                     title=f"calmon replay of {Path(args.predictions).name}", snapshot=view)
         print(f"calmon replay: report written to {args.html}", file=sys.stderr)
     empty = [(path, topic) for path, topic, key in
              ((args.predictions, "predictions", "predictions"), (args.labels, "labels", "labels"))

@@ -45,7 +45,6 @@ from datetime import UTC, datetime
 from types import FrameType, MappingProxyType
 from typing import Any, Protocol
 
-from prometheus_client import PlatformCollector, ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from calmon import hints
@@ -61,16 +60,17 @@ from calmon.io.calibrator_publisher import CalibratorPublisher
 from calmon.io.checkpoint import Checkpoint, CheckpointStore
 from calmon.io.consumer_process import ProcessSource
 from calmon.io.dead_letter import DeadLetters
-from calmon.io.exporter import FIT_METHODS, CalmonCollector, WindowCollector
-from calmon.io.exposition import Exposition
+from calmon.io.exporter import CalmonCollector, WindowCollector
+from calmon.io.exposition import Exposition, new_registry, standard_collectors
 from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.io.outbox import Outbox
 from calmon.io.shape import SECTION as SHAPE_SECTION
 from calmon.io.shape import mismatch, move_aside, of_checkpoint, of_config
-from calmon.io.source import CoPartitionError, Skip
+from calmon.io.source import CoPartitionError, KafkaAuthError, Skip
 from calmon.io.statelock import LOCK_NAME, StateLock
 from calmon.io.totals import ProcessTotals
+from calmon.names import FIT_METHODS
 from calmon.recal.loop import Recalibrator
 from calmon.recal.readmodel import RecalState
 
@@ -140,6 +140,7 @@ class Daemon:
         self._poison: set[str] = set()  # sources of records the engine raises on
         self.state = RunState.NEW
         self.assigned = False
+        self._assign_problem: str | None = None  # why the last assignment failed
         self.last_checkpoint: float | None = None
         self.restored = False  # state came from a checkpoint: its positions are the truth
         self._ever_assigned = False
@@ -180,14 +181,10 @@ class Daemon:
             dead_letters_failed=lambda: self.dead_letters.dead_letters_failed,
             snapshot=lambda: self.refresher.latest, windows=False,
             statistics_age=self.statistics_age)
-        self.registry = registry if registry is not None else CollectorRegistry(
-            auto_describe=False)
-        self.registry.register(windows)
-        self.registry.register(collector)
-        others: list[Any] = [collector]
-        for standard in (ProcessCollector, PlatformCollector):  # process_*, python_info
-            with contextlib.suppress(ValueError):  # already there (the default registry)
-                others.append(standard(registry=self.registry))
+        others = [collector, *standard_collectors()]  # process_*, python_info
+        self.registry = registry if registry is not None else new_registry()
+        for c in (windows, *others):  # a family registered twice is refused here
+            self.registry.register(c)
         self.exposition = Exposition(windows, lambda: self.refresher.latest.serial, others)
         # the calibrated diagrams: the loop's, or scaled out the owner's (its models only,
         # on every instance's samples)
@@ -212,10 +209,14 @@ class Daemon:
             return f"calmon is {self.state.value}"
         if self._refused is not None:
             return self._refused
-        if not self.assigned:
-            return "partitions not assigned yet"
+        if not self.assigned:  # with what the last attempt met, when it failed
+            met = self._assign_problem
+            return "partitions not assigned yet" + (f": {met}" if met else "")
         if not self.source.connected():
-            return "the Kafka broker is not reachable"
+            refused = getattr(self.source, "refused", None)  # a Source may not know why
+            because: str | None = refused() if refused is not None else None
+            return f"the Kafka broker is not reachable: {because}" if because else (
+                "the Kafka broker is not reachable")
         problem = getattr(self.source, "problem", None)  # a Source may not check topics
         why: str | None = problem() if problem is not None else None
         if why:
@@ -267,9 +268,11 @@ class Daemon:
                           for (t, p), o in sorted(self.published_positions.items())},
             "checkpoint_positions": {f"{t}/{p}": o for (t, p), o
                                      in sorted(self.checkpoint_positions.items())},
-            # which engine state the served statistics reflect ("current": the latest)
+            # which engine state the served statistics reflect ("current": at least the
+            # batch of these counters; a calibrator published since bumps the engine's
+            # version past the published status's, so equality would never come back)
             "statistics": {"version": self.refresher.latest.version,
-                           "current": self.refresher.latest.version == s.get("version"),
+                           "current": self.refresher.latest.version >= s["version"],
                            "age_seconds": self.statistics_age()},
             **({} if self.cluster is None else {"recalibration_owner": self.cluster.status()}),
             **({} if self.recal is None else {"recalibration": {"checks": self.recal.checks}}),
@@ -446,7 +449,7 @@ class Daemon:
                     # may belong to a newer checkpoint that was lost (corrupt, fallen back).
                     self.source.assign(self.positions or None, from_checkpoint=self.restored)
                     self.assigned = self._ever_assigned = True
-                    self._refused = None
+                    self._refused = self._assign_problem = None
                     log.info("partitions assigned")
                 except CoPartitionError as e:
                     log.error("%s", e)
@@ -455,7 +458,15 @@ class Daemon:
                     self._refused = str(e)  # later (a re-assignment): unready, retrying
                     self._stop.wait(REFUSED_RETRY_S)
                     continue
+                except KafkaAuthError as e:
+                    log.error("%s", e)
+                    if not self._ever_assigned:  # at start: a configuration error
+                        raise ConfigError([str(e)]) from None
+                    self._refused = str(e)  # later (rotated credentials): unready, retrying
+                    self._stop.wait(REFUSED_RETRY_S)
+                    continue
                 except KafkaSourceError as e:
+                    self._assign_problem = str(e)
                     if time.monotonic() - last_warn >= STALL_LOG_INTERVAL_S:
                         log.warning("cannot assign partitions yet (%s); retrying", e)
                         last_warn = time.monotonic()
@@ -582,7 +593,8 @@ class Daemon:
     def checkpoint(self) -> None:
         """Between two batches: (1) flush dead letters, so nothing counted is lost past the
         offsets; (2) snapshot the state with the positions it reflects; (3) write it
-        atomically; (4) commit the same offsets to the group, for lag monitoring only."""
+        atomically; (4) commit the same offsets to the group (lag monitoring; a run without a
+        checkpoint starts from them)."""
         recal = self.recal.snapshot() if self.recal is not None else None
         mark = (self.engine.version, tuple(sorted(self.positions.items())), repr(recal),
                 None if self.cluster is None else self.cluster.changes)

@@ -24,3 +24,19 @@ class StateError(CalmonError):
 class CalibratorError(CalmonError):
     """Raised by ``calmon.calibrators.load`` for a document that is not a valid
     calibrator, and by ``fit`` when the data cannot be fitted (empty, one class)."""
+
+
+class NotOwnerError(CalmonError):
+    """Raised by a scaled-out instance's publish for a model whose joined-topic
+    partition it does not own (any more): never assigned here, or fenced by the
+    newer owner a rebalance gave it to. Expected in a group: the new owner publishes."""
+
+
+def describe(e: BaseException) -> str:
+    """``Name: message``, once: kafka-python's errors already start their text with
+    their class name, which ``f"{type(e).__name__}: {e}"`` doubled
+    ("KafkaTimeoutError: KafkaTimeoutError: ...")."""
+    name, text = type(e).__name__, str(e)
+    if not text:
+        return name
+    return text if text.startswith(name) else f"{name}: {text}"

@@ -26,6 +26,8 @@ _FIELD_OF = {
     "bad_label": "label",
 }
 _SCORES = ("prob", "logit", "probs", "logits")
+# fields both topics read: a fix of fields.<name> for one topic moves the other's path too
+_SHARED = ("id", "model", "ts")
 
 
 def field_path(cfg: Config, topic: str, name: str) -> tuple[str, str]:
@@ -37,14 +39,33 @@ def field_path(cfg: Config, topic: str, name: str) -> tuple[str, str]:
     return f"fields.{name}", str(getattr(cfg.fields, name))
 
 
+def _fix(cfg: Config, topic: str, name: str) -> str:
+    """The key that fixes ``name`` for ``topic`` alone. Where both topics read one
+    ``fields.<name>``, changing it for one topic breaks the other: the labels topic is
+    told to set its own ``fields.labels.<name>``, the predictions topic that its fix
+    moves the labels topic's path too."""
+    key, _ = field_path(cfg, topic, name)
+    if name not in _SHARED or key.startswith("fields.labels."):
+        return f"check {key}"
+    if topic == "labels":
+        return (f"the labels topic reads {key} (no fields.labels.{name} is set): set "
+                f"fields.labels.{name} to the labels' own path ({key} is the predictions "
+                "topic's too)")
+    return (f"check {key} (the labels topic reads it too: if the labels keep the old path, "
+            f"set fields.labels.{name} to it)")
+
+
 def hint(cfg: Config, topic: str, reason: str) -> str:
     """A one-line hint for ``reason`` on ``topic`` ("" when the data, not the config, is
-    the likely cause)."""
+    the likely cause): the key named is the one that fixes it for that topic."""
     name = _FIELD_OF.get(reason)
     if name is not None:
-        key, path = field_path(cfg, topic, name)
+        _, path = field_path(cfg, topic, name)
         what = "is absent from" if reason.startswith("missing") else "is unusable in"
-        return f"the value at {path!r} {what} these records: check {key}"
+        tip = f"the value at {path!r} {what} these records: {_fix(cfg, topic, name)}"
+        if reason == "missing_ts":  # only where no Kafka timestamp stands in: files
+            tip += " (a record without it takes its Kafka timestamp; a file has none)"
+        return tip
     if reason in ("no_score", "multiple_scores"):
         paths = ", ".join(f"fields.{s}={getattr(cfg.fields, s)!r}" for s in _SCORES)
         many = "more than one" if reason == "multiple_scores" else "none"

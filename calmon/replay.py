@@ -1,26 +1,30 @@
 """``calmon replay``: the same engine over JSONL files instead of Kafka.
 
-Records are read in timestamp order across both files (ties: predictions
-first, then by the raw bytes), so any interleaving of the same records gives
-identical output.
+Records are read in event time across both files (``calmon.timeline``: each at its
+own ``ts``, an untimed one at the same relative place of the other file), in batches
+of the daemon's size, with the recalibration checks of ``--recalibrate`` between them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import numpy as np
+
 from calmon.config import Config
-from calmon.engine.engine import Engine, View
-from calmon.engine.records import Kind, Raw, parse_ts
-from calmon.engine.snapshot import Refresher
+from calmon.engine.engine import Engine
+from calmon.engine.records import Kind
+from calmon.engine.rows import Snapshot
+from calmon.engine.snapshot import full_snapshot
+from calmon.timeline import Timeline, read_lines, timeline
+from calmon.timeline import order_key as order_key  # re-exported: older imports
 
 if TYPE_CHECKING:
     from calmon.recal.policy import Event
@@ -30,39 +34,15 @@ BATCH = 5000
 NO_CALIBRATOR = {"calibrated_ece": None, "calibrated_samples": None}
 
 
-def read_records(path: Path, kind: Kind,
-                 ts_path: str) -> Iterator[tuple[tuple[float, int, bytes], Raw]]:
-    """Each non-blank line as (sort key, Raw). Lines whose ts cannot be read sort last;
-    the engine still rejects or accepts them on their merits."""
-    parts = ts_path.split(".")
-    order = 0 if kind is Kind.PREDICTION else 1
-    with path.open("rb") as f:
-        for lineno, line in enumerate(f, 1):
-            value = line.rstrip(b"\r\n")
-            if not value.strip():
-                continue
-            yield (_ts_of(value, parts), order, value), Raw(kind, value, None, f"{path}:{lineno}")
+def read(cfg: Config, predictions: Path, labels: Path) -> Timeline:
+    """Both files, read in bulk and ordered in event time (``calmon.timeline``)."""
+    return timeline(read_lines(predictions, Kind.PREDICTION, cfg.fields.ts),
+                    read_lines(labels, Kind.LABEL, cfg.fields.for_labels().ts))
 
 
-def _ts_of(value: bytes, parts: list[str]) -> float:
-    try:
-        obj: Any = json.loads(value)
-        for p in parts:
-            obj = obj[p]
-        return parse_ts(obj)
-    except Exception:  # any malformed line: no usable ts, so it sorts last
-        return math.inf
-
-
-def _sorted(cfg: Config, predictions: Path,
-            labels: Path) -> list[tuple[tuple[float, int, bytes], Raw]]:
-    return sorted([*read_records(predictions, Kind.PREDICTION, cfg.fields.ts),
-                   *read_records(labels, Kind.LABEL, cfg.fields.for_labels().ts)],
-                  key=lambda kr: kr[0])
-
-
-def _feed(engine: Engine, raws: Iterable[Raw], invalid: Counter[tuple[str, str]] | None) -> None:
-    engine.feed(raws)
+def _feed(engine: Engine, line: Timeline, start: int, end: int,
+          invalid: Counter[tuple[str, str]] | None) -> None:
+    engine.feed(line.batch(start, end))
     if invalid is not None:
         invalid.update(engine.last_delta.invalid)
 
@@ -72,14 +52,14 @@ def run(cfg: Config, predictions: Path, labels: Path, *,
     """Feed both files through a fresh engine and return it. ``invalid``, when given,
     receives the count of rejected records by (topic, reason)."""
     engine = Engine(cfg)
-    records = _sorted(cfg, predictions, labels)
-    for i in range(0, len(records), BATCH):
-        _feed(engine, (raw for _, raw in records[i:i + BATCH]), invalid)
+    line = read(cfg, predictions, labels)
+    for i in range(0, len(line), BATCH):
+        _feed(engine, line, i, min(i + BATCH, len(line)), invalid)
     return engine
 
 
 def replay(cfg: Config, predictions: Path, labels: Path, *,
-           invalid: Counter[tuple[str, str]] | None = None) -> View:
+           invalid: Counter[tuple[str, str]] | None = None) -> Snapshot:
     """Feed both files through a fresh engine; return its final statistics."""
     return final(run(cfg, predictions, labels, invalid=invalid))
 
@@ -92,20 +72,55 @@ def invalid_reasons(invalid: Counter[tuple[str, str]]) -> dict[str, dict[str, in
     return out
 
 
-def final(engine: Engine) -> View:
+def final(engine: Engine) -> Snapshot:
     """Every statistic at the end, fresh (no refresh age), with the daemon's functions."""
-    return Refresher(engine).update(full=True)
+    return full_snapshot(engine)
 
 
 @dataclass
 class Backtest:
-    view: View
+    view: Snapshot
     events: list[Event]
     calibrated: list[tuple[str, str, str, float | None, int]]
     engine: Engine | None = None
     # (model, segment) -> (apply(scores, kinds), fitted_at event time) live at the end
     calibrators: dict[tuple[str, str], tuple[Any, float | None]] = dataclasses.field(
         default_factory=dict)
+
+
+def _schedule(t: np.ndarray, interval: float) -> Iterator[tuple[int, int, int]]:
+    """(start, end, checks): feed records start..end-1, then run that many checks.
+
+    Checks fall on multiples of ``interval``: a check at time c sees every record read
+    before c. Batches hold at most BATCH records and end at each check; an idle stretch
+    is skipped in one step (nothing changes between empty checks except cooldowns,
+    which the next check with data sees anyway). The records after the last check
+    (untimed ones included) come last."""
+    n = len(t)
+    finite = int(np.searchsorted(t, math.inf, side="left"))  # t is ascending, inf last
+    start = 0
+    if finite:
+        next_check = (math.floor(t[0] / interval) + 1) * interval
+        while True:
+            j = int(np.searchsorted(t[:finite], next_check, side="left"))
+            while j - start >= BATCH:  # full batches before the check
+                yield start, start + BATCH, 0
+                start += BATCH
+            if j >= finite:
+                break
+            ts = float(t[j])
+            checks = 0
+            while ts >= next_check:  # one batch, then each check record j brings due
+                checks += 1
+                next_check = max(next_check + interval, math.floor(ts / interval) * interval)
+            yield start, j, 1
+            for _ in range(checks - 1):
+                yield j, j, 1
+            start = j
+    while n - start >= BATCH:
+        yield start, start + BATCH, 0
+        start += BATCH
+    yield start, n, 0  # the rest (perhaps nothing), then the last check
 
 
 def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
@@ -130,30 +145,16 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     policy = Policy(cfg, Registry(output_dir, signer=Signer.from_config(cfg.calibrators)))
     interval = cfg.recalibration.interval
     events: list[Event] = []
-    batch: list[Raw] = []
-    next_check = math.inf
 
     def series() -> list[tuple[str, str]]:
         return [(m, s) for m, s, _ in engine.buffered_series()]
 
-    for (ts, _, _), raw in _sorted(cfg, predictions, labels):
-        if math.isfinite(ts):
-            if not math.isfinite(next_check):
-                next_check = (math.floor(ts / interval) + 1) * interval
-            while ts >= next_check:
-                _feed(engine, batch, invalid)
-                batch = []
-                events += policy.check_each(engine.now_of, series(), engine.samples)
-                # skip idle stretches in one step: nothing changes between empty checks
-                # except cooldowns, which the next check with data sees anyway
-                next_check = max(next_check + interval,
-                                 math.floor(ts / interval) * interval)
-        batch.append(raw)
-        if len(batch) >= BATCH:
-            _feed(engine, batch, invalid)
-            batch = []
-    _feed(engine, batch, invalid)  # the rest, then one last check
-    if math.isfinite(engine.now):
+    line = read(cfg, predictions, labels)
+    for start, end, checks in _schedule(line.t, interval):
+        _feed(engine, line, start, end, invalid)
+        for _ in range(checks):
+            events += policy.check_each(engine.now_of, series(), engine.samples)
+    if math.isfinite(engine.now):  # one last check
         events += policy.check_each(engine.now_of, series(), engine.samples)
     now = engine.now
     calibrated = (policy.calibrated(engine.now_of, series(), engine.samples)
@@ -168,7 +169,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     return Backtest(final(engine), events, calibrated, engine, cals)
 
 
-def to_json(view: View, classwise: bool = False,
+def to_json(view: Snapshot, classwise: bool = False,
             backtest: Backtest | None = None) -> dict[str, Any]:
     rows = [{"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row(),
              **r.estimates.as_row(), **NO_CALIBRATOR,
@@ -201,7 +202,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def print_table(view: View, out: TextIO) -> None:
+def print_table(view: Snapshot, out: TextIO) -> None:
     cols = [("model", "model"), ("segment", "segment"), ("window", "window"),
             ("samples", "samples"), ("ece", "ece"), ("mce", "mce"), ("ace", "ace"),
             ("brier", "brier"), ("nll", "nll"), ("acc", "accuracy"),

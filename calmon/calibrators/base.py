@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 from numpy.typing import ArrayLike
 
-from calmon.calibrators.scores import as_scores, check_input, finalize
+from calmon.calibrators.scores import as_kind, check_input, finalize
 from calmon.errors import CalibratorError
 
 RESERVED: tuple[str, ...] = ("method", "params", "input")
@@ -27,9 +27,13 @@ class Calibrator(ABC):
         # Keys of a loaded document besides method/params/input (model, version, ...).
         self.meta: dict[str, Any] = {}
 
-    def apply(self, scores: ArrayLike) -> np.ndarray:
-        """Calibrated probabilities, shaped like ``to_probs(scores, self.input)``."""
-        return finalize(self._apply(as_scores(scores, self.input)))
+    def apply(self, scores: ArrayLike, input: str | None = None) -> np.ndarray:
+        """Calibrated probabilities, shaped like ``to_probs(scores, self.input)``.
+
+        CalibratorError for scores of another kind than the calibrator was fitted on:
+        ``input`` (the caller's kind) other than ``self.input``, or, for a probability
+        calibrator, scores that cannot be probabilities (as ``CalibratorWatcher``)."""
+        return finalize(self._apply(as_kind(scores, self.input, input)))
 
     @abstractmethod
     def _apply(self, scores: np.ndarray) -> np.ndarray:

@@ -19,8 +19,9 @@ from calmon.calibrators.signing import KeyRing, canonical, keyring
 from calmon.calibrators.temperature import TemperatureCalibrator
 from calmon.calibrators.validate import MAX_BYTES, check_document
 from calmon.errors import CalibratorError
+from calmon.names import FIT_METHODS
 
-METHODS: Final = ("temperature", "platt", "isotonic", "histogram")  # what fits and auto tries
+METHODS: Final = FIT_METHODS  # what fits and auto tries
 CLASSES: Final[dict[str, type[Calibrator]]] = {
     cls.method: cls
     for cls in (TemperatureCalibrator, PlattCalibrator, IsotonicCalibrator, HistogramCalibrator,

@@ -13,6 +13,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from calmon.errors import CalibratorError
+from calmon.names import BINARY_KINDS, MULTICLASS_KINDS, SCORE_KINDS
+from calmon.names import FINITE as _FINITE
+from calmon.names import sigmoid as sigmoid  # re-exported: the links live below every layer
+from calmon.names import softmax as softmax
 
 EPS: Final = 1e-15
 """Probabilities are clipped to [EPS, 1 - EPS] before log/logit (logit(1 - EPS) ~ 34.5)."""
@@ -21,11 +25,9 @@ LOGIT_CAP: Final = 1e6
 """Input logits are clipped to +-LOGIT_CAP. sigmoid saturates at ~37 in float64, so a
 larger logit carries no extra information, and the cap keeps s*z finite while fitting."""
 
-_FINITE: Final = 1e300  # last-resort clip before exp: keeps z/T or a*z+b overflows finite
-
-BINARY_INPUTS: Final = ("prob", "logit")
-MULTICLASS_INPUTS: Final = ("probs", "logits")
-INPUTS: Final = BINARY_INPUTS + MULTICLASS_INPUTS
+BINARY_INPUTS: Final = BINARY_KINDS
+MULTICLASS_INPUTS: Final = MULTICLASS_KINDS
+INPUTS: Final = SCORE_KINDS
 
 
 def check_input(input: str) -> str:
@@ -55,6 +57,34 @@ def as_scores(scores: ArrayLike, input: str) -> np.ndarray:
     return arr
 
 
+PROBS_TOLERANCE: Final = 1e-3
+"""Rows of ``probs`` scores sum to 1 within this (as records must, contract §1)."""
+
+
+def not_probabilities(arr: np.ndarray) -> bool:
+    """Whether validated scores of a probability kind cannot be probabilities: an entry
+    outside [0, 1], or a multiclass row that does not sum to 1 (logits, most likely)."""
+    if not bool(np.all((arr >= 0.0) & (arr <= 1.0))):
+        return True
+    return arr.ndim == 2 and bool(np.any(np.abs(arr.sum(axis=1) - 1.0) > PROBS_TOLERANCE))
+
+
+def as_kind(scores: ArrayLike, fitted: str, input: str | None = None) -> np.ndarray:
+    """Validated scores for a calibrator fitted on ``fitted`` scores. ``input``, when
+    given, is the caller's kind and must be ``fitted``; a probability calibrator refuses
+    scores that cannot be probabilities rather than clip logits into some."""
+    if input is not None and check_input(input) != fitted:
+        raise CalibratorError(f"this calibrator takes {fitted!r} scores, not {input!r}")
+    arr = as_scores(scores, fitted)
+    if fitted in ("prob", "probs") and not_probabilities(arr):
+        logits = "logit" if fitted == "prob" else "logits"
+        raise CalibratorError(
+            f"this calibrator takes {fitted!r} scores, and these are not probabilities "
+            f"(outside [0, 1]{'' if fitted == 'prob' else ' or rows not summing to 1'}): "
+            f"{logits} need a calibrator fitted with input={logits!r}")
+    return arr
+
+
 def as_labels(labels: ArrayLike, scores: np.ndarray, input: str) -> np.ndarray:
     """Validate fit labels against validated ``scores``: int64 0/1 (binary, both present)
     or 0..K-1 (multiclass), one per score row, at least two of them."""
@@ -80,21 +110,9 @@ def as_labels(labels: ArrayLike, scores: np.ndarray, input: str) -> np.ndarray:
     return lab
 
 
-def sigmoid(z: np.ndarray) -> np.ndarray:
-    z = np.clip(z, -_FINITE, _FINITE)
-    e = np.exp(-np.abs(z))  # in (0, 1]: never overflows
-    return np.asarray(np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e)))
-
-
 def logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, EPS, 1.0 - EPS)
     return np.asarray(np.log(p) - np.log1p(-p))
-
-
-def softmax(z: np.ndarray) -> np.ndarray:
-    z = np.clip(z, -_FINITE, _FINITE)
-    e = np.exp(z - z.max(axis=1, keepdims=True))  # largest term is exp(0) = 1: no overflow
-    return np.asarray(e / e.sum(axis=1, keepdims=True))
 
 
 def logsumexp(z: np.ndarray) -> np.ndarray:

@@ -35,12 +35,13 @@ from calmon.calibrators.scores import (
     BINARY_INPUTS,
     INPUTS,
     finalize,
+    not_probabilities,
     to_probs,
 )
 from calmon.calibrators.signing import keyring
 from calmon.calibrators.validate import MAX_VERSION_STEP
-from calmon.engine.series import ALL
 from calmon.errors import CalibratorError
+from calmon.names import ALL
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +307,7 @@ class CalibratorWatcher:
         except (TypeError, ValueError) as exc:
             raise CalibratorError(f"scores are not a numeric array: {exc}") from None
         kind = BINARY_INPUTS[0] if arr.ndim == 1 else "probs"
-        probs = bool(np.all((arr >= 0) & (arr <= 1)))
-        if probs and arr.ndim == 2 and arr.shape[0]:
-            probs = bool(np.all(np.abs(arr.sum(axis=1) - 1.0) <= 1e-3))
-        if not probs:
+        if not_probabilities(arr):
             raise CalibratorError(f"{model}: no calibrator, and these scores are not "
                                   "probabilities: pass input='logit' or 'logits'")
         return kind

@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import InvalidProducerEpochError, ProducerFencedError
 
 from calmon.calibrators.signing import Signer
 from calmon.config import KafkaConfig
+from calmon.errors import NotOwnerError, describe
 from calmon.files import atomic_write
 from calmon.io.topics import client_settings
 from calmon.recal.registry import Registry
@@ -89,8 +91,7 @@ class JoinedProducer:
             self._producer = None
 
 
-class NotOwner(RuntimeError):
-    """A publish for a model whose partition this instance does not own (any more)."""
+FENCED = (ProducerFencedError, InvalidProducerEpochError)  # a newer owner's producer won
 
 
 class Publisher:
@@ -131,26 +132,29 @@ class Publisher:
                             records: list[tuple[bytes, bytes, int | None]]) -> None:
         p = self.producers.get(partition)
         if p is None:
-            raise NotOwner(f"joined-topic partition {partition} is not owned here")
+            raise NotOwnerError(f"joined-topic partition {partition} is not owned here")
         try:
             p.begin_transaction()
             for key, value, part in records:
                 p.send(self.topic, key=key, value=value, partition=part)
             p.commit_transaction()
-        except Exception:
+        except Exception as e:
             self.fenced.add(partition)
             self.producers.pop(partition, None)
             try:
                 p.close(timeout=0)
             except Exception:  # closing a fenced producer may complain too
                 log.debug("closing the fenced producer of partition %d raised", partition)
+            if isinstance(e, FENCED):  # a rebalance moved the partition: not a failure here
+                raise NotOwnerError(f"joined-topic partition {partition}: fenced by its "
+                                    f"newer owner ({describe(e)})") from e
             raise
 
     def __call__(self, key: str, document: bytes) -> bool:
         model = str(json.loads(document)["model"])
         partition = self.partition_of.get(model)
         if partition is None:
-            raise NotOwner(f"model {model!r} has no joined-topic partition here")
+            raise NotOwnerError(f"model {model!r} has no joined-topic partition here")
         self.send_in_transaction(partition, [(key.encode(), document, None)])
         return True
 

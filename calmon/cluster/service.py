@@ -38,6 +38,7 @@ from calmon.cluster.sender import JoinedSender, SampleSource
 from calmon.config import Config
 from calmon.engine.metrics import Bins
 from calmon.errors import CalibratorError
+from calmon.names import FIT_METHODS
 from calmon.recal.alerts import AlertSender
 from calmon.recal.live import Engineish, LiveCalibrators
 from calmon.recal.policy import Event, Policy, readings
@@ -149,8 +150,7 @@ class Cluster:
             drift_change_ts={k: v for k, v in g.change_ts.items() if k[0] in owned},
             calibrated_samples=[(m, s, w, n) for m, s, w, _, n in cal],
             series=series,
-            methods=("temperature", "platt", "isotonic", "histogram") if method == "auto"
-            else (method,),
+            methods=FIT_METHODS if method == "auto" else (method,),
             alerts_failed=self.alerts.failed, owned_models=len(owned))
 
     def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:

@@ -17,13 +17,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from calmon import config, logs
 from calmon.daemon import Daemon
+from calmon.demo import broker as embedded
 from calmon.demo.broker import TansuBroker, resolve_binary
+from calmon.demo.narrate import Narrator
 from calmon.demo.traffic import Traffic
 from calmon.engine.series import ALL
+from calmon.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +53,32 @@ def demo_config(bootstrap: str, port: int, workdir: Path) -> config.Config:
 
 
 def create_topics(bootstrap: str, partitions: int = 4) -> None:
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
-    try:
-        admin.create_topics([NewTopic(t, partitions, 1) for t in TOPICS])
-    finally:
-        admin.close()
+    embedded.create_topics(bootstrap, TOPICS, partitions)
 
 
 class StatusPrinter:
-    """Prints a line per model every few seconds, and each recalibration at once."""
+    """Prints a line per model (and per segment with its own calibrator) every few
+    seconds, and each recalibration event at once, told by the ``Narrator``."""
 
     def __init__(self, daemon: Daemon, traffic: Traffic, out: TextIO) -> None:
         self.daemon = daemon
         self.traffic = traffic
         self.out = out
-        self._seen: dict[tuple[str, str], int] = {}
         self._events = 0
+        self._states: tuple[int, dict[tuple[str, str], dict[str, Any]]] = (0, {})
+        self.narrator = Narrator(daemon.cfg, self._state_of, daemon.engine.samples,
+                                 daemon.engine.now_of)
+
+    def _state_of(self, model: str, segment: str) -> dict[str, Any] | None:
+        """A series' state as the last check published it (the snapshot is replaced
+        whole by each check: read, never written here)."""
+        recal = self.daemon.recal
+        if recal is None:
+            return None
+        snap = recal.policy.snapshot()
+        if self._states[0] != id(snap):
+            self._states = (id(snap), {(m, sg): st for m, sg, st in snap.get("series", [])})
+        return self._states[1].get((model, segment))
 
     def run(self, stop: threading.Event) -> None:
         next_status = time.monotonic() + STATUS_EVERY
@@ -84,21 +95,9 @@ class StatusPrinter:
             return
         events = recal.events  # replaced whole by each run: a consistent list
         fresh, self._events = events[self._events:], len(events)
-        for e in fresh:
-            f = e.fields
-            where = f"{e.model}/{e.segment}"
-            if e.kind == "drift":
-                since = f.get("change_ts")
-                ago = f" (change estimated {e.ts - since:.0f} s earlier)" if since else ""
-                self.out.write(f"  >> drift {where}: {f.get('trigger')}{ago}\n")
-            elif e.kind == "published":
-                b, a = f.get("holdout_before") or {}, f.get("holdout_after") or {}
-                self.out.write(f"  >> recalibrated {where}: v{f.get('version')} "
-                               f"{f.get('method')} (trigger {f.get('trigger')}) holdout ECE "
-                               f"{b.get('ece', 0):.3f} -> {a.get('ece', 0):.3f}\n")
-            else:
-                self.out.write(f"  >> refit {where} {e.kind}: {f.get('reason')}\n")
-        if fresh:
+        lines = self.narrator.lines(fresh)
+        if lines:
+            self.out.write("".join(f"{line}\n" for line in lines))
             self.out.flush()
 
     def _status(self) -> None:
@@ -109,36 +108,65 @@ class StatusPrinter:
             cal = {(m, s, w): v for m, s, w, v in self.daemon.recal.metrics_state().calibrated_ece}
         self.out.write(f"[{time.strftime('%H:%M:%S')}] sent {self.traffic.sent} predictions, "
                        f"{self.traffic.labels_sent} labels; pending {view.pending}\n")
-        for row in view.rows:
-            if row.segment != ALL or row.window != window:
+        rows = [r for r in view.rows if r.window == window]
+        own = [r for r in rows if r.segment != ALL and recal_live(self.daemon, r.model,
+                                                                 r.segment)]
+        for row in rows:
+            if row.segment != ALL:
                 continue
-            raw = row.stats.ece
-            live = recal_live(self.daemon, row.model)
-            c = cal.get((row.model, row.segment, window)) if live else None
-            shown_raw = f"{raw:.3f}" if raw is not None else "  -  "
-            floor = row.stats.noise_floor
-            # an ECE near its noise floor is sampling noise, not miscalibration
-            shown_floor = f"(noise {floor:.3f})" if floor is not None else " " * 13
-            shown_cal = f"-> calibrated {c:.3f}" if c is not None else " " * 19
-            self.out.write(
-                f"  {row.model:<7} joined {self.daemon.totals.joined.get(row.model, 0):>7}   "
-                f"ECE({window}) raw {shown_raw} {shown_floor} {shown_cal}   "
-                f"calibrator {('v' + str(live)) if live else '-'}\n")
+            joined = f"joined {self.daemon.totals.joined.get(row.model, 0):>7}"
+            mine = [r for r in own if r.model == row.model]
+            more = f" (+{len(mine)} per segment, below)" if mine else ""
+            self.out.write(self._row(f"{row.model:<7} {joined}", row, window, cal) + more
+                           + "\n")
+            for seg in mine:  # per segment where a calibrator is per segment
+                self.out.write(self._row(f"  {seg.segment:<20}", seg, window, cal) + "\n")
+        for line in self.narrator.open_lines():
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    def _row(self, head: str, row: Any, window: str, cal: dict[tuple[str, str, str], float]
+             ) -> str:
+        raw = row.stats.ece
+        live = recal_live(self.daemon, row.model, row.segment)
+        c = cal.get((row.model, row.segment, window)) if live else None
+        shown_raw = f"{raw:.3f}" if raw is not None else "  -  "
+        floor = row.stats.noise_floor
+        # an ECE near its noise floor is sampling noise, not miscalibration
+        shown_floor = f"(noise {floor:.3f})" if floor is not None else " " * 13
+        shown_cal = f"-> calibrated {c:.3f}" if c is not None else " " * 19
+        return (f"  {head}   ECE({window}) raw {shown_raw} {shown_floor} {shown_cal}   "
+                f"calibrator {('v' + str(live)) if live else '-'}")
+
+    def summary(self) -> None:
+        self.out.write("".join(f"{line}\n" for line in self.narrator.summary()))
         self.out.flush()
 
 
-def recal_live(daemon: Daemon, model: str) -> int | None:
+def recal_live(daemon: Daemon, model: str, segment: str = ALL) -> int | None:
+    """The series' own live calibrator version (None: none of its own)."""
     if daemon.recal is None:
         return None
-    live = daemon.recal.registry.live(model, ALL)
+    live = daemon.recal.registry.live(model, segment)
     return None if live is None else live.version
 
 
 def run_demo(duration: float | None, rate: float, port: int, out: TextIO = sys.stdout) -> int:
     # warnings and errors only; the scheduler's chatter stays out of the terminal
     logs.setup(config.LoggingConfig(level="warning"))
+    busy = embedded.port_problem(port)
+    if busy is not None:  # said before anything starts, with the demo's own flag
+        print(f"calmon demo: cannot listen on 127.0.0.1:{port} ({busy}); another program "
+              "(an earlier demo?) holds it: choose another port with --port", file=sys.stderr)
+        return 2
+
+    def notice(message: str) -> None:
+        out.write(f"calmon demo: {message}\n")
+        out.flush()
+
+    binary = resolve_binary(notice)
     workdir = Path(tempfile.mkdtemp(prefix="calmon-demo-"))
-    broker = TansuBroker(resolve_binary(), log=workdir / "broker.log")
+    broker = TansuBroker(binary, log=workdir / "broker.log")
     stop = threading.Event()
     threads: list[threading.Thread] = []
     try:
@@ -167,7 +195,19 @@ def run_demo(duration: float | None, rate: float, port: int, out: TextIO = sys.s
                   "as they happen; an ECE near its noise floor is sampling noise. "
                   "Ctrl+C stops.\n")
         out.flush()
-        code = daemon.run()
+        try:
+            code = daemon.run()
+        except ConfigError as e:  # the port taken meanwhile: the demo's flag, not the key
+            for problem in e.problems:
+                print("calmon demo: " + problem.replace(
+                    "server.port: ", "") + ("; choose another port with --port"
+                                            if problem.startswith("server.port") else ""),
+                      file=sys.stderr)
+            return 2
+        stop.set()  # the status thread is done before the summary is written
+        for t in threads:
+            t.join(timeout=5)
+        printer.summary()
         out.write("calmon demo: stopped.\n")
         return code
     except KeyboardInterrupt:  # Ctrl+C while starting, before the daemon's handler is in

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from calmon.names import BUCKETS  # the longest window in buckets, as the windows keep it
+
 RESET_GUARD = 10  # admitted predictions in the longest window that make a model live
-BUCKETS = 16  # the longest window in buckets, as the windows keep it
 
 
 class ClassCounts:

@@ -1,8 +1,10 @@
-"""The engine: ``feed(batch)`` in, consistent ``view()`` out, ``snapshot()``/``restore()``.
+"""The engine: ``feed(batch)`` in, ``snapshot()``/``restore()``, and a read interface.
 
 Pure Python and numpy: no sockets, files, threads or clocks. One lock guards
 the state so the consumer loop, scrapes and the scheduler can share it; readers
-only ever get copies.
+only ever get copies or immutable values (``read_state``, ``window_sums``,
+``pending_counts``, ``estimates``: what ``calmon.engine.snapshot`` builds its
+``Snapshot`` from; ``samples`` for the recalibration).
 
 ``counters`` are part of the state (snapshotted, restored, so exactly-once
 across restarts; they feed ``/status`` and ``replay``). What a process did since
@@ -16,13 +18,14 @@ import logging
 import math
 import threading
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from calmon.calibrators.scores import sigmoid
 from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
@@ -32,7 +35,6 @@ from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, 
 from calmon.engine.fastparse import BatchParser
 from calmon.engine.join import BatchColumns, Join, Joined
 from calmon.engine.keys import mismatches as key_mismatches
-from calmon.engine.metrics import Stats
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import (
@@ -44,8 +46,11 @@ from calmon.engine.records import (
     Raw,
     ScoreKind,
 )
+from calmon.engine.rows import Row as Row  # its old place, for importers
+from calmon.engine.rows import WorstClass
 from calmon.engine.series import ALL, SeriesIndex
-from calmon.engine.windows import BUCKETS, CONF_SCALE, Samples, Windows, bin_index
+from calmon.engine.windows import BUCKETS, CONF_SCALE, Layout, Samples, Windows, bin_index
+from calmon.names import sigmoid
 
 log = logging.getLogger(__name__)
 
@@ -65,38 +70,42 @@ class Rejected:
 
 
 @dataclass(frozen=True)
-class WorstClass:
-    """The class whose one-vs-rest calibration (p_k against [y = k]) is worst in a window."""
+class ReadState:
+    """What a reader of the statistics needs of the engine as of one ``version``
+    (``Engine.read_state``): plain values and read-only arrays, never the engine's own."""
 
-    cls: int
-    ece: float
-    bins: metrics.Bins
-
-
-@dataclass(frozen=True)
-class Row:
-    model: str
-    segment: str
-    window: str
-    binary: bool
-    stats: Stats
-    classwise_ece: float | None = None  # multiclass models, with metrics.classwise
-    estimates: Estimates = field(default_factory=Estimates)  # before the labels
-    worst_class: WorstClass | None = None  # with classwise_ece: for /reliability
-
-
-@dataclass(frozen=True)
-class View:
-    """A consistent copy of everything readers need, taken under the engine lock."""
-
+    version: int
     now: float
-    rows: list[Row]
-    counters: dict[str, int]
+    counters: Mapping[str, int]
     pending: int
     pending_labels: int
-    series: list[tuple[str, str]]  # series id -> (model, segment); ("", "") when free
-    version: int
-    series_held: int = 0  # (model, segment) series held (limits.max_series)
+    series: tuple[tuple[str, str], ...]  # series id -> (model, segment); ("", "") when free
+    with_data: frozenset[int]  # series holding window sums or score histograms
+    binary: tuple[bool, ...]  # by series id: its model is binary (free series: True)
+    nows: np.ndarray  # each series' model's now, by series id (the windows slide on it)
+    current: np.ndarray  # (windows, series): the bucket holding each series' now
+    changed: frozenset[int] | None  # series whose sums changed after ``since``; None: all
+
+    @property
+    def windows(self) -> int:
+        return len(self.current)
+
+
+@dataclass(frozen=True)
+class WindowSums:
+    """One (series, window) row's summed bucket vector (see ``windows.Layout``; None when
+    the window holds nothing), and for a multiclass model's row with samples its
+    classwise ECE and worst class (with ``metrics.classwise``)."""
+
+    vec: np.ndarray | None
+    classwise_ece: float | None = None
+    worst_class: WorstClass | None = None
+
+
+# (series, window) -> (pending predictions, summed top confidence c, summed P(y=1),
+# summed c(1-c)): each pending prediction is right with probability c, so the number
+# right is Poisson-binomial with mean sum c and variance sum c(1-c)
+PendingCounts = Mapping[tuple[int, int], tuple[int, float, float, float]]
 
 
 class Engine:
@@ -104,6 +113,8 @@ class Engine:
         self.cfg = cfg
         # live calibrators for the label-free estimates; set_calibrators() replaces them
         self.calibrators: LiveCalibrators = calibrators or {}
+        # the two-sided normal quantile of the estimate band, at the metrics' level
+        self._z = NormalDist().inv_cdf(0.5 + cfg.metrics.interval_level / 2)
         self.max_models = cfg.limits.max_models
         self.index = self._new_index()
         self.join = Join(cfg.join)
@@ -141,11 +152,11 @@ class Engine:
         self.lock = threading.RLock()
         self.version = 0  # bumped by every feed; lets readers cache views
         self._evicted_at = -math.inf
-        self._view_cache: View | None = None
-        # series whose window sums changed since a snapshot refresher last took them
-        # (calmon.engine.snapshot); all of them after a restore
-        self.changed: set[int] = set()
-        self.changed_all = True
+        # the version whose feed last changed each series' window sums (-1: none since
+        # the last restore), and the version every series counts as changed from: what
+        # a reader asks ``changes_since`` (calmon.engine.snapshot)
+        self._changed_at = np.full(0, -1, np.int64)
+        self._all_changed_at = 0
         self._stale_classes = False  # a class reset happened: check joins for the old K
         self.class_counts = ClassCounts(max(w.seconds for w in cfg.metrics.windows))
 
@@ -335,7 +346,7 @@ class Engine:
         self.last_delta.class_resets[self.models[midx]] += 1
         model = self.models[midx]
         sids = [sid for sid, (m, _seg) in enumerate(self.index.series) if m == model]
-        self.changed.update(sids)
+        self._mark_changed(np.asarray(sids, np.int64))
         self._forget_series(sids)
 
     def _new_model(self, model: str, classes: int) -> int:
@@ -355,6 +366,17 @@ class Engine:
     def _invalid(self, kind: Kind, reason: str) -> None:
         self.counters["invalid"] += 1
         self.last_delta.invalid[(TOPICS[kind], reason)] += 1
+
+    def _mark_changed(self, sids: np.ndarray) -> None:
+        """These series' window sums change in the feed being run (the next version)."""
+        if not len(sids):
+            return
+        top = int(sids.max()) + 1
+        if top > len(self._changed_at):
+            grown = np.full(max(top, 2 * len(self._changed_at)), -1, np.int64)
+            grown[:len(self._changed_at)] = self._changed_at
+            self._changed_at = grown
+        self._changed_at[sids] = self.version + 1
 
     def _maps(self) -> None:
         """combo -> model and series -> model, rebuilt when the index changed."""
@@ -673,7 +695,7 @@ class Engine:
             onehot[np.arange(len(ii)), label[ii]] = 1.0
             self._add_classwise(combos[ii], ts[ii], probs, onehot, _take(now, ii))
         self.windows.add(samples, _take(now, sample))
-        self.changed.update(np.unique(sid).tolist())
+        self._mark_changed(sid)
         self._count_bins(samples)
         self._count_delays(j.label_ts - ts, models)
         if self.buffers is not None:
@@ -782,58 +804,95 @@ class Engine:
 
     # ------------------------------------------------------------ reading
 
-    def view(self) -> View:
-        """Every (model, segment, window) row plus counters. The window sums are read
-        under the lock; the metrics (the ECE interval and smooth ECE cost milliseconds
-        a row) are computed outside it, so scrapes never hold up the consumer loop.
-        Cached until the next feed, so several readers share one computation."""
-        m = self.cfg.metrics
-        lay = self.windows.layout
+    @property
+    def layout(self) -> Layout:
+        """How a window's summed vector is laid out."""
+        return self.windows.layout
+
+    def changes_since(self, version: int) -> frozenset[int] | None:
+        """The series whose window sums changed in a feed after ``version`` (None: all of
+        them may have, the state was restored since). The engine keeps this record; any
+        number of readers may ask it, each from the version it last read."""
         with self.lock:
-            cached = self._view_cache
-            if cached is not None and cached.version == self.version:
-                return cached
+            if version < self._all_changed_at:
+                return None
+            return frozenset(np.flatnonzero(self._changed_at > version).tolist())
+
+    def read_state(self, since: int) -> ReadState:
+        """The counters, series and clocks of the current version, with the series
+        changed after version ``since``. Buckets that slid out of their windows go first."""
+        with self.lock:
             self._evict()
-            series_nows = self._series_nows()
-            pending = self._pending_estimates(series_nows)
-            work: list[tuple[str, str, str, bool, np.ndarray, float | None, Estimates,
-                             WorstClass | None]] = []
-            shown = self.windows.series() | self.scores.series() | {s for s, _ in pending}
-            for sid in sorted(shown, key=lambda s: self.index.series[s]):
-                model, segment = self.index.series[sid]
-                binary = self.class_counts.classes[self._model_idx[model]] == 0
-                live = self._calibrator(model, segment)
-                now = float(series_nows[sid])  # the windows slide on their model's clock
-                for w, win in enumerate(m.windows):
-                    vec = self.windows.totals(sid, w, now)  # a fresh array
-                    if vec is None:
-                        vec = np.zeros(lay.size)
-                    joined = vec[lay.count:lay.count + lay.bins].sum() > 0
-                    cw = (self._classwise_ece(sid, w, now)
-                          if self.classwise is not None and not binary and joined else None)
-                    est = self._estimates(sid, w, binary, pending.get((sid, w)),
-                                          None if live is None else live[1], now)
-                    worst = self._worst_class(sid, w, now) if cw is not None else None
-                    work.append((model, segment, win.name, binary, vec, cw, est, worst))
-            version = self.version
-            parts = (self.now, dict(self.counters), self.join.pending,
-                     self.join.pending_labels, list(self.index.series), self.index.held)
-        rows = [Row(model, segment, name, binary,
-                    metrics.from_vector(vec, lay, binary, m.mce_min_samples, m.interval_level),
-                    cw, est, worst)
-                for model, segment, name, binary, vec, cw, est, worst in work]
-        now, counters, pend, pend_labels, series, held = parts
-        view = View(now, rows, counters, pend, pend_labels, series, version, held)
+            nows = self._series_nows()
+            nows.flags.writeable = False
+            widths = self.windows.widths
+            current = (np.stack([self.windows.current(w, nows) for w in range(len(widths))])
+                       if len(nows) else np.zeros((len(widths), 0), np.int64))
+            current.flags.writeable = False
+            classes, idx = self.class_counts.classes, self._model_idx
+            binary = tuple(m not in idx or classes[idx[m]] == 0 for m, _ in self.index.series)
+            return ReadState(self.version, self.now, MappingProxyType(dict(self.counters)),
+                             self.join.pending, self.join.pending_labels,
+                             tuple(self.index.series),
+                             frozenset(self.windows.series() | self.scores.series()),
+                             binary, nows, current, self.changes_since(since))
+
+    def window_sums(self, keys: Sequence[tuple[int, int]], nows: np.ndarray | None = None,
+                    *, classwise: bool = True) -> tuple[WindowSums, ...]:
+        """The sums of these (series id, window index) rows at their series' ``nows``
+        (default: as they are now). The caller picks how many rows one call reads: the
+        loop thread waits for the lock while they are read."""
         with self.lock:
-            if self.version == version:
-                self._view_cache = view
-        return view
+            if nows is None:
+                nows = self._series_nows()
+            bins = self.windows.layout.bins
+            cw_of = self.classwise is not None and classwise
+            out = []
+            for sid, w in keys:
+                now = float(nows[sid])
+                vec = self.windows.totals(sid, w, now)
+                cw = worst = None
+                if vec is not None:
+                    vec.flags.writeable = False
+                    if cw_of and not self._binary(sid) and vec[:bins].sum() > 0:
+                        cw = self._classwise_ece(sid, w, now)
+                        worst = self._worst_class(sid, w, now) if cw is not None else None
+                out.append(WindowSums(vec, cw, worst))
+            return tuple(out)
+
+    def pending_counts(self, nows: np.ndarray) -> PendingCounts:
+        """(series, window) -> (predictions still without a label, their summed calibrated
+        confidence c of the predicted class, their summed calibrated P(y=1), their summed
+        c(1-c)), the windows sliding on ``nows``: one pass over the pending predictions."""
+        with self.lock:
+            return MappingProxyType(self._pending_estimates(nows))
+
+    def estimates(self, sids: Sequence[int], pending: PendingCounts,
+                  nows: np.ndarray) -> Mapping[tuple[int, int], Estimates]:
+        """The label-free estimates and score PSI of every window of these series, from
+        ``pending_counts`` and the live calibrators."""
+        with self.lock:
+            out: dict[tuple[int, int], Estimates] = {}
+            for sid in sids:
+                model, segment = self.index.series[sid]
+                live = self._calibrator(model, segment)
+                binary = self._binary(sid)
+                for w in range(len(self.windows.widths)):
+                    out[(sid, w)] = self._estimates(
+                        sid, w, binary, pending.get((sid, w)),
+                        None if live is None else live[1], float(nows[sid]),
+                        "raw" if live is None else "live")
+            return MappingProxyType(out)
+
+    def _binary(self, sid: int) -> bool:
+        midx = self._model_idx.get(self.index.series[sid][0])
+        return midx is None or self.class_counts.classes[midx] == 0
 
     def set_calibrators(self, calibrators: LiveCalibrators) -> None:
         """Replace the live calibrators the label-free estimates use."""
         with self.lock:
             self.calibrators = calibrators
-            self.version += 1  # so a view being computed with the old ones is not kept
+            self.version += 1  # the estimates change: readers read them again
 
     def _calibrator(self, model: str, segment: str) -> tuple[Any, np.ndarray | None] | None:
         """The segment's own calibrator, else the model's."""
@@ -841,11 +900,10 @@ class Engine:
         return live if live is not None else self.calibrators.get((model, ALL))
 
     def _pending_estimates(self, series_nows: np.ndarray
-                           ) -> dict[tuple[int, int], tuple[int, float, float]]:
-        """(series, window) -> (pending predictions, summed calibrated confidence of the
-        predicted class, summed calibrated P(y=1)) over the predictions with no label yet."""
+                           ) -> dict[tuple[int, int], tuple[int, float, float, float]]:
+        """``PendingCounts`` over the predictions with no label yet."""
         combo, ts, kind, score, vectors = self.join.waiting()
-        out: dict[tuple[int, int], tuple[int, float, float]] = {}
+        out: dict[tuple[int, int], tuple[int, float, float, float]] = {}
         if len(combo) == 0:
             return out
         model = self._models_of(combo)
@@ -874,7 +932,9 @@ class Engine:
                 keep = bkt[rows] > floors[w][part]
                 n = int(keep.sum())
                 if n:  # fixed-point sums: the same whatever order the join keeps them in
-                    out[(s, w)] = (n, _fixed_sum(top[at][keep]), _fixed_sum(pos[at][keep]))
+                    conf = top[at][keep]
+                    out[(s, w)] = (n, _fixed_sum(conf), _fixed_sum(pos[at][keep]),
+                                   _fixed_sum(conf * (1.0 - conf)))
         return out
 
     @staticmethod
@@ -913,16 +973,24 @@ class Engine:
         return top, pos
 
     def _estimates(self, sid: int, w: int, binary: bool,
-                   pending: tuple[int, float, float] | None,
-                   reference: np.ndarray | None, now: float) -> Estimates:
+                   pending: tuple[int, float, float, float] | None,
+                   reference: np.ndarray | None, now: float, basis: str) -> Estimates:
         current = self.scores.counts(sid, w, now)
         if reference is None or len(reference) != len(current):
             reference = self.scores.counts(sid, w, now, previous=True)
         score_psi = psi(current, np.asarray(reference, np.float64))
         if pending is None:
-            return Estimates(0, None, None, score_psi)
-        n, top, pos = pending
-        return Estimates(n, top / n, pos / n if binary else None, score_psi)
+            return Estimates(0, None, None, score_psi, estimate_basis=basis)
+        n, top, pos, var = pending
+        # the band of the Poisson-binomial count right, normal approximation: it holds
+        # while the calibrator does (CBPE's assumption), not beyond
+        half = self._z * math.sqrt(max(var, 0.0)) / n
+        acc = top / n
+        return Estimates(n, acc, pos / n if binary else None, score_psi,
+                         estimated_accuracy_lower=max(0.0, acc - half),
+                         estimated_accuracy_upper=min(1.0, acc + half),
+                         estimated_correct=top, estimated_correct_variance=var,
+                         estimate_basis=basis)
 
     def samples(self, model: str, segment: str, last: int | None = None) -> SampleSet | None:
         """A copy of the recent joined samples of one series (None without a buffer);
@@ -1032,8 +1100,9 @@ class Engine:
             self._combo_last = np.array(last, np.float64)
             if len(self._combo_last) > len(self.index.combos):
                 raise ValueError("combo_last: more values than combos")
-            self.changed_all = True
             self.version += 1
+            self._changed_at = np.full(0, -1, np.int64)
+            self._all_changed_at = self.version
 
     def _check_restored(self, snap: dict[str, Any]) -> None:
         """Cross-checks of a restored state (a checksum-valid checkpoint may still be

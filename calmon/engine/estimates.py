@@ -35,24 +35,44 @@ LiveCalibrators = Mapping[tuple[str, str], tuple[Apply, "np.ndarray | None"]]
 PSI_FLOOR = 1e-4  # a share of 0 would make the index infinite
 
 
+BASES = ("series", "model", "last", "live", "raw")  # what an estimate was read through
+
+
 @dataclass(frozen=True)
 class Estimates:
-    """The label-free numbers of one (model, segment, window)."""
+    """The label-free numbers of one (model, segment, window). v5: the band of the
+    estimated accuracy and the two sums that combine instances (the expected number
+    right of the pending predictions and its variance), and what they were read
+    through: ``estimate_basis`` (one of ``BASES``), the labelled samples behind the
+    map used and the newest prediction ts among them."""
 
     pending_samples: int = 0
     estimated_accuracy: float | None = None
     estimated_positive_rate: float | None = None
     score_psi: float | None = None
+    estimated_accuracy_lower: float | None = None
+    estimated_accuracy_upper: float | None = None
+    estimated_correct: float | None = None
+    estimated_correct_variance: float | None = None
+    estimate_basis: str = "raw"
+    estimate_fit_samples: int = 0
+    estimate_fit_newest_ts: float | None = None
 
-    def as_row(self) -> dict[str, float | int | None]:
+    def as_row(self) -> dict[str, float | int | str | None]:
         return {"pending_samples": self.pending_samples,
                 "estimated_accuracy": self.estimated_accuracy,
                 "estimated_positive_rate": self.estimated_positive_rate,
-                "score_psi": self.score_psi}
+                "score_psi": self.score_psi,
+                "estimated_accuracy_lower": self.estimated_accuracy_lower,
+                "estimated_accuracy_upper": self.estimated_accuracy_upper,
+                "estimate_basis": self.estimate_basis,
+                "estimate_fit_samples": self.estimate_fit_samples,
+                "estimate_fit_newest_ts": self.estimate_fit_newest_ts}
 
 
 ESTIMATE_NAMES = ("pending_samples", "estimated_accuracy", "estimated_positive_rate",
-                  "score_psi")
+                  "score_psi", "estimated_accuracy_lower", "estimated_accuracy_upper",
+                  "estimate_basis", "estimate_fit_samples", "estimate_fit_newest_ts")
 
 
 def psi(current: np.ndarray, reference: np.ndarray) -> float | None:

@@ -553,8 +553,9 @@ class Join:
         order = np.argsort(np.concatenate([o_pos, pos]), kind="stable")
         self._j_src = np.concatenate([o_src, src])[order].tolist()
         self._j_q = np.concatenate([o_q, q])[order].tolist()
-        tail = [done_order.pop() for _ in range(len(o_src))][::-1]  # theirs: one per join
-        done_order.extend([(tail + ids)[i] for i in order.tolist()])
+        # theirs (one per join), then the plain ones: listed once, then read in order
+        every = [done_order.pop() for _ in range(len(o_src))][::-1] + ids
+        done_order.extend(map(every.__getitem__, order.tolist()))
 
     def _make_room(self, pid: str, ts: float, v: int, m: int) -> None:
         """Prediction ``pid`` (at ``ts``, ``v``, of model ``m``) just became pending. Past

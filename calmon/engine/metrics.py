@@ -159,8 +159,8 @@ def smece(fcount: np.ndarray, fconf: np.ndarray, fcorrect: np.ndarray) -> float:
     def at(sigma: float) -> float:
         t = np.linspace(0.0, 1.0, max(round(10 / sigma), SMECE_MESH))
         grid = max(2000, round(20 / sigma)) // 2 + 1
-        ys = _smooth(f, resid, t, sigma, grid)
-        dens = _smooth(f, n, t, sigma, grid) + 1e-4
+        ys = smooth(f, resid, t, sigma, grid)
+        dens = smooth(f, n, t, sigma, grid) + 1e-4
         rs = ys / dens
         return float(np.sum(np.abs(rs) * dens) / np.sum(dens))
 
@@ -179,7 +179,7 @@ def smece(fcount: np.ndarray, fconf: np.ndarray, fcorrect: np.ndarray) -> float:
     return at(start)
 
 
-def _smooth(f: np.ndarray, w: np.ndarray, t: np.ndarray, sigma: float, grid: int) -> np.ndarray:
+def smooth(f: np.ndarray, w: np.ndarray, t: np.ndarray, sigma: float, grid: int) -> np.ndarray:
     """Weights ``w`` at ``f`` splatted linearly onto ``grid`` points of [0, 1], convolved
     with a Gaussian reflected at 0 and 1, read at ``t`` by linear interpolation."""
     values = np.zeros(grid)
@@ -252,7 +252,7 @@ def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level
     for centre, qq in ((shrunk, 1.0 - alpha / 2), (pushed, alpha / 2)):
         p = np.clip(c + centre, 0.0, 1.0)
         # the centre moves the mean only: the noise keeps the spread the data show
-        noise = _bin_means(rng, n_star, nb, q) - q
+        noise = bin_means(rng, n_star, nb, q) - q
         t_star = np.sum(n_star / total * np.abs(p + noise - c), axis=1)
         pivot = t_star - float(np.sum(w * np.abs(p - c)))
         bounds.append(t_obs - float(np.quantile(pivot, qq)))
@@ -261,7 +261,7 @@ def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level
     # reject, 0 stays inside, so a calibrated model is covered at every n
     fixed = np.broadcast_to(nb.astype(np.int64), n_star.shape)
     pc = np.clip(c, 0.0, 1.0)
-    null = np.sum(w * np.abs(_bin_means(rng, fixed, nb, pc) - pc), axis=1)
+    null = np.sum(w * np.abs(bin_means(rng, fixed, nb, pc) - pc), axis=1)
     if t_obs <= float(np.quantile(null, 1.0 - alpha / 2)):
         bounds[0] = 0.0
     lower = min(max(bounds[0], 0.0), 1.0)
@@ -269,8 +269,8 @@ def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level
     return lower, upper
 
 
-def _bin_means(rng: np.random.Generator, n: np.ndarray, nb: np.ndarray,
-               p: np.ndarray) -> np.ndarray:
+def bin_means(rng: np.random.Generator, n: np.ndarray, nb: np.ndarray,
+              p: np.ndarray) -> np.ndarray:
     """Draws of x / n with x ~ Binomial(n, p) (0 where n is 0): exact for bins with few
     expected successes or failures, the normal approximation (fast, and accurate there)
     for the others."""

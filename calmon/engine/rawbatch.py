@@ -9,7 +9,7 @@ columns, with its partitions' offsets, and a ``Raw`` is made only on demand.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from calmon.engine.records import UNKEYED, Kind, Raw, Unkeyed
 
@@ -25,8 +25,9 @@ class RawBatch:
         # while no record of the batch has one
         self.keys: list[bytes | Unkeyed | None] | None = None
         self._starts: list[int] = []  # first record index of each part
-        # each part: ("topic/partition/", its offsets), or (None, the records' sources)
-        self._parts: list[tuple[str | None, list[int] | list[str]]] = []
+        # each part: ("topic/partition/", its offsets), (None, the records' sources), or
+        # (None, a function of a record's index in the part to its source)
+        self._parts: list[tuple[str | None, list[int] | list[str] | Callable[[int], str]]] = []
 
     def add_partition(self, kind: Kind, topic: str, partition: int,
                       values: list[bytes | None], stamps_ms: list[int | None],
@@ -48,6 +49,18 @@ class RawBatch:
         self.kinds.extend([r.kind for r in raws])
         self.values.extend([r.value for r in raws])
         self.stamps.extend([r.timestamp for r in raws])
+
+    def add_lines(self, kinds: list[Kind], values: list[bytes | None],
+                  source: Callable[[int], str]) -> None:
+        """Records of either kind, in the order given (``replay`` reads files so), with no
+        Kafka time or key; ``source(j)`` names the part's j-th record, asked only for the
+        records the engine rejects or keeps waiting."""
+        self._add_keys(None, len(values))
+        self._starts.append(len(self.values))
+        self._parts.append((None, source))
+        self.kinds.extend(kinds)
+        self.values.extend(values)
+        self.stamps.extend([None] * len(values))
 
     def _add_keys(self, keys: list[bytes | None] | list[bytes | Unkeyed | None] | None,
                   n: int) -> None:
@@ -97,7 +110,10 @@ class RawBatch:
         """``topic/partition/offset`` (or a file and line) of record i."""
         part = bisect.bisect_right(self._starts, i) - 1
         prefix, rest = self._parts[part]
-        at = rest[i - self._starts[part]]
+        j = i - self._starts[part]
+        if callable(rest):
+            return rest(j)
+        at = rest[j]
         return at if prefix is None else f"{prefix}{at}"  # type: ignore[return-value]
 
     def __getitem__(self, i: int) -> Raw:

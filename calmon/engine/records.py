@@ -21,6 +21,9 @@ import numpy as np
 from orjson import loads as _fast_loads
 
 from calmon.config import FieldsConfig, LimitsConfig
+from calmon.names import BINARY_KINDS as BINARY_KINDS  # re-exported: older imports
+from calmon.names import SCORE_KINDS as SCORE_KINDS
+from calmon.names import ScoreKind as ScoreKind
 
 
 class Kind(enum.Enum):
@@ -84,18 +87,7 @@ REASONS = (
     "batch_oversize",  # inflates past the bound on a batch (a decompression bomb)
 )
 
-class ScoreKind(enum.IntEnum):
-    """How a prediction gives its score. The int is what arrays of kinds hold; the
-    kinds below ``MULTICLASS`` are binary (scored on P(y=1))."""
-
-    PROB = 0
-    LOGIT = 1
-    PROBS = 2
-    LOGITS = 3
-
-
-SCORE_KINDS = tuple(k.name.lower() for k in ScoreKind)  # field names: prob, logit, ...
-BINARY_KINDS = SCORE_KINDS[:ScoreKind.PROBS]
+# the kinds below MULTICLASS (ScoreKind.PROBS) are binary (scored on P(y=1))
 MULTICLASS = int(ScoreKind.PROBS)  # a plain int: compared once per record on the hot path
 PROBS_TOLERANCE = 1e-3
 LABEL_RAW_CAP = 4096  # bytes of a label record kept while it waits for its prediction

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-ALL = "__all__"
+from calmon.names import ALL as ALL  # re-exported: older imports
+
 OTHER = "__other__"
 
 

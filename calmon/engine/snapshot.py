@@ -27,46 +27,18 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
-from typing import Any
 
 import numpy as np
 
 from calmon.engine import stats
-from calmon.engine.engine import Engine, Row, View
+from calmon.engine.engine import Engine, ReadState, WindowSums
 from calmon.engine.estimates import Estimates
 from calmon.engine.metrics import plugin_stats
+from calmon.engine.rows import Row, Snapshot, empty
 from calmon.engine.windows import CONF_SCALE, Layout
 
 SLICE_ROWS = 64  # rows whose expensive statistics one update computes (one stack)
 LOCK_SERIES = 64  # series whose window sums are read per hold of the engine lock
-
-
-@dataclass(frozen=True)
-class Snapshot(View):
-    """An immutable view with its age: the rows and counters as of engine ``version``."""
-
-    built_at: float = 0.0  # wall time it was built
-    # wall time the oldest expensive statistics it carries were computed (the start of
-    # the last completed refresh round); None when all of them match the counts
-    stale_since: float | None = None
-    serial: int = 0  # increases with every snapshot a refresher builds (a cache key)
-
-    def age(self, now: float) -> float:
-        """How old the expensive statistics served are at wall time ``now``."""
-        return 0.0 if self.stale_since is None else max(0.0, now - self.stale_since)
-
-    @cached_property
-    def by_series(self) -> dict[tuple[str, str], list[Row]]:
-        """(model, segment) -> its rows, one per window."""
-        out: dict[tuple[str, str], list[Row]] = {}
-        for r in self.rows:
-            out.setdefault((r.model, r.segment), []).append(r)
-        return out
-
-
-def empty(engine: Engine, built_at: float = 0.0) -> Snapshot:
-    return Snapshot(-math.inf, [], {}, 0, 0, [], -1, built_at=built_at)
 
 
 @dataclass
@@ -80,21 +52,19 @@ class _Cached:
 
 @dataclass
 class _Work:
-    """What one update read under the engine lock."""
+    """What one update read of the engine: its state, and the rows it shows."""
 
-    version: int
-    now: float
-    counters: dict[str, int]
-    pending: int
-    pending_labels: int
-    series: list[tuple[str, str]]
+    state: ReadState
     shown: list[int]
-    binary: dict[int, bool]
-    nows: np.ndarray  # each series' model's now (windows slide on it), by series id
-    windows: int
-    changed: set[int] | None  # None: everything
-    sums: dict[tuple[int, int], tuple[np.ndarray | None, float | None, Any]] = field(
-        default_factory=dict)
+    sums: dict[tuple[int, int], WindowSums] = field(default_factory=dict)
+
+    @property
+    def nows(self) -> np.ndarray:
+        return self.state.nows
+
+    @property
+    def windows(self) -> int:
+        return self.state.windows
 
 
 class Refresher:
@@ -114,9 +84,10 @@ class Refresher:
         self._round_started: float | None = None
         self._refreshed_at: float | None = None  # start of the last completed round
         self._round_version = -1  # the engine version the last round started at
+        self._read_version = -1  # the engine version the last update read
         self._started = clock()
         self._serial = 0
-        self.latest: Snapshot = empty(engine, self._started)
+        self.latest: Snapshot = empty(self._started)
 
     # ------------------------------------------------------------ one update
 
@@ -131,15 +102,13 @@ class Refresher:
     def update(self, *, full: bool = False) -> Snapshot:
         """Bring the plug-in numbers up to date and, when due, refresh a slice of the
         expensive ones (``full``: all of them, now). Returns the new ``latest``."""
-        eng = self.engine
-        with eng.lock:
-            # a round when due, unless nothing changed since the last one started
-            expensive = full or self._round_started is not None or (
-                self.due() and eng.version != self._round_version)
-            if (not expensive and eng.version == self.latest.version
-                    and not eng.changed_all and not eng.changed):
-                return self.latest
-            work = self._read_state()
+        version = self.engine.version
+        # a round when due, unless nothing changed since the last one started
+        expensive = full or self._round_started is not None or (
+            self.due() and version != self._round_version)
+        if not expensive and version == self._read_version:
+            return self.latest
+        work = self._read_state()
         dirty = self._dirty(work)
         self._read_sums(work, dirty)
         self._plugin(work, dirty)
@@ -153,28 +122,22 @@ class Refresher:
         return self._publish(work)
 
     def _read_state(self) -> _Work:
-        eng = self.engine
-        eng._evict()
-        nows = eng._series_nows()
-        changed: set[int] | None = None if eng.changed_all else eng.changed
-        eng.changed = set()
-        eng.changed_all = False
-        shown_set = eng.windows.series() | eng.scores.series() | self._pending_sids
-        series = list(eng.index.series)
-        shown = sorted((s for s in shown_set if s < len(series)), key=lambda s: series[s])
-        classes = eng.class_counts.classes
-        binary = {s: classes[eng._model_idx[series[s][0]]] == 0 for s in shown}
-        return _Work(eng.version, eng.now, dict(eng.counters), eng.join.pending,
-                     eng.join.pending_labels, series, shown, binary, nows,
-                     len(eng.windows.widths), changed)
+        state = self.engine.read_state(self._read_version)
+        self._read_version = state.version
+        series = state.series
+        shown = sorted((s for s in state.with_data | self._pending_sids
+                        if s < len(series) and series[s][0]), key=lambda s: series[s])
+        return _Work(state, shown)
 
-    def _cur(self, work: _Work, sid: int, w: int) -> int:
-        return int(self.engine.windows.current(w, float(work.nows[sid])))
+    @staticmethod
+    def _cur(work: _Work, sid: int, w: int) -> int:
+        return int(work.state.current[w, sid])
 
     def _dirty(self, work: _Work) -> list[tuple[int, int]]:
         out = []
+        changed = work.state.changed
         for sid in work.shown:
-            hit = work.changed is None or sid in work.changed
+            hit = changed is None or sid in changed
             for w in range(work.windows):
                 c = self._cache.get((sid, w))
                 if hit or c is None or c.cur != self._cur(work, sid, w):
@@ -184,35 +147,28 @@ class Refresher:
     def _read_sums(self, work: _Work, rows: list[tuple[int, int]]) -> None:
         """The window sums (and classwise ECE) of these rows, a few series per hold of
         the engine lock so the loop thread is never kept waiting long."""
-        eng = self.engine
-        for i in range(0, len(rows), LOCK_SERIES * work.windows):
-            with eng.lock:
-                for sid, w in rows[i:i + LOCK_SERIES * work.windows]:
-                    now = float(work.nows[sid])
-                    vec = eng.windows.totals(sid, w, now)
-                    cw = worst = None
-                    if (eng.classwise is not None and not work.binary[sid] and vec is not None
-                            and vec[:eng.windows.layout.bins].sum() > 0):
-                        cw = eng._classwise_ece(sid, w, now)
-                        worst = eng._worst_class(sid, w, now) if cw is not None else None
-                    work.sums[(sid, w)] = (vec, cw, worst)
+        step = LOCK_SERIES * work.windows
+        for i in range(0, len(rows), step):
+            part = rows[i:i + step]
+            work.sums.update(zip(part, self.engine.window_sums(part, work.nows)))
 
     def _plugin(self, work: _Work, rows: list[tuple[int, int]]) -> None:
         m = self.cfg.metrics
-        lay = self.engine.windows.layout
+        lay = self.engine.layout
+        binary = work.state.binary
         for sid, w in rows:
-            vec, cw, worst = work.sums[(sid, w)]
-            if vec is None:
-                vec = np.zeros(lay.size)
+            sums = work.sums[(sid, w)]
+            vec = sums.vec if sums.vec is not None else np.zeros(lay.size)
+            cw, worst = sums.classwise_ece, sums.worst_class
             digest = _digest(vec)
             old = self._cache.get((sid, w))
-            model, segment = work.series[sid]
+            model, segment = work.state.series[sid]
             est = self._estimates.get((sid, w), Estimates())
             if old is not None and old.digest == digest and old.row.classwise_ece == cw:
                 old.cur = self._cur(work, sid, w)
                 continue
-            st = plugin_stats(vec, lay, work.binary[sid], m.mce_min_samples)
-            c = _Cached(Row(model, segment, m.windows[w].name, work.binary[sid], st, cw, est,
+            st = plugin_stats(vec, lay, binary[sid], m.mce_min_samples)
+            c = _Cached(Row(model, segment, m.windows[w].name, binary[sid], st, cw, est,
                             worst), self._cur(work, sid, w), digest)
             if old is not None:
                 c.exp_digest, c.expensive = old.exp_digest, old.expensive
@@ -232,22 +188,14 @@ class Refresher:
         """A new round: the label-free estimates of every row (one pass over the pending
         predictions), and the queue of rows whose counts changed since their refresh."""
         self._round_started = self.clock()
-        self._round_version = work.version
+        self._round_version = work.state.version
         eng = self.engine
-        with eng.lock:
-            pending = eng._pending_estimates(work.nows)
-            self._pending_sids = {s for s, _ in pending}
+        pending = eng.pending_counts(work.nows)
+        self._pending_sids = {s for s, _ in pending}
         estimates: dict[tuple[int, int], Estimates] = {}
         shown = work.shown
         for i in range(0, len(shown), LOCK_SERIES):
-            with eng.lock:
-                for sid in shown[i:i + LOCK_SERIES]:
-                    model, segment = work.series[sid]
-                    live = eng._calibrator(model, segment)
-                    for w in range(work.windows):
-                        estimates[(sid, w)] = eng._estimates(
-                            sid, w, work.binary[sid], pending.get((sid, w)),
-                            None if live is None else live[1], float(work.nows[sid]))
+            estimates.update(eng.estimates(shown[i:i + LOCK_SERIES], pending, work.nows))
         self._estimates = estimates
         for key, c in self._cache.items():
             est = estimates.get(key, Estimates())
@@ -264,18 +212,16 @@ class Refresher:
         take = [k for k in take if k in self._cache]
         if not take:
             return
-        eng = self.engine
-        lay = eng.windows.layout
+        lay = self.engine.layout
         vecs: list[np.ndarray] = []
         keys: list[tuple[int, int]] = []
         for i in range(0, len(take), LOCK_SERIES):
-            with eng.lock:
-                nows = eng._series_nows()
-                for sid, w in take[i:i + LOCK_SERIES]:
-                    vec = eng.windows.totals(sid, w, float(nows[sid]))
-                    if vec is not None and vec[lay.count:lay.count + lay.bins].sum() > 0:
-                        vecs.append(vec)
-                        keys.append((sid, w))
+            part = take[i:i + LOCK_SERIES]
+            for key, sums in zip(part, self.engine.window_sums(part, classwise=False)):
+                vec = sums.vec
+                if vec is not None and vec[lay.count:lay.count + lay.bins].sum() > 0:
+                    vecs.append(vec)
+                    keys.append(key)
         if not vecs:
             return
         values = expensive_stats(np.stack(vecs), lay, self.cfg.metrics.interval_level)
@@ -301,11 +247,18 @@ class Refresher:
         if stale:
             since = self._refreshed_at if self._refreshed_at is not None else self._started
         self._serial += 1
-        self.latest = Snapshot(work.now, rows, work.counters, work.pending, work.pending_labels,
-                               work.series, work.version,
-                               series_held=sum(1 for m, _ in work.series if m),
+        st = work.state
+        self.latest = Snapshot(st.now, rows, dict(st.counters), st.pending, st.pending_labels,
+                               list(st.series), st.version,
+                               series_held=sum(1 for m, _ in st.series if m),
                                built_at=self.clock(), stale_since=since, serial=self._serial)
         return self.latest
+
+
+def full_snapshot(engine: Engine) -> Snapshot:
+    """Every statistic of the engine's state now, the expensive ones included: what a
+    reader with no refresher of its own renders (``replay``, its report, a test)."""
+    return Refresher(engine).update(full=True)
 
 
 def expensive_stats(vecs: np.ndarray, lay: Layout, level: float

@@ -48,7 +48,7 @@ def ece_l2_debiased_batch(count: np.ndarray, conf: np.ndarray, correct: np.ndarr
 
 
 def _means(n: np.ndarray, p: np.ndarray, exact: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """``metrics._bin_means`` from its draws: binomial counts where ``exact``, standard
+    """``metrics.bin_means`` from its draws: binomial counts where ``exact``, standard
     normals elsewhere (all (S, D, B), p and exact (S, 1, B))."""
     nn = np.maximum(n, 1).astype(np.float64)
     out: np.ndarray = np.where(exact, 0.0, p * (1.0 - p)) / nn
@@ -61,7 +61,7 @@ def _means(n: np.ndarray, p: np.ndarray, exact: np.ndarray, draws: np.ndarray) -
 
 def _draw(rng: np.random.Generator, n: np.ndarray, p: np.ndarray, exact: np.ndarray,
           out: np.ndarray) -> None:
-    """The draws of one ``metrics._bin_means`` call, in its order, into ``out`` (D, k)."""
+    """The draws of one ``metrics.bin_means`` call, in its order, into ``out`` (D, k)."""
     if exact.any():
         out[:, exact] = rng.binomial(n[:, exact], p[exact])
     if not exact.all():
@@ -153,7 +153,7 @@ def _interval_stack(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, le
 
 def _smooth_batch(f: list[np.ndarray], weights: list[np.ndarray], t: np.ndarray, sigma: float,
                   grid: int) -> np.ndarray:
-    """``metrics._smooth`` of several (f, w) pairs with the same bandwidth: one kernel,
+    """``metrics.smooth`` of several (f, w) pairs with the same bandwidth: one kernel,
     one batched FFT. Returns (len(f), len(t))."""
     rows = len(f)
     keys, vals = [], []

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from calmon.config import Window
+from calmon.names import BUCKETS as BUCKETS  # re-exported: older imports
 
-BUCKETS = 16
 CONF_SCALE = float(2**32)  # confidence and Brier terms (<= 2)
 NLL_SCALE = float(2**30)  # NLL terms (<= -log 1e-15 ~ 34.5)
 # a batch's per-group sums are dense rows up to this many entries (8 MiB), else sparse

@@ -344,6 +344,16 @@ class CheckpointStore:
             return None
         raise StateError(msg)
 
+    def peek(self) -> Checkpoint | None:
+        """The newest checkpoint that reads, touching nothing (no temp file removed,
+        nothing set aside): what ``check-config --probe`` says a run would restore."""
+        for seq, path in reversed(self._files()):
+            try:
+                return self._read(seq, path)
+            except Exception:  # unusable: a run would try the older one too
+                continue
+        return None
+
     @staticmethod
     def _set_aside(paths: list[Path]) -> None:
         """Rename unreadable checkpoints to ``*.corrupt`` (kept for inspection), so

@@ -36,7 +36,9 @@ from confluent_kafka import (
 from calmon.config import KafkaConfig
 from calmon.io import source as shared
 from calmon.io.confluent_settings import LibrdkafkaLog, librdkafka_settings
-from calmon.io.source import Chunk, KafkaSourceError, Position, Skip, SourceBase
+from calmon.io.pacing import Pacer
+from calmon.io.security import credentials_problem, tls_failure
+from calmon.io.source import Chunk, KafkaAuthError, KafkaSourceError, Position, Skip, SourceBase
 from calmon.io.topics import fetch_bytes
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,9 @@ class ConfluentSource(SourceBase):
         self._progress: dict[Position, tuple[int, float]] = {}  # fetch position, since when
         self._progress_at = 0.0
         self._connected = False
+        self._refused: str | None = None  # why the broker refused us (login, certificate)
+        # labels no earlier than their predictions, as far as can be told (io/pacing.py)
+        self._pacer = Pacer(config.predictions_topic, config.labels_topic, self._lagging)
         self._last_warning = -float("inf")
 
     # ------------------------------------------------------------------ setup
@@ -120,6 +125,9 @@ class ConfluentSource(SourceBase):
                 last_error = None
             except KafkaException as exc:  # broker unreachable: keep trying until the deadline
                 meta, last_error = None, exc
+                consumer.poll(0)  # serves error_cb: a refused login or certificate says why
+                if self._refused is not None:
+                    raise KafkaAuthError(self._refused) from None
             if meta is not None and meta.error is None and meta.partitions:
                 return set(meta.partitions)
             if meta is not None and last_error is None:
@@ -160,6 +168,8 @@ class ConfluentSource(SourceBase):
         else:  # librdkafka resolves it: committed offset, else auto.offset.reset
             missing = OFFSET_INVALID
         consumer.assign([TopicPartition(t, p, stored.get((t, p), missing)) for t, p in owned])
+        self._pacer.clear()
+        self._pair_partitions(owned)
         self._connected = True  # metadata just came back
         self._owned = sorted(owned)
         log.info("assigned %d partitions: %s", len(owned), self._owned)
@@ -168,6 +178,35 @@ class ConfluentSource(SourceBase):
     # ------------------------------------------------------------------ reading
 
     def poll_chunks(self, timeout_ms: int = 1000, max_records: int = 500) -> list[Chunk]:
+        """One consume() as per-partition columns, paced (``calmon.io.pacing``): the
+        predictions first, labels held while their partition's predictions lag."""
+        return self._pacer.pace(self._consume_chunks(timeout_ms, max_records))
+
+    def _pair_partitions(self, owned: list[Position]) -> None:
+        """Labels are paced only where both topics have the same partition numbers."""
+        cfg = self._config
+        self._pacer.pairs = ({p for t, p in owned if t == cfg.predictions_topic}
+                             == {p for t, p in owned if t == cfg.labels_topic})
+
+    def _lagging(self, partition: int) -> bool:
+        """Whether the predictions partition ``partition`` has records librdkafka has
+        not handed over yet (from its local state: the last fetch's high watermark)."""
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        tp = TopicPartition(self._config.predictions_topic, partition)
+        try:
+            position = consumer.position([tp])[0].offset
+            low, high = consumer.get_watermark_offsets(tp, cached=True)
+        except KafkaException:
+            return False
+        if high is None or high < 0:
+            return True  # not fetched yet: its records may well be on their way
+        if position < 0:  # nothing handed over yet
+            return bool(high > (low if low is not None and low >= 0 else 0))
+        return bool(position < high)
+
+    def _consume_chunks(self, timeout_ms: int, max_records: int) -> list[Chunk]:
         if self._consumer is None:
             raise RuntimeError("ConfluentSource.poll() before assign()")
         try:
@@ -181,6 +220,10 @@ class ConfluentSource(SourceBase):
             else:
                 self._trouble("broker unreachable")
             return []
+        # records came from a broker: connected, whatever a stale all-brokers-down error
+        # served in the same consume() said (after a broker restart librdkafka delivers
+        # the outage's errors late, and the next statistics are up to a second away)
+        self._connected = True
         self._recovered()
         # one C getter per field over the whole poll, then runs of a partition sliced
         # out: a third of the per-message Python of a loop that appends field by field
@@ -231,9 +274,10 @@ class ConfluentSource(SourceBase):
         consumer = self._consumer
         assert consumer is not None
         consumer.incremental_assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in new])
+        self._pair_partitions([*self._owned, *new])
 
     def commit(self, positions: dict[Position, int]) -> bool:
-        """Commit next offsets (lag monitoring only), asynchronously so that a slow
+        """Commit next offsets (lag monitoring, a checkpoint-less start), asynchronously so a slow
         coordinator never stalls polling; failures are logged from the callback."""
         if self._consumer is None or not self._config.group_id:
             return False
@@ -308,6 +352,11 @@ class ConfluentSource(SourceBase):
         """True while librdkafka last reported a broker connection UP (no I/O)."""
         return self._consumer is not None and self._connected
 
+    def refused(self) -> str | None:
+        """While no broker connection is up: why the broker refused the last one (the
+        credentials, the certificate), naming the setting; else None."""
+        return None if self.connected() else self._refused
+
     def close(self) -> None:
         """Close without committing (commits are explicit); waits for pending commits."""
         consumer, self._consumer = self._consumer, None
@@ -322,7 +371,14 @@ class ConfluentSource(SourceBase):
     # ------------------------------------------------------------------ callbacks
 
     def _on_error(self, err: KafkaError) -> None:
-        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+        code = err.code()
+        if code in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            client = self._config.client
+            self._refused = (credentials_problem(client, err.str())
+                             if code == KafkaError._AUTHENTICATION
+                             else tls_failure(client, err.str()))
+            self._trouble(self._refused)
+        elif code == KafkaError._ALL_BROKERS_DOWN:
             self._connected = False
         elif err.fatal():
             self._trouble(f"fatal error: {err}")
@@ -335,6 +391,8 @@ class ConfluentSource(SourceBase):
         except (orjson.JSONDecodeError, AttributeError):
             return
         self._connected = any(b.get("state") == "UP" for b in brokers.values())
+        if self._connected:
+            self._refused = None
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         failed = [tp for tp in partitions if tp.error is not None]

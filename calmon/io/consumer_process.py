@@ -3,7 +3,7 @@ use two cores instead of sharing one interpreter lock.
 
 kafka-python spends longer decoding a record batch than calmon spends parsing
 and counting it; in one process the two add up. Here a child owns the source of
-``kafka.library`` (``calmon.io.source.make_source``) and streams poll results
+``kafka.library`` (``make_source``, the one place that picks the library) and streams poll results
 (plain per-partition columns) through a pipe; the parent (the daemon) builds
 ``Raw`` records and feeds the engine. With librdkafka the decoding runs in its
 own threads, but the pipe still keeps the per-record Python work of the two
@@ -36,14 +36,16 @@ from calmon.children import die_with_parent
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
 from calmon.io import topic_checks
+from calmon.io.reach import unreachable
 from calmon.io.source import (
     Batch,
     Chunk,
+    ChunkSource,
     CoPartitionError,
+    KafkaAuthError,
     KafkaSourceError,
     Position,
     Skip,
-    make_source,
     to_batch,
 )
 from calmon.io.topics import fetch_bytes
@@ -54,6 +56,17 @@ POLL_TIMEOUT_MS = 200
 AHEAD = 2  # poll results the child may hold beyond the one crossing the pipe
 END_OFFSETS_INTERVAL_S = 10.0  # how often the child fetches end offsets (consumer lag)
 REFRESH_INTERVAL_S = 30.0  # how often the child compares the topics' partitions again
+
+
+def make_source(config: KafkaConfig, *, metadata_timeout_s: float = 30.0) -> ChunkSource:
+    """The source of the configured ``kafka.library``."""
+    if config.library == "confluent":
+        from calmon.io.confluent_source import ConfluentSource  # optional extra calmon[fast]
+
+        return ConfluentSource(config, metadata_timeout_s=metadata_timeout_s)
+    from calmon.io.kafka_source import KafkaSource
+
+    return KafkaSource(config, metadata_timeout_s=metadata_timeout_s)
 
 
 class ProcessSource:
@@ -74,6 +87,7 @@ class ProcessSource:
         self._end_offsets: dict[Position, int] = {}  # last fetched by the child
         self._problem: str | None = None  # the child's co-partitioning problem, if any
         self._stuck: str | None = None  # the child's source's stuck(), as last sent
+        self._refused: str | None = None  # why the broker refuses the child, as last sent
 
     def assign(self, positions: dict[Position, int] | None = None, *,
                from_checkpoint: bool = False) -> list[Position]:
@@ -81,6 +95,9 @@ class ProcessSource:
         KafkaSourceError when the child cannot assign (broker down, missing topic),
         CoPartitionError when the topics cannot be split over the instances."""
         self.close()
+        down = unreachable(self._config.bootstrap_servers)
+        if down is not None:  # said at once, not after the child's metadata timeout
+            raise KafkaSourceError(down)
         ctx = mp.get_context("spawn")  # no fork of the HTTP and scheduler threads
         data_parent, data_child = ctx.Pipe(duplex=False)
         cmd_child, cmd_parent = ctx.Pipe(duplex=False)
@@ -105,9 +122,10 @@ class ProcessSource:
         except EOFError:
             self.close()
             raise KafkaSourceError("the consumer process died while assigning") from None
-        if kind in ("error", "refused"):
+        if kind in ("error", "refused", "auth"):
             self.close()
-            raise (CoPartitionError if kind == "refused" else KafkaSourceError)(payload)
+            error = {"refused": CoPartitionError, "auth": KafkaAuthError}.get(kind)
+            raise (error or KafkaSourceError)(payload)
         self._connected = True
         self._problem = None
         owned: list[Position] = payload
@@ -121,8 +139,8 @@ class ProcessSource:
         try:
             if not self._data.poll(timeout_ms / 1000.0):
                 return Batch()
-            chunks, self._connected, ends, self._problem, skips, self._stuck = (
-                self._data.recv())
+            (chunks, self._connected, ends, self._problem, skips, self._stuck,
+             self._refused) = self._data.recv()
         except (EOFError, OSError):
             self.close()
             raise KafkaSourceError("the consumer process exited") from None
@@ -136,6 +154,10 @@ class ProcessSource:
         """Why the child's polls have failed for a while with the broker up, or None."""
         return self._stuck if self._proc is not None else None
 
+    def refused(self) -> str | None:
+        """Why the broker refuses the child's connections (credentials, certificate)."""
+        return self._refused if self._proc is not None and not self._connected else None
+
     def end_offsets(self) -> dict[Position, int]:
         """The owned partitions' end offsets as the child last fetched them (for lag)."""
         return self._end_offsets
@@ -146,7 +168,8 @@ class ProcessSource:
         return self._problem
 
     def commit(self, positions: dict[Position, int]) -> bool:
-        """Ask the child to commit (for lag monitoring only); does not wait."""
+        """Ask the child to commit (lag monitoring, and where a run without a checkpoint
+        starts); does not wait."""
         if self._cmd is None:
             return False
         try:
@@ -183,6 +206,7 @@ class ProcessSource:
         self._connected = False
         self._end_offsets = {}
         self._stuck = None
+        self._refused = None
 
 
 def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_checkpoint: bool,
@@ -201,6 +225,9 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
         except CoPartitionError as e:
             data.send(("refused", str(e)))
             return
+        except KafkaAuthError as e:
+            data.send(("auth", str(e)))
+            return
         except KafkaSourceError as e:
             data.send(("error", str(e)))
             return
@@ -217,6 +244,7 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
         next_refresh = time.monotonic() + REFRESH_INTERVAL_S
         problem: str | None = None
         carry = fetch_bytes(config.max_record_bytes)  # the largest value sent across
+        refused = getattr(source, "refused", lambda: None)  # not every library can tell
         while os.getppid() == parent and sender.is_alive():
             while cmd.poll():
                 what, arg = cmd.recv()
@@ -236,7 +264,7 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
             while sender.is_alive():  # blocks while the parent is AHEAD batches behind
                 try:
                     outbox.put((chunks, source.connected(), ends, problem, skips,
-                                source.stuck()), timeout=0.5)
+                                source.stuck(), refused()), timeout=0.5)
                     break
                 except queue.Full:
                     continue

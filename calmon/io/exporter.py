@@ -26,10 +26,17 @@ from prometheus_client.utils import floatToGoString
 
 from calmon import __version__
 from calmon.config import Config
-from calmon.engine.engine import Engine, Row, View
+from calmon.engine.engine import Engine
 from calmon.engine.records import REASONS
-from calmon.engine.series import ALL
+from calmon.engine.rows import Row, Snapshot, empty
+from calmon.engine.snapshot import Refresher
 from calmon.io.totals import DELAY_BUCKETS, ProcessTotals
+from calmon.names import ALL
+from calmon.names import FAMILIES as FAMILIES  # re-exported: older imports
+from calmon.names import FIT_METHODS as FIT_METHODS
+from calmon.names import SERIES_FAMILIES as SERIES_FAMILIES
+from calmon.names import SERIES_GAUGES as SERIES_GAUGES
+from calmon.names import UNFILTERED_FAMILIES as UNFILTERED_FAMILIES
 from calmon.recal.readmodel import RecalState
 
 ROW_GAUGES = (
@@ -59,31 +66,27 @@ ESTIMATE_GAUGES = (
     ("calmon_pending_samples", "pending_samples",
      "Predictions in the window still waiting for their label"),
     ("calmon_estimated_accuracy", "estimated_accuracy",
-     "Accuracy the pending predictions will show if the live calibrator holds (CBPE)"),
+     "Accuracy the pending predictions will show if P(y | score), as learned from the "
+     "labelled samples (or the live calibrator), holds (CBPE)"),
     ("calmon_estimated_positive_rate", "estimated_positive_rate",
-     "Mean calibrated P(y=1) of the pending predictions (binary models)"),
+     "Expected P(y=1) of the pending predictions, read as calmon_estimated_accuracy "
+     "(binary models)"),
     ("calmon_score_psi", "score_psi",
      "Population stability index of the raw confidences against the reference histogram"),
+    ("calmon_estimated_accuracy_lower", "estimated_accuracy_lower",
+     "Lower end of the metrics.interval_level band for the accuracy the pending "
+     "predictions will realize (their finite number and the estimation map's fit error)"),
+    ("calmon_estimated_accuracy_upper", "estimated_accuracy_upper",
+     "Upper end of the metrics.interval_level band for the accuracy the pending "
+     "predictions will realize"),
+    ("calmon_estimated_correct", "estimated_correct",
+     "Expected number of pending predictions that will prove right: sum over instances "
+     "and divide by the summed calmon_pending_samples"),
+    ("calmon_estimated_correct_variance", "estimated_correct_variance",
+     "Variance of calmon_estimated_correct: summed over instances, its square root over "
+     "the summed pending samples is the combined band's standard error"),
 )
 ROW_LABELS = ("model", "segment", "window")
-# per (model, segment) gauges that metrics.export.families / segment_families filter too
-SERIES_GAUGES = ("calibrator_temperature", "drift_evidence", "drift_change_timestamp_seconds")
-# every family a (model, segment[, window]) series may carry that the export policy filters,
-# by its name without ``calmon_``: what metrics.export.families and segment_families name
-SERIES_FAMILIES = ("window_samples", *(n[len("calmon_"):] for n, _, _ in ROW_GAUGES),
-                   *(n[len("calmon_"):] for n, _, _ in ESTIMATE_GAUGES), "classwise_ece",
-                   "calibrated_ece", "calibrated_samples", *SERIES_GAUGES)
-# never filtered by families (counters, drift, versions, recalibration outcomes, and the
-# families without a series): known names, so a config may list them
-UNFILTERED_FAMILIES = (
-    "bin_samples_total", "bin_confidence_total", "bin_correct_total", "predictions_total",
-    "labels_total", "joined_total", "class_resets_total", "join_expired_total",
-    "labels_expired_total", "duplicates_total", "invalid_records_total", "join_pending",
-    "label_delay_seconds", "recalibrations_total", "calibrator_version", "drift",
-    "alerts_failed_total", "dead_letters_failed_total", "last_checkpoint_timestamp_seconds",
-    "statistics_age_seconds", "build_info", "consumer_lag_records",
-    "loop_heartbeat_timestamp_seconds", "recalibration_owned_models")
-FAMILIES = SERIES_FAMILIES + UNFILTERED_FAMILIES
 CLASSWISE_DOC = ("Mean over classes of the ECE of p_k against [y = k] (multiclass models, "
                  "with metrics.classwise)")
 
@@ -104,7 +107,7 @@ _GETTERS: tuple[tuple[str, str, Callable[[Row], Any]], ...] = (
     ("calmon_classwise_ece", "classwise_ece", lambda row: row.classwise_ece),
 )
 OUTCOMES = ("published", "rejected", "failed")
-FIT_METHODS = ("temperature", "platt", "isotonic", "histogram")  # what ``auto`` may choose
+_NO_ROWS = empty()  # what describe() renders: the families of no rows
 
 
 class ExportPolicy:
@@ -132,12 +135,12 @@ class WindowCollector(Collector):
     """The per-window families of the latest snapshot, as ``metrics.export`` allows: the
     bulk of the exposition, rendered once per snapshot (see ``calmon.io.exposition``)."""
 
-    def __init__(self, snapshot: Callable[[], View], cfg: Config) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], cfg: Config) -> None:
         self.snapshot = snapshot
         self.policy = ExportPolicy(cfg)
 
     def describe(self) -> list[Metric]:
-        return []
+        return list(window_metrics(_NO_ROWS, self.policy))  # the families of no rows
 
     def collect(self) -> Iterator[Metric]:
         yield from window_metrics(self.snapshot(), self.policy)
@@ -153,8 +156,8 @@ def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
-def render_windows(view: View, policy: ExportPolicy, openmetrics: bool) -> bytes:
-    """``window_metrics`` of a view in the exposition format (see WindowCollector)."""
+def render_windows(view: Snapshot, policy: ExportPolicy, openmetrics: bool) -> bytes:
+    """``window_metrics`` of a snapshot in the exposition format (see WindowCollector)."""
     names = ["calmon_window_samples", *(n for n, _, _ in ROW_GAUGES),
              *(n for n, _, _ in ESTIMATE_GAUGES), "calmon_classwise_ece"]
     docs = {n: d for n, _, d in (*ROW_GAUGES, *ESTIMATE_GAUGES)}
@@ -186,6 +189,11 @@ def render_windows(view: View, policy: ExportPolicy, openmetrics: bool) -> bytes
     return "".join(out).encode()
 
 
+def _refreshed(refresher: Refresher) -> Callable[[], Snapshot]:
+    """The refresher's snapshot brought up to date, every statistic fresh."""
+    return lambda: refresher.update(full=True)
+
+
 class CalmonCollector(Collector):
     def __init__(self, engine: Engine,
                  last_checkpoint: Callable[[], float | None] = lambda: None,
@@ -194,14 +202,16 @@ class CalmonCollector(Collector):
                  heartbeat: Callable[[], float | None] | None = None,
                  totals: ProcessTotals | None = None,
                  dead_letters_failed: Callable[[], int] | None = None,
-                 snapshot: Callable[[], View] | None = None,
+                 snapshot: Callable[[], Snapshot] | None = None,
                  windows: bool = True,
                  statistics_age: Callable[[], float | None] | None = None) -> None:
-        """``snapshot``: where the rows come from (default: ``engine.view``, which
-        computes; the daemon passes its refresher's latest snapshot). ``windows``: False
+        """``snapshot``: where the rows come from (the daemon passes its refresher's
+        latest snapshot; default: a refresher of this collector's own, brought up to
+        date by each collect). ``windows``: False
         when a ``WindowCollector`` exports the window families instead."""
         self.engine = engine
-        self.snapshot = snapshot if snapshot is not None else engine.view
+        self.snapshot: Callable[[], Snapshot] = (
+            snapshot if snapshot is not None else _refreshed(Refresher(engine)))
         self.windows = windows
         self.policy = ExportPolicy(engine.cfg)
         self.statistics_age = statistics_age
@@ -214,26 +224,33 @@ class CalmonCollector(Collector):
         self.dead_letters_failed = dead_letters_failed
 
     def describe(self) -> list[Metric]:
-        return []  # dynamic families: nothing to check at registration
+        """Every family ``collect`` may yield, of empty readings: nothing is read
+        (registration checks the names, and refuses a family already registered)."""
+        recal = None if self.recal is None else RecalState(owned_models=0)
+        return list(self._families(_NO_ROWS, ProcessTotals(), recal, live=False))
 
     def collect(self) -> Iterator[Metric]:
-        view = self.snapshot()
+        recal = None if self.recal is None else self.recal()
+        yield from self._families(self.snapshot(), self.totals.copy(), recal, live=True)
+
+    def _families(self, view: Snapshot, totals: ProcessTotals, recal: RecalState | None, *,
+                  live: bool) -> Iterator[Metric]:
+        """The families of these readings; ``live``: read the callables' values too."""
         if self.windows:
             yield from window_metrics(view, self.policy)
-        totals = self.totals.copy()
         yield from self._bins(totals, self.policy)
         yield from self._flow(view, totals)
-        if self.recal is not None:
-            yield from recal_metrics(self.recal(), self.policy)
+        if recal is not None:
+            yield from recal_metrics(recal, self.policy)
         if self.statistics_age is not None:
-            age = self.statistics_age()
+            age = self.statistics_age() if live else None
             g = GaugeMetricFamily("calmon_statistics_age_seconds",
                                   "Age of the expensive statistics being served (intervals, "
                                   "debiased and smooth ECE, estimates, PSI)")
             if age is not None:
                 g.add_metric([], age)
             yield g
-        ts = self.last_checkpoint()
+        ts = self.last_checkpoint() if live else None
         g = GaugeMetricFamily("calmon_last_checkpoint_timestamp_seconds",
                               "Unix time of the last checkpoint written")
         if ts is not None:
@@ -243,10 +260,10 @@ class CalmonCollector(Collector):
             yield CounterMetricFamily(
                 "calmon_dead_letters_failed_total",
                 "Invalid records that could not be forwarded to the dead-letter topic",
-                value=self.dead_letters_failed())
-        yield from self._process()
+                value=self.dead_letters_failed() if live else 0)
+        yield from self._process(live)
 
-    def _process(self) -> Iterator[Metric]:
+    def _process(self, live: bool) -> Iterator[Metric]:
         info = GaugeMetricFamily("calmon_build_info", "Always 1; the running calmon's version",
                                  labels=("version", "python"))
         info.add_metric([__version__, platform.python_version()], 1)
@@ -255,12 +272,12 @@ class CalmonCollector(Collector):
                               "Records in the partition after calmon's position (end offset "
                               "minus next offset), refreshed every few seconds",
                               labels=("topic", "partition"))
-        for (topic, partition), v in sorted((self.lag() if self.lag else {}).items()):
+        for (topic, partition), v in sorted((self.lag() if self.lag and live else {}).items()):
             g.add_metric([topic, str(partition)], v)
         yield g
         g = GaugeMetricFamily("calmon_loop_heartbeat_timestamp_seconds",
                               "Unix time the main loop last made progress (polled or waited)")
-        beat = self.heartbeat() if self.heartbeat else None
+        beat = self.heartbeat() if self.heartbeat and live else None
         if beat is not None:
             g.add_metric([], beat)
         yield g
@@ -285,7 +302,7 @@ class CalmonCollector(Collector):
         yield from (n, conf, corr)
 
     @staticmethod
-    def _flow(view: View, t: ProcessTotals) -> Iterator[Metric]:
+    def _flow(view: Snapshot, t: ProcessTotals) -> Iterator[Metric]:
         for name, doc, counts in (
             ("calmon_predictions_total", "Valid predictions received", t.predictions),
             ("calmon_labels_total", "Valid labels received (model empty when not yet known)",
@@ -344,8 +361,8 @@ class CalmonCollector(Collector):
         yield hist
 
 
-def window_metrics(view: View, policy: ExportPolicy) -> Iterator[Metric]:
-    """The per (model, segment, window) families of a view or snapshot."""
+def window_metrics(view: Snapshot, policy: ExportPolicy) -> Iterator[Metric]:
+    """The per (model, segment, window) families of a snapshot."""
     samples = GaugeMetricFamily("calmon_window_samples", "Joined samples in the window",
                                 labels=ROW_LABELS)
     fams = [(GaugeMetricFamily(name, doc, labels=ROW_LABELS), attr, name[len("calmon_"):])

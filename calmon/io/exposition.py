@@ -8,6 +8,12 @@ changing with every batch) is rendered per request and appended: as more plain
 bytes, or through a copy of the compressor the shared part left off at, so the
 answer is one ordinary gzip stream. The parts are written one after the other, so
 a scrape never joins them into a second copy of the body.
+
+``Exposition.render`` is the one writer of a /metrics body, for each format
+prometheus-client negotiates (text 0.0.4, OpenMetrics): the daemon's, and the
+HTTP server's over a bare registry alike. ``new_registry`` is the one way calmon
+makes a registry: every collector describes its families, so a family two
+collectors would both write is refused when the second one is registered.
 """
 
 from __future__ import annotations
@@ -18,11 +24,27 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder, gzip_accepted
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 EOF = b"# EOF\n"
 GZIP_LEVEL = 6  # zlib's default: most of level 9's ratio on this text, at a fraction of its time
+
+
+def new_registry(*collectors: Collector) -> CollectorRegistry:
+    """A fresh registry holding ``collectors``. Registering one whose ``describe()``
+    names a family already there raises ValueError (auto_describe: a collector
+    without ``describe`` is collected once to find its names)."""
+    registry = CollectorRegistry(auto_describe=True)
+    for c in collectors:
+        registry.register(c)
+    return registry
+
+
+def standard_collectors() -> list[Collector]:
+    """prometheus-client's process_* and python_info collectors, not yet registered."""
+    return [ProcessCollector(registry=None), PlatformCollector(registry=None)]
 
 
 class _Collectors:
@@ -49,9 +71,10 @@ class Exposition:
     body parts). ``key()`` names the state the shared part was rendered from (the
     snapshot): a new key renders it again, once, whichever request comes first."""
 
-    def __init__(self, shared: Collector, key: Callable[[], Hashable],
+    def __init__(self, shared: Collector | None, key: Callable[[], Hashable],
                  others: Sequence[Collector]) -> None:
-        self.shared = _Collectors([shared])
+        """``shared``: None when every family is rendered per request (``others``)."""
+        self.shared = _Collectors([] if shared is None else [shared])
         self.key = key
         self.others = _Collectors(others)
         self._lock = threading.Lock()
@@ -65,13 +88,7 @@ class Exposition:
             key = self.key()
             entry = self._cache.get(ctype)
             if entry is None or entry.key != key:
-                render = getattr(self.shared.collectors[0], "render", None)
-                if render is not None:  # the same bytes, written directly (no end marker)
-                    body = render(ctype.startswith("application/openmetrics"))
-                else:
-                    body = encoder(self.shared)
-                if body.endswith(EOF):  # OpenMetrics: the end marker comes after the rest
-                    body = body[:-len(EOF)]
+                body = self._render_shared(encoder, ctype)
                 entry = self._cache[ctype] = _Shared(key, body)
                 self.builds += 1
             if gz and entry.gz_state is None:
@@ -84,3 +101,15 @@ class Exposition:
             co = entry.gz_state.copy()
             return ctype, "gzip", [entry.gz_prefix, co.compress(rest) + co.flush()]
         return ctype, None, [entry.body, rest]
+
+    def _render_shared(self, encoder: Callable[[Any], bytes], ctype: str) -> bytes:
+        if not self.shared.collectors:
+            return b""
+        render = getattr(self.shared.collectors[0], "render", None)
+        if render is not None:  # the same bytes, written directly (no end marker)
+            body: bytes = render(ctype.startswith("application/openmetrics"))
+        else:
+            body = encoder(self.shared)
+        if body.endswith(EOF):  # OpenMetrics: the end marker comes after the rest
+            body = body[:-len(EOF)]
+        return body

@@ -20,12 +20,16 @@ connections are handled in two stages (``_Server``):
   taken within ``request_timeout_s`` (``sendall`` applies the socket timeout to
   the whole answer).
 
+With a web config, a request for another path is first admitted
+(``calmon.io.admission``: the client certificate, then the credentials, bcrypt
+on a thread of its own that holds no request slot).
+
 Pages (``/reliability``) are cached for ``page_cache_s`` per parsed query (a
 page's ``cache_key`` says which parameters matter: junk ones share an entry), within
 ``PAGE_CACHE_BYTES``, and built one at a time, so a scrape storm costs one build per
 few seconds and junk query strings cannot pin memory. ``/metrics`` bodies come from
-an ``Exposition`` (shared per snapshot, gzip when the client accepts it) when one is
-given, else from the registry.
+an ``Exposition`` (shared per snapshot, gzip when the client accepts it): the one
+given, else one over the registry.
 """
 
 from __future__ import annotations
@@ -46,9 +50,14 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
+from calmon.io.admission import UNAUTHORIZED as UNAUTHORIZED  # its old home
+from calmon.io.admission import Admission
+from calmon.io.basic_auth import BasicAuth
+from calmon.io.exposition import Exposition
+from calmon.io.tls_server import TlsServer
 from calmon.io.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -69,11 +78,10 @@ PROBES = frozenset({"/healthz", "/readyz"})
 PAGE_CACHE_S = 5.0
 PAGE_CACHE_ENTRIES = 64
 PAGE_CACHE_BYTES = 32 * 1024 * 1024
+GZIP_MIN_BYTES = 1024  # smaller answers go as they are: gzip would not pay for itself
+GZIP_LEVEL = 6
 BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
         b"Content-Length: 5\r\nConnection: close\r\nRetry-After: 1\r\n\r\nbusy\n")
-UNAUTHORIZED = (b"HTTP/1.0 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"calmon\"\r\n"
-                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: 13\r\n"
-                b"Connection: close\r\n\r\nunauthorized\n")
 
 
 @dataclass
@@ -121,12 +129,14 @@ class _Server:
     docstring), and the request threads. ``serve(sock, address, head)`` answers one
     request on a blocking socket; the caller closes it.
 
-    The one place a connection is accepted (``_accept``) is where TLS would wrap it."""
+    The one place a connection is accepted (``_accept``) is where TLS wraps it (with
+    ``tls``'s current context, or a fixed ``ssl_context``); ``_admission`` is where
+    the client certificate and ``auth`` are checked."""
 
     def __init__(self, host: str, port: int, serve: Callable[[socket.socket, Any, bytes], None],
                  *, max_connections: int, request_timeout_s: float,
                  max_pending: int | None = None, ssl_context: ssl.SSLContext | None = None,
-                 authorize: Callable[[bytes], bool] | None = None) -> None:
+                 tls: TlsServer | None = None, auth: BasicAuth | None = None) -> None:
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         listener = socket.socket(family, kind, proto)
@@ -142,10 +152,13 @@ class _Server:
         self.server_address = listener.getsockname()
         self._serve = serve
         self._ssl = ssl_context  # TLS on every connection, probes included
-        self._authorize = authorize  # basic auth on every request but the probes
+        self._tls = tls  # the same, re-read when its files change, and the client policy
         self._slots = threading.BoundedSemaphore(max_connections)
         self._timeout = request_timeout_s
         self._max_pending = MAX_PENDING if max_pending is None else max_pending
+        self._admission = None if tls is None and auth is None else Admission(
+            tls, auth, max_waiting=self._max_pending, dispatch=self._dispatch,
+            refuse=self._refuse, busy=self._busy, gone=self._gone)
         self._waiting: dict[socket.socket, _Waiting] = {}  # oldest first
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -154,6 +167,7 @@ class _Server:
         self._stopped.set()  # until serve_forever runs: shutdown() has nothing to wait for
         self.rejected = 0  # requests answered 503 because every request slot was taken
         self.dropped = 0  # connections closed before a whole request (deadline, size, cap)
+        self.refused = 0  # requests answered 401 or 403
 
     # -------------------------------------------------------------- the reading thread
 
@@ -161,6 +175,8 @@ class _Server:
         sel = self._selector
         sel.register(self._listener, selectors.EVENT_READ, "accept")
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        if self._admission is not None:
+            self._admission.start()
         try:
             while not self._stopping.is_set():
                 now = time.monotonic()
@@ -183,6 +199,8 @@ class _Server:
         finally:
             for sock in list(self._waiting):
                 self._drop(sock)
+            if self._admission is not None:
+                self._admission.stop()
             self._stopped.set()
 
     def _accept(self) -> None:
@@ -199,15 +217,16 @@ class _Server:
             if len(self._waiting) >= self._max_pending:
                 self._drop(next(iter(self._waiting)))
             sock.setblocking(False)
-            if self._ssl is not None:  # the handshake runs in _read, without blocking
+            context = self._tls.context() if self._tls is not None else self._ssl
+            if context is not None:  # the handshake runs in _read, without blocking
                 try:
-                    sock = self._ssl.wrap_socket(sock, server_side=True,
-                                                 do_handshake_on_connect=False)
+                    sock = context.wrap_socket(sock, server_side=True,
+                                               do_handshake_on_connect=False)
                 except (OSError, ssl.SSLError):
                     _close(sock)
                     continue
             self._waiting[sock] = _Waiting(address, time.monotonic() + self._timeout,
-                                           handshaken=self._ssl is None)
+                                           handshaken=context is None)
             self._selector.register(sock, selectors.EVENT_READ, "request")
 
     def _read(self, sock: socket.socket) -> None:
@@ -245,19 +264,41 @@ class _Server:
         if _path_of(head) in PROBES:
             self._answer(sock, w.address, head, PROBE_SEND_TIMEOUT_S)
             return
+        if self._admission is None:
+            self._dispatch(sock, w.address, head)
+        else:
+            self._admission.admit(sock, w.address, head, w.deadline,
+                                  header_of(head, "Authorization"))
+
+    def _dispatch(self, sock: socket.socket, address: Any, head: bytes) -> None:
+        """A request slot and a thread for an admitted request, or 503 at once."""
         if not self._slots.acquire(blocking=False):
-            self.rejected += 1
-            with contextlib.suppress(OSError):  # a fresh send buffer takes them at once
-                sock.send(BUSY)
-            _close(sock)
+            self._busy(sock)
             return
         try:
-            threading.Thread(target=self._work, args=(sock, w.address, head),
+            threading.Thread(target=self._work, args=(sock, address, head),
                              name="calmon-http-request", daemon=True).start()
         except BaseException:  # no thread started: give the slot back
             self._slots.release()
             _close(sock)
             raise
+
+    def _busy(self, sock: socket.socket) -> None:
+        self.rejected += 1
+        with contextlib.suppress(OSError):  # a fresh send buffer takes them at once
+            sock.send(BUSY)
+        _close(sock)
+
+    def _refuse(self, sock: socket.socket, answer: bytes) -> None:
+        self.refused += 1
+        with contextlib.suppress(OSError):  # a few bytes: the send buffer takes them
+            sock.send(answer)
+        _close(sock)
+
+    def _gone(self, sock: socket.socket) -> None:
+        """A connection the admission closes unanswered (its client hung up)."""
+        self.dropped += 1
+        _close(sock)
 
     def _drop(self, sock: socket.socket) -> None:
         self._waiting.pop(sock, None)
@@ -270,13 +311,6 @@ class _Server:
 
     def _work(self, sock: socket.socket, address: Any, head: bytes) -> None:
         try:
-            # checked here, not on the reading thread: bcrypt takes its time on purpose
-            if self._authorize is not None and not self._authorize(head):
-                with contextlib.suppress(OSError):
-                    sock.settimeout(self._timeout)
-                    sock.sendall(UNAUTHORIZED)
-                _close(sock)
-                return
             self._answer(sock, address, head, self._timeout)
         finally:
             self._slots.release()
@@ -343,10 +377,26 @@ class _PageCache:
         self.builds = 0
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, Hashable], tuple[float, tuple[int, str, bytes]]] = {}
+        self._gz: dict[int, tuple[bytes, bytes]] = {}  # id(cached body) -> (body, its gzip)
 
     @property
     def nbytes(self) -> int:
         return sum(len(a[2]) for _, a in self._cache.values())
+
+    def gzipped(self, body: bytes) -> bytes:
+        """The gzip form of a cached body, compressed once per body (a 338 KB
+        /reliability is sent as ~40 KB to every client that accepts gzip)."""
+        with self._lock:
+            hit = self._gz.get(id(body))
+            if hit is not None and hit[0] is body:
+                return hit[1]
+        gz = gzip.compress(body, GZIP_LEVEL)
+        with self._lock:
+            live = {id(a[2]) for _, a in self._cache.values()}
+            self._gz = {k: v for k, v in self._gz.items() if k in live}
+            if id(body) in live:
+                self._gz[id(body)] = (body, gz)
+        return gz
 
     def get(self, path: str, query: str, page: Page) -> tuple[int, str, bytes]:
         params = parse_qs(query)
@@ -383,7 +433,8 @@ class HttpServer:
                  page_cache_s: float = PAGE_CACHE_S, web: WebConfig | None = None,
                  metrics: Metrics | None = None) -> None:
         self.registry = registry
-        self.metrics = metrics
+        # without a daemon's exposition, the registry's families rendered per request
+        self.metrics = metrics or Exposition(None, lambda: None, [registry]).render
         self.alive = alive  # /healthz: False when the main loop is stuck
         self.ready = ready
         self.unready_reason = unready_reason  # /readyz's 503 says why
@@ -398,14 +449,12 @@ class HttpServer:
 
         # the server's construction, in one place: TLS and basic auth from the web config
         self.extra_headers = dict(web.headers) if web is not None else {}
-        self.tls = web is not None and web.ssl_context is not None
-        auth = web.auth if web is not None else None
+        self.tls = web is not None and web.tls is not None
         self._server = _Server(
             host, port, serve, max_connections=max_connections,
             request_timeout_s=request_timeout_s,
-            ssl_context=web.ssl_context if web is not None else None,
-            authorize=None if auth is None else (
-                lambda head: auth.check(header_of(head, "Authorization"))))
+            tls=web.tls if web is not None else None,
+            auth=web.auth if web is not None else None)
         self._thread: threading.Thread | None = None
 
     @property
@@ -418,6 +467,17 @@ class HttpServer:
         """Connections closed before they sent a whole request (too slow, too large,
         or the oldest of too many waiting)."""
         return self._server.dropped
+
+    @property
+    def refused(self) -> int:
+        """Requests answered 401 (credentials) or 403 (client certificate)."""
+        return self._server.refused
+
+    @property
+    def passwords_waiting(self) -> int:
+        """Requests whose new credentials wait for the bcrypt thread."""
+        admission = self._server._admission
+        return 0 if admission is None else admission.waiting
 
     @property
     def port(self) -> int:
@@ -443,80 +503,96 @@ class HttpServer:
             self._thread.join(timeout=5)
 
 
-def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "calmon"
+class _Handler(BaseHTTPRequestHandler):
+    """One request of an ``HttpServer`` (``app``: set on the subclass each server makes)."""
 
-        def setup(self) -> None:
-            # the request was read whole before a thread was spent on it (_Server)
-            self.connection = self.request
-            self.rfile = io.BytesIO(self.server.head)  # type: ignore[attr-defined]
-            self.wfile = _SendAll(self.connection)
+    server_version = "calmon"
+    app: HttpServer
 
-        def do_GET(self) -> None:
-            url = urlsplit(self.path)
-            try:
-                if url.path == "/metrics":
-                    accept = self.headers.get("Accept", "")
-                    accept_encoding = self.headers.get("Accept-Encoding", "")
-                    if app.metrics is not None:
-                        self._send_parts(200, *app.metrics(accept, accept_encoding))
-                    else:
-                        encoder, ctype = choose_encoder(accept)
-                        body = encoder(app.registry)
-                        if gzip_accepted(accept_encoding):
-                            self._send_parts(200, ctype, "gzip", [gzip.compress(body)])
-                        else:
-                            self._send(200, ctype, body)
-                elif url.path == "/healthz":
-                    ok = app.alive()
-                    self._send(200 if ok else 503, "text/plain; charset=utf-8",
-                               b"ok\n" if ok else b"main loop stalled\n")
-                elif url.path == "/readyz":
-                    why = app.unready_reason() if app.unready_reason is not None else (
-                        None if app.ready() else "not ready")
-                    self._send(200 if why is None else 503, "text/plain; charset=utf-8",
-                               b"ready\n" if why is None else f"not ready: {why}\n".encode())
-                elif url.path == "/status":
-                    body = json.dumps(app.status(), indent=2, default=str).encode()
-                    self._send(200, "application/json", body + b"\n")
-                elif url.path in app.pages:
-                    self._send(*app.page_cache.get(url.path, url.query, app.pages[url.path]))
-                else:
-                    self._send(404, "text/plain; charset=utf-8", b"not found\n")
-            except Exception:  # a broken page must not take the server down
-                log.exception("error serving %s", url.path)
-                self._send(500, "text/plain; charset=utf-8", b"internal error\n")
+    def setup(self) -> None:
+        # the request was read whole before a thread was spent on it (_Server)
+        self.connection = self.request
+        self.rfile = io.BytesIO(self.server.head)  # type: ignore[attr-defined]
+        self.wfile = _SendAll(self.connection)
 
-        def handle_one_request(self) -> None:
-            try:
-                super().handle_one_request()
-            except (TimeoutError, OSError):  # too slow, or gone: drop the connection
-                self.close_connection = True
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        try:
+            if url.path == "/metrics":
+                accept = self.headers.get("Accept", "")
+                accept_encoding = self.headers.get("Accept-Encoding", "")
+                self._send_parts(200, *self.app.metrics(accept, accept_encoding))
+            elif url.path == "/healthz":
+                ok = self.app.alive()
+                self._send(200 if ok else 503, "text/plain; charset=utf-8",
+                           b"ok\n" if ok else b"main loop stalled\n")
+            elif url.path == "/readyz":
+                app = self.app
+                why = app.unready_reason() if app.unready_reason is not None else (
+                    None if app.ready() else "not ready")
+                self._send(200 if why is None else 503, "text/plain; charset=utf-8",
+                           b"ready\n" if why is None else f"not ready: {why}\n".encode())
+            elif url.path == "/status":
+                body = json.dumps(self.app.status(), indent=2, default=str).encode()
+                self._send(200, "application/json", body + b"\n", compress=True)
+            elif url.path in self.app.pages:
+                code, ctype, body = self.app.page_cache.get(url.path, url.query,
+                                                            self.app.pages[url.path])
+                self._send(code, ctype, body, compress=True, cached=True)
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found\n")
+        except (ConnectionError, TimeoutError, ssl.SSLError) as e:  # the client went away
+            # (a browser closing a tab, a dropped /favicon.ico): not a calmon error
+            log.debug("client gone while serving %s: %r", url.path, e)
+            self.close_connection = True
+        except Exception:  # a broken page must not take the server down
+            log.exception("error serving %s", url.path)
+            self._send(500, "text/plain; charset=utf-8", b"internal error\n")
 
-        def _send(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for name, value in app.extra_headers.items():  # http_server_config.headers
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(body)
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        except (TimeoutError, OSError):  # too slow, or gone: drop the connection
+            self.close_connection = True
 
-        def _send_parts(self, code: int, ctype: str, encoding: str | None,
-                        parts: list[bytes]) -> None:
-            """A body in parts written one after the other (shared bytes, never joined)."""
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            if encoding is not None:
-                self.send_header("Content-Encoding", encoding)
+    def _send(self, code: int, ctype: str, body: bytes, *, compress: bool = False,
+              cached: bool = False) -> None:
+        """One answer; with ``compress``, gzip when the client accepts it and the
+        body is worth it (``cached``: the page cache keeps its gzip form too)."""
+        if compress and len(body) >= GZIP_MIN_BYTES and gzip_accepted(
+                self.headers.get("Accept-Encoding", "")):
+            gz = self.app.page_cache.gzipped(body) if cached else gzip.compress(body,
+                                                                           GZIP_LEVEL)
+            self._send_parts(code, ctype, "gzip", [gz])
+            return
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        if compress:  # what a cache in between must key its copies by
             self.send_header("Vary", "Accept-Encoding")
-            self.send_header("Content-Length", str(sum(len(p) for p in parts)))
-            self.end_headers()
-            for part in parts:
-                self.wfile.write(part)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in self.app.extra_headers.items():  # http_server_config.headers
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
+    def _send_parts(self, code: int, ctype: str, encoding: str | None,
+                    parts: list[bytes]) -> None:
+        """A body in parts written one after the other (shared bytes, never joined)."""
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        if encoding is not None:
+            self.send_header("Content-Encoding", encoding)
+        self.send_header("Vary", "Accept-Encoding")
+        self.send_header("Content-Length", str(sum(len(p) for p in parts)))
+        for name, value in self.app.extra_headers.items():  # http_server_config.headers
+            self.send_header(name, value)
+        self.end_headers()
+        for part in parts:
+            self.wfile.write(part)
 
-    return Handler
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)
+
+
+def _make_handler(app: HttpServer) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_Handler,), {"app": app})

@@ -3,8 +3,8 @@
 One kafka-python ``KafkaConsumer`` reads both topics with static ``assign()``:
 no group membership, so no rebalances and no join delay, and an instance's
 partitions are fixed by ``kafka.instance`` so its state dir always matches them.
-The group id is used only to commit offsets so that lag shows up in the usual
-Kafka tooling; the offsets that count are the ones checkpointed with the state.
+Offsets are committed to the group id so that lag shows up in the usual Kafka
+tooling; they are also where a run without a checkpoint starts (``calmon.io.start``).
 
 Not thread-safe (kafka-python consumers are not): poll, commit and assign
 belong to one thread. ``connected()`` only reads flags and may be called from
@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, SaslAuthenticationFailedError
 from kafka.structs import OffsetAndMetadata
 
 from calmon.config import KafkaConfig
-from calmon.io import batch_guard
-from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, Position, SourceBase
+from calmon.io import batch_guard, kafka_fixes
+from calmon.io.security import credentials_problem, tls_problem
+from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, KafkaAuthError, Position, SourceBase
 from calmon.io.source import Batch as Batch  # re-exported: older imports
 from calmon.io.source import KafkaSourceError as KafkaSourceError
 from calmon.io.topics import client_settings, fetch_bytes
@@ -45,6 +47,28 @@ def consumer_lag(end_offsets: dict[Position, int],
             if tp in positions}
 
 
+def connect(factory: Any, settings: dict[str, Any], client: Mapping[str, Any],
+            servers: Sequence[str]) -> Any:
+    """``factory(**settings)`` (a kafka-python client that bootstraps), or
+    KafkaAuthError naming the ``kafka.client`` setting when the broker refuses the
+    login or its certificate is not trusted (kafka-python only logs a failed TLS
+    handshake and retries it until its bootstrap timeout, so the certificate is
+    checked first); any other error as the factory raised it."""
+    why = tls_problem(servers, client)
+    if why is not None:
+        raise KafkaAuthError(why)
+    began = time.monotonic()
+    try:
+        return factory(**settings)
+    except SaslAuthenticationFailedError as exc:
+        raise KafkaAuthError(credentials_problem(client, str(exc))) from None
+    except KafkaError:
+        rejected = kafka_fixes.auth_failure(str(settings.get("client_id")), began)
+        if rejected is not None:
+            raise KafkaAuthError(credentials_problem(client, rejected)) from None
+        raise
+
+
 class KafkaSource(SourceBase):
     """Static-assignment consumer over ``predictions_topic`` and ``labels_topic``
     (``kafka.library: kafka-python``; see ``calmon.io.source.ChunkSource``)."""
@@ -63,6 +87,7 @@ class KafkaSource(SourceBase):
         self._metadata_timeout_s = metadata_timeout_s
         self._log_interval_s = log_interval_s
         self._consumer: KafkaConsumer | None = None
+        self._client_id = ""
         self._last_warning = -float("inf")
         # every batch decoded in bounded memory, and one that cannot be read skipped
         # (counted by the daemon) rather than raised at the same offset every poll
@@ -102,6 +127,16 @@ class KafkaSource(SourceBase):
             log.warning("kafka.client.%s: ignored, calmon sets it itself", key)
         settings.update(forced)
         return settings
+
+    def _connect(self) -> KafkaConsumer:
+        cfg = self._config
+        settings = self._settings()
+        self._client_id = str(settings.get("client_id"))
+        try:
+            return connect(KafkaConsumer, settings, cfg.client, cfg.bootstrap_servers)
+        except KafkaError as exc:
+            raise KafkaSourceError(
+                f"cannot connect to {','.join(cfg.bootstrap_servers)}: {exc}") from exc
 
     def _partitions(self, consumer: KafkaConsumer, topic: str, deadline: float) -> set[int]:
         """Partition ids of ``topic``; waits for metadata up to ``deadline``."""
@@ -152,12 +187,7 @@ class KafkaSource(SourceBase):
         """
         deadline = time.monotonic() + self._metadata_timeout_s
         if self._consumer is None:
-            try:
-                self._consumer = KafkaConsumer(**self._settings())
-            except KafkaError as exc:
-                raise KafkaSourceError(
-                    f"cannot connect to {','.join(self._config.bootstrap_servers)}: {exc}"
-                ) from exc
+            self._consumer = self._connect()
         consumer = self._consumer
         owned = self._plan({t: self._partitions(consumer, t, deadline) for t in self._kinds})
         self._problem = None
@@ -255,7 +285,8 @@ class KafkaSource(SourceBase):
                 if off is not None}
 
     def commit(self, positions: dict[Position, int]) -> bool:
-        """Commit next offsets to the group (for lag monitoring only).
+        """Commit next offsets to the group (lag monitoring; a run without a checkpoint
+        starts from them).
 
         Only owned partitions are committed. Returns False, after logging, when
         the commit failed; never raises on broker trouble.
@@ -298,6 +329,15 @@ class KafkaSource(SourceBase):
         except Exception:  # internals moved in another kafka-python version
             log.debug("cannot read kafka-python connection state", exc_info=True)
             return True
+
+    def refused(self) -> str | None:
+        """While the broker is unreachable: the login it rejected since (its reason,
+        naming the setting), else None."""
+        since = self._down_since
+        if since is None or self.connected():
+            return None
+        why = kafka_fixes.auth_failure(self._client_id, since - 1.0)
+        return credentials_problem(self._config.client, why) if why is not None else None
 
     def close(self) -> None:
         """Close the consumer without committing (commits are explicit)."""

@@ -1,17 +1,21 @@
 """``calmon check-config --probe``: what the broker and the input topics say about a config.
 
-Connects with the config's own client settings (no consumer group: nothing is
-committed), checks that every configured topic exists and that the two input
-topics co-partition, then reads a sample of recent records from each input
-topic and parses them exactly as the daemon would, reporting per topic how
-many parse and, for the others, each reason with the ``fields.*`` key to fix.
-A probe fails (exit 1) when the broker cannot be reached, a topic is missing,
-the input topics' partition counts differ where they must not, or most of a
-topic's sample does not parse.
+Connects with the config's own client settings (the group is only asked for its
+committed offsets: nothing is committed), checks that every configured topic exists
+and that the two input topics co-partition, says per partition this instance reads
+where a run would start and how many records lie ahead (``calmon.io.start``), then
+reads a sample of recent records from each input topic and parses them exactly as
+the daemon would (its parser, its wall-clock ceiling, the Kafka timestamp where
+``fields.ts`` is absent), reporting per topic how many parse, one record as the
+daemon reads it, the ``fields.ts`` fallback, and for the rest each reason with the
+``fields.*`` key to fix. A probe fails (exit 1) when the broker cannot be reached, a
+topic is missing, the input topics' partition counts differ where they must not, or
+most of a topic's sample does not parse.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,10 +24,15 @@ from typing import Any
 
 from calmon import hints
 from calmon.config import Config
-from calmon.engine.records import Kind, Parser, Raw, Reject
+from calmon.engine.records import BINARY_KINDS, Kind, Label, Parser, Prediction, Raw, Reject
+from calmon.errors import describe
+from calmon.io import start
+from calmon.io.checkpoint import CheckpointStore
+from calmon.io.topics import owned_partitions
 
 SAMPLE = 100  # records read per input topic
 MAJORITY = 0.5  # a topic fails when fewer than this share of its sample parses
+SHOWN_PARTITIONS = 16  # start positions listed per topic; the rest are summed up
 
 
 @dataclass
@@ -34,6 +43,10 @@ class TopicReport:
     sampled: int = 0
     parsed: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
+    no_ts: int = 0  # parsed records whose fields.ts was absent: the Kafka timestamp stood in
+    shown: Prediction | Label | None = None  # the first parsed record
+    shown_at: str = ""
+    shown_kafka_ts: bool = False  # the shown record's ts is its Kafka timestamp
 
 
 @dataclass
@@ -58,17 +71,23 @@ def probe(cfg: Config, *, sample: int = SAMPLE, timeout_s: float = 15.0,
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    from calmon.io.kafka_source import KafkaSource
+    from calmon.io.kafka_source import KafkaSource, connect
+    from calmon.io.source import KafkaAuthError
 
     rep = ProbeReport()
     k = cfg.kafka
     servers = ",".join(k.bootstrap_servers)
     settings = KafkaSource(k, metadata_timeout_s=timeout_s)._settings()
-    settings.update(group_id=None, consumer_timeout_ms=int(timeout_s * 1000))
+    # the group only answers committed(): assign() joins nothing, auto-commit is off
+    settings.update(consumer_timeout_ms=int(timeout_s * 1000))
     try:
-        consumer = (consumer_factory or KafkaConsumer)(**settings)
+        consumer = connect(consumer_factory or KafkaConsumer, settings, k.client,
+                           k.bootstrap_servers)
+    except KafkaAuthError as e:  # names the kafka.client setting to fix
+        rep.fail(f"broker {servers}: {e}")
+        return rep
     except (KafkaError, OSError, ValueError) as e:
-        rep.fail(f"broker {servers}: cannot connect ({type(e).__name__}: {e}); "
+        rep.fail(f"broker {servers}: cannot connect ({describe(e)}); "
                  "check kafka.bootstrap_servers and kafka.client")
         return rep
     try:
@@ -94,14 +113,15 @@ def probe(cfg: Config, *, sample: int = SAMPLE, timeout_s: float = 15.0,
             tr.partitions = len(parts or ())
             rep.ok(f"{role} topic {topic!r}: {tr.partitions} partitions")
         _co_partitioning(cfg, reports, rep)
+        _starts(cfg, consumer, TopicPartition, [reports["predictions"], reports["labels"]], rep)
         for role, kind in (("predictions", Kind.PREDICTION), ("labels", Kind.LABEL)):
             tr = reports[role]
             if tr.partitions:
                 _sample(cfg, consumer, TopicPartition, tr, kind, sample, timeout_s, rep)
     except KafkaError as e:
-        rep.fail(f"broker {servers}: {type(e).__name__}: {e}")
+        rep.fail(f"broker {servers}: {describe(e)}")
     finally:
-        consumer.close()
+        consumer.close(autocommit=False)
     return rep
 
 
@@ -122,6 +142,79 @@ def _co_partitioning(cfg: Config, reports: dict[str, TopicReport], rep: ProbeRep
                  "counts")
 
 
+def _starts(cfg: Config, consumer: Any, topic_partition: type, trs: list[TopicReport],
+            rep: ProbeReport) -> None:
+    """Per partition this instance reads: where a run starts and what lies ahead, by the
+    rule of ``calmon.io.start``; a warning when the topics hold records but a run would
+    read none of them (the newcomer's second run, from a group's committed offsets)."""
+    k = cfg.kafka
+    ckpt = CheckpointStore(cfg.state.dir).peek()
+    where = (f"state.dir {cfg.state.dir!r} holds checkpoint {ckpt.seq}" if ckpt is not None
+             else f"no checkpoint in state.dir {cfg.state.dir!r}")
+    rep.note(f"where a run starts ({where}; group {k.group_id!r}; auto_offset_reset "
+             f"{k.auto_offset_reset}):")
+    group_starts = False
+    for tr in trs:
+        if not tr.partitions:
+            continue
+        tps = [topic_partition(tr.topic, p)
+               for p in owned_partitions(range(tr.partitions), k.instance)]
+        if not tps:
+            continue
+        begin, end = consumer.beginning_offsets(tps), _true_ends(consumer, tps)
+        starts = []
+        for tp in tps:
+            committed = (consumer.committed(tp, timeout_ms=15_000) if k.group_id else None)
+            stored = None if ckpt is None else ckpt.positions.get((tp.topic, tp.partition))
+            starts.append(start.start_of(checkpointed=ckpt is not None, stored=stored,
+                                         committed=committed, begin=begin[tp], end=end[tp],
+                                         reset=k.auto_offset_reset))
+        for tp, st in list(zip(tps, starts))[:SHOWN_PARTITIONS]:
+            said = start.describe(st, k.group_id, k.auto_offset_reset)
+            rep.note(f"  {tp.topic}/{tp.partition}: {said}")
+        if len(tps) > SHOWN_PARTITIONS:
+            rest = starts[SHOWN_PARTITIONS:]
+            rep.note(f"  ... {len(rest)} more partitions of {tr.topic!r}: "
+                     f"{sum(s.ahead for s in rest)} of {sum(s.held for s in rest)} records "
+                     "ahead")
+        held, ahead = sum(s.held for s in starts), sum(s.ahead for s in starts)
+        if held and not ahead:
+            why = {start.CHECKPOINT: "state.dir's checkpoint is at the end",
+                   start.GROUP: f"group {k.group_id!r} committed the end (an earlier run "
+                                "with this group read them)",
+                   start.RESET: "kafka.auto_offset_reset is latest"}
+            causes = sorted({why[s.source] for s in starts})
+            rep.note(f"warning: {tr.role} topic {tr.topic!r} holds {held} records and a run "
+                     f"would read none of them: {'; '.join(causes)}")
+        group_starts |= any(s.source == start.GROUP and s.held > s.ahead for s in starts)
+    if group_starts:
+        rep.note(f"note: without a checkpoint a run starts where group {k.group_id!r} "
+                 "stopped, not at the start of the topics: to read them again from "
+                 "the start, set a new kafka.group_id (with auto_offset_reset earliest)")
+
+
+def _true_ends(consumer: Any, tps: list[Any], timeout_s: float = 10.0) -> dict[Any, int]:
+    """End offsets (the next offset of each partition), read to the end: some brokers
+    (Tansu, the demo's) answer the base offset of the last record batch plus one, so
+    the last batch is read and the position after it taken."""
+    end = consumer.end_offsets(tps)
+    begin = consumer.beginning_offsets(tps)
+    live = [tp for tp in tps if end[tp] > begin[tp]]
+    if not live:
+        return dict(end)
+    consumer.assign(live)
+    for tp in live:
+        consumer.seek(tp, end[tp] - 1)
+    deadline = time.monotonic() + timeout_s
+    seen: set[Any] = set()
+    while time.monotonic() < deadline:
+        polled = consumer.poll(timeout_ms=300, max_records=100_000)
+        seen.update(tp for tp, recs in polled.items() if recs)
+        if not polled and seen >= set(live):
+            break
+    return {tp: max(end[tp], consumer.position(tp)) if tp in seen else end[tp] for tp in tps}
+
+
 def _sample(cfg: Config, consumer: Any, topic_partition: type, tr: TopicReport, kind: Kind,
             sample: int, timeout_s: float, rep: ProbeReport) -> None:
     c = consumer
@@ -133,6 +226,9 @@ def _sample(cfg: Config, consumer: Any, topic_partition: type, tr: TopicReport, 
     for tp in tps:  # the newest records of each partition: what the daemon reads next
         c.seek(tp, max(begin[tp], end[tp] - per))
     parser = Parser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits, cfg.kafka.max_clock_skew)
+    # the daemon's ceiling for event times: its wall clock plus the allowed skew
+    parser.not_after = time.time() + cfg.kafka.max_clock_skew
+    ts_key, ts_path = hints.field_path(cfg, tr.role, "ts")
     deadline = time.monotonic() + timeout_s
     while tr.sampled < sample and time.monotonic() < deadline:
         if all(c.position(tp) >= end[tp] for tp in tps):
@@ -143,13 +239,17 @@ def _sample(cfg: Config, consumer: Any, topic_partition: type, tr: TopicReport, 
                 if tr.sampled >= sample:
                     break
                 tr.sampled += 1
-                raw = Raw(kind, r.value, r.timestamp / 1000.0 if r.timestamp >= 0 else None,
-                          f"{r.topic}/{r.partition}/{r.offset}")
+                at = f"{r.topic}/{r.partition}/{r.offset}"
+                raw = Raw(kind, r.value, r.timestamp / 1000.0 if r.timestamp >= 0 else None, at)
                 got = parser.parse(raw)
                 if isinstance(got, Reject):
                     tr.reasons[got.reason] += 1
-                else:
-                    tr.parsed += 1
+                    continue
+                tr.parsed += 1
+                absent = not _present(r.value, ts_path)
+                tr.no_ts += absent
+                if tr.shown is None:
+                    tr.shown, tr.shown_at, tr.shown_kafka_ts = got, at, absent
     if tr.sampled == 0:
         rep.note(f"{tr.role} topic {tr.topic!r}: no records to sample yet")
         return
@@ -158,6 +258,56 @@ def _sample(cfg: Config, consumer: Any, topic_partition: type, tr: TopicReport, 
         rep.ok(line)
     else:
         rep.fail(line)
+    if tr.shown is not None:
+        rep.note(f"  as the daemon reads {tr.shown_at}: "
+                 f"{_render(tr.shown, tr.shown_kafka_ts, ts_key, ts_path)}")
+    if tr.no_ts:
+        _ts_fallback(tr, ts_key, ts_path, rep)
     for reason, n in tr.reasons.most_common():
         h = hints.hint(cfg, tr.role, reason)
         rep.note(f"  {n} x {reason}" + (f": {h}" if h else ""))
+
+
+def _ts_fallback(tr: TopicReport, key: str, path: str, rep: ProbeReport) -> None:
+    """Records whose ``fields.ts`` is absent parse on Kafka (their Kafka timestamp stands
+    in) but not in a replay of the same records: said, with the key, never hidden."""
+    what = f"{key} {path!r} is absent from {tr.no_ts} of {tr.parsed} parsed records"
+    if tr.role == "labels":  # a label's time is optional: it dates the label delay only
+        rep.note(f"  {what}: their Kafka timestamp is taken as the label's time (it only "
+                 "feeds calmon_label_delay_seconds)")
+        return
+    rep.note(f"  warning: {what}: the daemon takes their Kafka timestamp (when they were "
+             "produced) as the prediction time, and `calmon replay` of the same records "
+             f"rejects them as missing_ts; if they carry their time under another path, "
+             f"set {key}")
+
+
+def _present(value: bytes | None, path: str) -> bool:
+    """Whether a record that parsed holds a non-null value at the dotted ``path``."""
+    try:
+        obj: Any = json.loads(value or b"")
+        for part in path.split("."):
+            obj = obj[part]
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return False
+    return obj is not None
+
+
+def _render(rec: Prediction | Label, kafka_ts: bool, ts_key: str, ts_path: str) -> str:
+    """One parsed record, its fields as the engine holds them."""
+    def when(ts: float | None) -> str:
+        if ts is None:
+            return "none"
+        iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+        return f"{ts:.3f} ({iso}, " + ("the Kafka timestamp" if kafka_ts
+                                        else f"from {ts_key} {ts_path!r}") + ")"
+
+    if isinstance(rec, Label):
+        model = "" if rec.model is None else f", model {rec.model!r}"
+        return f"label: id {rec.id!r}, label {rec.label}{model}, ts {when(rec.ts)}"
+    score = (f"{rec.score:.6g}" if rec.kind in BINARY_KINDS
+             else "[" + ", ".join(f"{v:.4g}" for v in rec.score[:8])
+             + (", ..." if len(rec.score) > 8 else "") + f"] ({len(rec.score)} classes)")
+    seg = ", ".join(f"{k}={v}" for k, v in rec.segment.items()) or "none"
+    return (f"prediction: id {rec.id!r}, model {rec.model!r}, ts {when(rec.ts)}, "
+            f"segment {seg}, {rec.kind} {score}")

@@ -26,12 +26,14 @@ from statistics import NormalDist
 from urllib.parse import urlencode
 
 from calmon.config import Config
-from calmon.engine.engine import Row, View
 from calmon.engine.metrics import Bins, ece
+from calmon.engine.rows import Row, Snapshot
 
 W, H, PAD = 360, 260, 34  # svg size and plot padding
 PAGE_SIZE = 24  # series per page
 CalibratedBins = Callable[[str, str, str], Bins | None]
+# a diagram's bars by kind (and greyed when its series has too few samples)
+FILLS = {"raw": "#4878d0", "calibrated": "#6acc64", "classwise": "#d65f5f", "few": "#b0b0b0"}
 
 
 def wilson(successes: float, n: float, level: float) -> tuple[float, float]:
@@ -67,7 +69,7 @@ def diagram(bins: Bins, title: str, kind: str, level: float = 0.9, few: str = ""
                      f'text-anchor="middle">{t:g}</text>')
         parts.append(f'<text x="{PAD - 6}" y="{y(t) + 3}" font-size="10" '
                      f'text-anchor="end">{t:g}</text>')
-    fill = "#b0b0b0" if few else {"raw": "#4878d0", "classwise": "#d65f5f"}.get(kind, "#6acc64")
+    fill = FILLS["few"] if few else FILLS.get(kind, FILLS["calibrated"])
     for b in range(n_bins):
         n = float(bins.count[b])
         if n <= 0:
@@ -143,7 +145,7 @@ class Page:
     """The /reliability handler (see the module docstring); ``cache_key`` is the parsed
     query as far as it changes the page, so junk parameters share one cached answer."""
 
-    def __init__(self, cfg: Config, snapshot: Callable[[], View],
+    def __init__(self, cfg: Config, snapshot: Callable[[], Snapshot],
                  calibrated: CalibratedBins | None = None, *,
                  calibrated_note: str = "buffered samples") -> None:
         """``calibrated_note``: what the calibrated diagrams are drawn from (scaled out,
@@ -189,7 +191,7 @@ def _worst_first(row: Row, min_samples: int) -> tuple[bool, float, float, str, s
             row.segment)
 
 
-def page(cfg: Config, view: View, calibrated: CalibratedBins | None,
+def page(cfg: Config, view: Snapshot, calibrated: CalibratedBins | None,
          query: dict[str, list[str]], *, calibrated_note: str = "buffered samples"
          ) -> tuple[int, str, bytes]:
     windows = [w.name for w in cfg.metrics.windows]
@@ -222,61 +224,96 @@ def page(cfg: Config, view: View, calibrated: CalibratedBins | None,
     pages = max(1, math.ceil(len(rows) / PAGE_SIZE))
     number = min(number, pages)
     shown_rows = rows[(number - 1) * PAGE_SIZE:number * PAGE_SIZE]
-    body = [f"<h1>calmon reliability</h1><p>window: {links}{note} &middot; bars: observed "
-            "frequency per bin (binary: P(y=1) vs y; multiclass: top-label confidence vs "
-            f"correct) with its {level:.0%} Wilson interval, "
-            "<span class=dot>&#9679;</span> mean confidence, dashed: perfect "
-            "calibration, numbers: samples per bin; ECE with its interval for the population "
-            "ECE; grey: too few samples to judge. Estimated accuracy assumes the live "
-            "calibrator holds (exact under covariate shift, wrong under concept shift)</p>"
+    body = [f"<h1>calmon reliability</h1><p>window: {links}{note} &middot; binary: P(y=1) "
+            "vs y; multiclass: top-label confidence vs correct; ECE with its interval for "
+            "the population ECE. Estimated accuracy assumes the live calibrator holds "
+            "(exact under covariate shift, wrong under concept shift)</p>"
+            + legend(level, cfg.metrics.classwise) +
             f"<nav class=models>models: {picker}</nav>"
             f"<p class=pages>{len(rows)} series, worst first (lower end of the ECE interval)"
             f"{_pager(link, number, pages)}</p><div class=grid>"]
-    for row in shown_rows:
-        name = f"{row.model} / {row.segment}"
-        raw = row.stats.bins
-        few = (f"n={row.stats.samples} < recalibration.min_samples {min_samples}"
-               if row.stats.samples < min_samples else "")
-        interval = (row.stats.ece_lower, row.stats.ece_upper)
-        cells = [f'<figure>{diagram(raw, "raw", "raw", level, few)}<figcaption>'
-                 f"{_ece_text(raw, interval, level)}</figcaption></figure>"]
-        cal = calibrated(row.model, row.segment, window) if calibrated else None
-        if cal is not None and cal.count.sum() > 0:
-            cells.append(f'<figure>{diagram(cal, "calibrated", "calibrated", level)}'
-                         f"<figcaption>{_ece_text(cal)} ({html.escape(calibrated_note)})"
-                         "</figcaption></figure>")
-        worst = row.worst_class
-        if worst is not None:  # metrics.classwise: the class that is off most, one-vs-rest
-            cells.append(
-                f'<figure class=worst data-class="{worst.cls}">'
-                f'{diagram(worst.bins, f"class {worst.cls} vs rest", "classwise", level)}'
-                f"<figcaption>worst-calibrated class {worst.cls} of classwise ECE "
-                f"{row.classwise_ece or 0.0:.4f}: p_{worst.cls} vs [y = {worst.cls}], "
-                f"{_ece_text(worst.bins)}</figcaption></figure>")
-        target = "P(y=1) vs y" if row.binary else "top-label confidence vs correct"
-        body.append(f'<section class="series{" few" if few else ""}" '
-                    f'data-model="{html.escape(row.model)}" '
-                    f'data-segment="{html.escape(row.segment)}"><h2>{html.escape(name)} '
-                    f"<small>{target}</small></h2>"
-                    f"<p class=accuracy>{_accuracy_text(row)}</p>"
-                    f"<div class=row>{''.join(cells)}</div></section>")
+    body.extend(_section(row, calibrated, window, level, min_samples, calibrated_note)
+                for row in shown_rows)
     body.append("</div>")
     if not shown_rows:
         body.append("<p>No joined samples in this window yet.</p>")
-    doc = ("<!doctype html><html><head><meta charset=utf-8><title>calmon reliability</title>"
-           "<style>body{font-family:sans-serif;margin:1.5em;color:#222}"
-           ".row{display:flex;gap:1em;flex-wrap:wrap}figure{margin:0}"
-           "figcaption{font-size:12px;text-align:center}a.sel{font-weight:bold}"
-           "h1{margin:0 0 .3em;font-size:24px}p{margin:.3em 0 1em;font-size:14px}"
-           "nav.models{font-size:13px;margin:0 0 .6em}nav.models a{margin-right:.5em}"
-           ".dot{color:#c44e52}"
-           ".grid{display:flex;flex-wrap:wrap;gap:.8em 1.5em;align-items:flex-start}"
-           "section{border-top:1px solid #ddd;padding-top:.3em}"
-           "p.accuracy{font-size:12px;margin:0 0 .3em;color:#444}"
-           "h2{font-size:16px;margin:.2em 0}h2 small{font-weight:normal;color:#666;"
-           "font-size:12px;margin-left:.5em}</style></head><body>"
-           + "".join(body) + "</body></html>")
+    doc = _HEAD + "".join(body) + "</body></html>"
     return 200, "text/html; charset=utf-8", doc.encode()
+
+
+def _key(mark: str, text: str) -> str:
+    return (f'<span class=key><svg width="22" height="16" viewBox="0 0 22 16">{mark}</svg>'
+            f"{text}</span>")
+
+
+def legend(level: float, classwise: bool) -> str:
+    """Every mark of the diagrams, drawn as they draw it, with what it means."""
+    def bar(kind: str) -> str:
+        return (f'<rect class="key" x="5" y="3" width="12" height="13" fill="{FILLS[kind]}" '
+                'fill-opacity="0.75"/>')
+
+    keys = [_key(bar("raw"), "raw scores: observed frequency in the bin (binary: share of "
+                             "y = 1; multiclass: share correct)"),
+            _key(bar("calibrated"), "the same after the live calibrator"),
+            *([_key(bar("classwise"), "the worst class, p_k vs [y = k]")] if classwise else []),
+            _key(bar("few"), "too few samples to judge"),
+            _key('<line x1="11" y1="1" x2="11" y2="15" stroke="#333" stroke-width="1.2"/>',
+                 f"its {level:.0%} Wilson interval"),
+            _key('<circle cx="11" cy="8" r="3" fill="#c44e52"/>',
+                 "the bin's mean confidence (on the diagonal: calibrated)"),
+            _key('<line x1="1" y1="15" x2="21" y2="1" stroke="#888" stroke-dasharray="4 3"/>',
+                 "perfect calibration"),
+            _key('<text x="11" y="12" font-size="9" text-anchor="middle">12</text>',
+                 "samples in the bin")]
+    return f"<div class=legend>{''.join(keys)}</div>"
+
+
+def _section(row: Row, calibrated: CalibratedBins | None, window: str, level: float,
+             min_samples: int, calibrated_note: str) -> str:
+    """One series: its raw diagram, the calibrated one, the worst class's."""
+    name = f"{row.model} / {row.segment}"
+    raw = row.stats.bins
+    few = (f"n={row.stats.samples} < recalibration.min_samples {min_samples}"
+           if row.stats.samples < min_samples else "")
+    interval = (row.stats.ece_lower, row.stats.ece_upper)
+    cells = [f'<figure>{diagram(raw, "raw", "raw", level, few)}<figcaption>'
+             f"{_ece_text(raw, interval, level)}</figcaption></figure>"]
+    cal = calibrated(row.model, row.segment, window) if calibrated else None
+    if cal is not None and cal.count.sum() > 0:
+        cells.append(f'<figure>{diagram(cal, "calibrated", "calibrated", level)}'
+                     f"<figcaption>{_ece_text(cal)} ({html.escape(calibrated_note)})"
+                     "</figcaption></figure>")
+    worst = row.worst_class
+    if worst is not None:  # metrics.classwise: the class that is off most, one-vs-rest
+        cells.append(
+            f'<figure class=worst data-class="{worst.cls}">'
+            f'{diagram(worst.bins, f"class {worst.cls} vs rest", "classwise", level)}'
+            f"<figcaption>worst-calibrated class {worst.cls} of classwise ECE "
+            f"{row.classwise_ece or 0.0:.4f}: p_{worst.cls} vs [y = {worst.cls}], "
+            f"{_ece_text(worst.bins)}</figcaption></figure>")
+    target = "P(y=1) vs y" if row.binary else "top-label confidence vs correct"
+    return (f'<section class="series{" few" if few else ""}" '
+            f'data-model="{html.escape(row.model)}" '
+            f'data-segment="{html.escape(row.segment)}"><h2>{html.escape(name)} '
+            f"<small>{target}</small></h2>"
+            f"<p class=accuracy>{_accuracy_text(row)}</p>"
+            f"<div class=row>{''.join(cells)}</div></section>")
+
+
+_HEAD = ("<!doctype html><html><head><meta charset=utf-8><title>calmon reliability</title>"
+          "<style>body{font-family:sans-serif;margin:1.5em;color:#222}"
+          ".row{display:flex;gap:1em;flex-wrap:wrap}figure{margin:0}"
+          "figcaption{font-size:12px;text-align:center}a.sel{font-weight:bold}"
+          "h1{margin:0 0 .3em;font-size:24px}p{margin:.3em 0 1em;font-size:14px}"
+          "nav.models{font-size:13px;margin:0 0 .6em}nav.models a{margin-right:.5em}"
+          ".dot{color:#c44e52}.legend{display:flex;flex-wrap:wrap;gap:.2em 1.2em;"
+          "font-size:12px;color:#444;margin:0 0 .8em}"
+          ".key{display:inline-flex;align-items:center;gap:.3em}"
+          ".grid{display:flex;flex-wrap:wrap;gap:.8em 1.5em;align-items:flex-start}"
+          "section{border-top:1px solid #ddd;padding-top:.3em}"
+          "p.accuracy{font-size:12px;margin:0 0 .3em;color:#444}"
+          "h2{font-size:16px;margin:.2em 0}h2 small{font-weight:normal;color:#666;"
+          "font-size:12px;margin-left:.5em}</style></head><body>")
 
 
 def _pager(link: Callable[..., str], number: int, pages: int) -> str:

@@ -1,6 +1,7 @@
 """What every Kafka source of calmon shares, whichever client library reads:
-the poll result types, the error, the small interface, and the one place that
-picks the library (``kafka.library``).
+the poll result types, the error and the small interface (the library of
+``kafka.library`` is picked where the consumer process starts its source:
+``calmon.io.consumer_process.make_source``).
 
 A source reads ``predictions_topic`` and ``labels_topic`` by static assignment
 and returns each poll as per-partition columns (``Chunk``), which ``to_batch``
@@ -54,6 +55,12 @@ class Skip(NamedTuple):
 class KafkaSourceError(CalmonError):
     """Raised by ``assign`` when the broker cannot be reached in time or a
     configured topic does not exist."""
+
+
+class KafkaAuthError(KafkaSourceError):
+    """Raised by ``assign`` when the broker rejects calmon's credentials or calmon does
+    not trust the broker's certificate: the message names the ``kafka.client``
+    setting to fix (retrying cannot help)."""
 
 
 class CoPartitionError(KafkaSourceError):
@@ -231,7 +238,8 @@ class ChunkSource(Protocol):
         ...
 
     def commit(self, positions: dict[Position, int]) -> bool:
-        """Commit next offsets of owned partitions to the group (lag monitoring only);
+        """Commit next offsets of owned partitions to the group (lag monitoring, and the
+        start of a run without a checkpoint: README "Where a run starts");
         False when it failed or cannot be done now. Never raises on broker trouble."""
         ...
 
@@ -256,14 +264,3 @@ class ChunkSource(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def make_source(config: KafkaConfig, *, metadata_timeout_s: float = 30.0) -> ChunkSource:
-    """The source of the configured ``kafka.library``."""
-    if config.library == "confluent":
-        from calmon.io.confluent_source import ConfluentSource  # optional extra calmon[fast]
-
-        return ConfluentSource(config, metadata_timeout_s=metadata_timeout_s)
-    from calmon.io.kafka_source import KafkaSource
-
-    return KafkaSource(config, metadata_timeout_s=metadata_timeout_s)

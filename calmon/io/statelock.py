@@ -6,6 +6,12 @@ released when the holder exits, however it exits (``kill -9`` included), so a
 stale lock file never blocks a restart. The file holds the holder's pid, for the
 message the second process exits with; it is never deleted (deleting it would let
 a third process lock a new file while the second still holds the old one).
+
+The file is opened with ``O_NOFOLLOW`` and must be a regular file with one link: a
+``calmon.lock`` that is a symbolic link (or a hard link, a FIFO, a device) is
+refused, and what it points at is never opened for writing, truncated or written,
+since whoever can write the state directory could otherwise make calmon overwrite
+any file the daemon may write with its pid.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from pathlib import Path
 from types import TracebackType
 
@@ -31,12 +38,7 @@ class StateLock:
     def acquire(self) -> None:
         """Take the lock at once, never wait. Raises StateError naming the holder's pid
         when another process holds it, or when the directory cannot be used."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
-        except OSError as e:
-            raise StateError(f"state.dir: cannot create the lock file {self.path}: "
-                             f"{e.strerror}") from None
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -50,6 +52,34 @@ class StateLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+
+    def _open(self) -> int:
+        """The lock file, created if need be; never through a link (module docstring)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # O_NOFOLLOW: a symbolic link fails (ELOOP) instead of being followed;
+            # O_NONBLOCK: a FIFO put there cannot hang the open (unset below)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o644)  # O_CLOEXEC: not inherited by children
+        except OSError as e:
+            if os.path.islink(self.path):
+                raise StateError(self._not_a_file("a symbolic link to "
+                                                  f"{os.readlink(self.path)}")) from None
+            raise StateError(f"state.dir: cannot create the lock file {self.path}: "
+                             f"{e.strerror}") from None
+        st = os.fstat(fd)
+        what = (None if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else
+                f"a file with {st.st_nlink} hard links" if stat.S_ISREG(st.st_mode) else
+                "not a regular file")
+        if what is not None:
+            os.close(fd)
+            raise StateError(self._not_a_file(what))
+        os.set_blocking(fd, True)
+        return fd
+
+    def _not_a_file(self, what: str) -> str:
+        return (f"state.dir: the lock file {self.path} is {what}; calmon writes its pid "
+                "there and never through a link: remove it (calmon creates it again)")
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

@@ -69,6 +69,10 @@ def client_settings(
     """
     from kafka import KafkaConsumer, KafkaProducer  # local: keeps import cheap for config checks
 
+    from calmon.io import kafka_fixes
+
+    kafka_fixes.install()  # every kafka-python client calmon builds reads a rejected login
+
     known = set(KafkaConsumer.DEFAULT_CONFIG) | set(KafkaProducer.DEFAULT_CONFIG)
     for key in client:
         if key not in known:

@@ -26,6 +26,7 @@ from calmon.config import Config
 from calmon.engine.engine import Engine, Row
 from calmon.engine.metrics import Bins
 from calmon.engine.series import ALL
+from calmon.engine.snapshot import Refresher
 from calmon.engine.windows import in_window
 from calmon.recal.alerts import AlertSender
 from calmon.recal.live import LiveCalibrators
@@ -47,9 +48,13 @@ class Recalibrator:
     def __init__(self, cfg: Config, engine: Engine, publish: Publish | None = None, *,
                  rows: Callable[[], Sequence[Row]] | None = None) -> None:
         """``rows``: the window rows a run reads the raw ECE of (the daemon passes its
-        latest snapshot's, computed off this thread); default: a fresh engine view."""
+        latest snapshot's, computed off this thread); default: this loop's own
+        ``Refresher``, brought up to date by each run (the same read model)."""
         self.cfg = cfg
-        self.rows = rows if rows is not None else (lambda: engine.view().rows)
+        if rows is None:
+            refresher = Refresher(engine)
+            rows = lambda: refresher.update(full=True).rows  # noqa: E731
+        self.rows = rows
         self.rc = cfg.recalibration
         self.engine = engine
         self.registry = Registry(self.rc.output_dir, publish,

@@ -50,13 +50,13 @@ from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import (
     Bins,
     bins_from_samples,
-    classwise_ece_from_samples,
     confidence_and_correct,
     ece,
 )
 from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
-from calmon.recal.detect import BLOCK, MAX_GRID, Detector, tilt_log_lr
+from calmon.errors import NotOwnerError, describe
+from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
 from calmon.recal.refit import (
     Prior,
     Refit,
@@ -71,7 +71,7 @@ from calmon.recal.refit import (
     significantly_better,
 )
 from calmon.recal.registry import Live, Registry
-from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide
+from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide, worst_class_ece
 
 log = logging.getLogger(__name__)
 
@@ -222,14 +222,18 @@ class Policy:
             try:
                 events += self._check_series(now, model, segment, keys, samples_of)
             except Exception as e:  # one series' trouble never stops the others
-                log.exception("recalibration of %r/%r failed", model, segment)
+                if isinstance(e, NotOwnerError):  # a rebalance moved it: no traceback
+                    log.info("recalibration of %r/%r left to its new owner: %s",
+                             model, segment, e)
+                else:
+                    log.exception("recalibration of %r/%r failed", model, segment)
                 st = self.states.get((model, segment))
                 if st is not None:
                     st.last_refit = now
                 events.append(Event(now, model, segment, "failed",
                                     {"method": self.rc.method, "trigger": None,
                                      "fit_samples": 0, "holdout_samples": 0,
-                                     "reason": f"{type(e).__name__}: {str(e)[:200]}"}))
+                                     "reason": describe(e)[:200]}))
         return events
 
     def live(self, model: str, segment: str) -> Live | None:
@@ -252,9 +256,10 @@ class Policy:
 
     def _spacing(self, span: float = 0.0) -> float:
         """The detector's grid of candidate change times (the change time is estimated
-        to that resolution): one a check, and at least 1/256 of the window, so the
-        grid's open points (``MAX_GRID``) reach back four windows; at first sight also
-        wide enough for the buffered samples' ``span``."""
+        to that resolution near now; older points are thinned with age and reach back
+        to the restart): one a check, and at least 1/256 of the window; at first sight
+        also wide enough for the buffered samples' ``span`` to be opened at once
+        (``MAX_GRID`` points)."""
         return max(float(self.rc.interval), self.cfg.window(self.rc.window).seconds / 256,
                    span / (MAX_GRID - 2 * BLOCK))
 
@@ -338,7 +343,12 @@ class Policy:
             return None
         since = max(x for x in (st.change_ts, st.detector.origin, -math.inf)
                     if x is not None)
-        return every.select((every.ts >= since) & (every.ts <= now - self._hold()))
+        settled = every.ts <= now - self._hold()
+        span = st.detector.change_set()
+        if span is not None:  # as late in the change time's confidence set as leaves
+            # min_samples: with few positives the point estimate can lie hours early
+            since = fit_start(every.ts[settled], since, span[1], self.rc.min_samples)
+        return every.select((every.ts >= since) & settled)
 
     def _effects(self, now: float, model: str, segment: str, st: SeriesState,
                  live: Live | None, samples_of: SamplesOf) -> tuple[Decision, SampleSet]:
@@ -353,7 +363,7 @@ class Policy:
             read = post.ts >= np.sort(post.ts)[-min(MIN_READ, len(post))]
         probs, labels = scored(None if live is None else live.calibrator, post.select(read))
         p, y = confidence_and_correct(probs, labels)
-        classwise = (classwise_ece_from_samples(probs, labels, self.cfg.metrics.bins)[0]
+        classwise = (worst_class_ece(probs, labels, self.cfg.metrics.bins, self.rc.alpha)[0]
                      if self.cfg.metrics.classwise and probs.ndim == 2 else None)
         reading = Reading(_bins(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
                           self._baseline(model, segment, live), classwise)

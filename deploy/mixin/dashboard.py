@@ -195,11 +195,18 @@ def build(cfg: dict[str, Any]) -> dict[str, Any]:
         ], axis_label="calibration error", minimum=0))
     lay.add(timeseries(
         "Estimated vs realized accuracy", "Realized accuracy of the labelled predictions "
-        "beside the accuracy expected (after the live calibrator) of the predictions still "
-        "waiting for their labels: a gap opens before any label arrives.", PCT, [
+        "beside the accuracy expected of the predictions still waiting for their labels, "
+        "read through the map learned from the labelled ones (P(y | score); the live "
+        "calibrator while too few are labelled), with its band: a gap opens before any "
+        "label arrives. The band counts the pending predictions' finite number and the "
+        "map's fit error; a concept shift is beyond it.", PCT, [
             target(f"calmon_accuracy{sel(window=True)}", "realized {{instance}}", "A"),
             target(f"calmon_estimated_accuracy{sel(window=True)}", "estimated {{instance}}",
                    "B"),
+            target(f"calmon_estimated_accuracy_lower{sel(window=True)}",
+                   "band low {{instance}}", "C"),
+            target(f"calmon_estimated_accuracy_upper{sel(window=True)}",
+                   "band high {{instance}}", "D"),
         ], axis_label="accuracy"))
     lay.add(timeseries(
         "Score drift (PSI)", "Population stability index of the scores in the window against "

@@ -131,9 +131,31 @@ def recording_groups(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             rule(f"{lvl}:calmon_mean_confidence",
                  f"sum without (bin) ({lvl_bin}:calmon_bin_confidence:window<W>)\n"
                  f"  / (sum without (bin) ({lvl_bin}:calmon_bin_samples:window<W>) > 0)"),
+            *estimate_rules(rule, cfg),
         ]
         groups.append({"name": f"calmon-window-{w}", "interval": interval, "rules": rules})
     return groups
+
+
+def estimate_rules(rule: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The label-free estimate of every instance pooled: the expected number right over
+    the pending predictions (sum/sum), and its band from the summed variance."""
+    lvl = "job_model_segment"
+    pending = 'sum without (instance, pod) (calmon_pending_samples{<SEL>, window="<W>"})'
+    z = str(cfg["estimate_band_z"])
+    sd = (f'sqrt(sum without (instance, pod) (calmon_estimated_correct_variance'
+          f'{{<SEL>, window="<W>"}}))\n    / ({pending} > 0)')
+    return [
+        rule(f"{lvl}:calmon_estimated_accuracy",
+             'sum without (instance, pod) (calmon_estimated_correct{<SEL>, window="<W>"})\n'
+             f"  / ({pending} > 0)"),
+        rule(f"{lvl}:calmon_estimated_accuracy_lower",
+             f"clamp_min(\n  {lvl}:calmon_estimated_accuracy:window<W>\n"
+             f"  - {z} * {sd},\n  0\n)"),
+        rule(f"{lvl}:calmon_estimated_accuracy_upper",
+             f"clamp_max(\n  {lvl}:calmon_estimated_accuracy:window<W>\n"
+             f"  + {z} * {sd},\n  1\n)"),
+    ]
 
 
 def _indent(text: str, by: str = "  ") -> str:

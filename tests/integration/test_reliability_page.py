@@ -38,7 +38,13 @@ from tests.daemon_helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # one broker: what is tested here is Prometheus / the pages / HTTP TLS, the broker is
+    # incidental (and this module is among the suite's heaviest); the Kafka side runs
+    # on both brokers in the daemon tests
+    pytest.mark.brokers("tansu"),
+]
 
 BINS = 15
 SLICES = (("country",), ("device",))
@@ -80,10 +86,15 @@ class PageParser(HTMLParser):
         self._svg: Svg | None = None
         self._caption: list[str] | None = None
         self._accuracy: list[str] | None = None
+        self._legend = False  # inside the legend: its marks are keys, not a diagram
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
         classes = a.get("class", "").split()
+        if tag == "div" and "legend" in classes:
+            self._legend = True
+        if self._legend:
+            return
         if tag == "section" and "series" in classes:
             self.sections.append(Section(a["data-model"], a["data-segment"], classes=classes))
         elif tag == "p" and "accuracy" in classes and self.sections:
@@ -107,6 +118,9 @@ class PageParser(HTMLParser):
             self._caption = []
 
     def handle_endtag(self, tag: str) -> None:
+        if self._legend:
+            self._legend = tag != "div"  # the legend holds no div of its own
+            return
         if tag == "svg":
             self._svg = None
         elif tag == "figcaption" and self._caption is not None:

@@ -30,7 +30,9 @@ BINS = 15
 
 
 def sim_config(tmp: Path | None = None, *, classwise: bool = False,
-               join: dict[str, Any] | None = None, **recal: Any) -> Config:
+               join: dict[str, Any] | None = None,
+               slices: list[list[str]] | None = None, max_values: int = 50,
+               **recal: Any) -> Config:
     base: dict[str, Any] = {
         "interval": "5m", "cooldown": "1h", "min_samples": 1000, "alpha": 0.01,
         "method": "temperature", "buffer": 50_000, "window": "24h",
@@ -39,7 +41,7 @@ def sim_config(tmp: Path | None = None, *, classwise: bool = False,
     base.update(recal)
     return config_mod.from_dict({
         "metrics": {"bins": BINS, "windows": ["1h", "24h"], "classwise": classwise},
-        "segments": {"slices": [["country"]], "max_values": 50},
+        "segments": {"slices": slices or [["country"]], "max_values": max_values},
         "recalibration": base,
         **({"join": join} if join else {}),
     })
@@ -155,29 +157,48 @@ class Simulation:
     """Samples per segment at a fixed daily rate, checked every ``interval`` of event
     time; per_segment fans each sample out as the engine does. Labels come at once, or
     ``delay`` after their prediction: a sample joins the rings (in label-arrival order,
-    with its prediction time) once its label has arrived."""
+    with its prediction time) once its label has arrived.
+
+    ``shares``: each segment's share of ``per_day`` (then the model's total; without it
+    ``per_day`` is every segment's own rate). ``members``: the series names each segment
+    feeds besides ``__all__`` (default ``country=c<i>``; e.g. ``["country=c1",
+    "device=d0"]`` for two slices). ``record``: keep every sample drawn (``drawn()``),
+    for the oracles."""
 
     def __init__(self, cfg: Config, scenario: Scenario, segments: int, per_day: float,
                  seed: int, model: str = "m", registry: Registry | None = None,
-                 delay: Delay | None = None) -> None:
+                 delay: Delay | None = None, *, shares: np.ndarray | None = None,
+                 members: list[list[str]] | None = None, record: bool = False,
+                 reseed: tuple[float, int] | None = None) -> None:
         self.cfg = cfg
         self.scenario = scenario
         self.segments = segments
-        self.per_check = per_day * cfg.recalibration.interval / DAY  # per segment
+        rates = (np.full(segments, float(per_day)) if shares is None
+                 else float(per_day) * np.asarray(shares, dtype=np.float64))
+        self.per_check = rates * cfg.recalibration.interval / DAY  # per segment
         self.rng = np.random.default_rng(seed)
         self.model = model
         self.buffers = Buffers(cfg.recalibration.buffer)
         self.policy = Policy(cfg, registry or Registry(None))
-        self.names = [f"country=c{i}" for i in range(segments)]
+        self.members = members or [[f"country=c{i}"] for i in range(segments)]
+        self.names = list(dict.fromkeys(n for ms in self.members for n in ms))
+        self._sid = {name: i + 1 for i, name in enumerate(self.names)}
+        self._member_sids = [[self._sid[n] for n in ms] for ms in self.members]
         self.t = T0
         self._carry = np.zeros(segments)
         self.delay = delay
         # labelled samples waiting for their label: (arrival, seg, ts, label, kind, score)
         self._pending: list[tuple[np.ndarray, ...]] = []
+        self.record = record
+        self._sequential = shares is None and members is None
+        # (t, seed): from the first check at or after t the draws restart from this seed,
+        # so runs that differ only before t see the same stream after it (paired runs)
+        self.reseed = reseed
+        self._drawn: list[tuple[np.ndarray, ...]] = []  # (ts, arrival, seg, label, score, truth)
 
     def samples_of(self, model: str, segment: str, last: int | None = None
                    ) -> SampleSet | None:
-        sid = 0 if segment == ALL else self.names.index(segment) + 1
+        sid = 0 if segment == ALL else self._sid[segment]
         return self.buffers.samples(sid, last)
 
     def series(self) -> list[tuple[str, str]]:
@@ -186,29 +207,52 @@ class Simulation:
             keys += [(self.model, s) for s in self.names]
         return keys
 
-    def run(self, days: float) -> Run:
+    def run(self, days: float, on_check: Callable[[Simulation, list[Event]], None] | None = None
+            ) -> Run:
+        """Simulate ``days`` more; ``on_check(sim, events)`` after every check."""
         out = Run(policy=self.policy)
         interval = self.cfg.recalibration.interval
         end = self.t + days * DAY
-        while self.t < end:
+        while self.t < end - 1e-6:
+            if self.reseed is not None and self.t >= self.reseed[0]:
+                self.rng = np.random.default_rng(self.reseed[1])
+                self._carry[:] = 0.0
+                self.reseed = None
+            # the original scenarios draw segment by segment (their seeds' streams); the
+            # new ones draw every segment's count at once
+            counts = None if self._sequential else self.rng.poisson(self.per_check)
             for seg in range(self.segments):
-                self._carry[seg] += self.rng.poisson(self.per_check)
+                self._carry[seg] += (self.rng.poisson(self.per_check[seg]) if counts is None
+                                     else counts[seg])
                 n = int(self._carry[seg])
-                self._carry[seg] -= n
                 if n == 0:
                     continue
+                self._carry[seg] -= n
                 ts = np.sort(self.t + self.rng.random(n) * interval)
                 scores, truth = self.scenario(self.t, seg, n, self.rng)
                 labels = draw_labels(truth, self.rng)
                 kind = np.full(n, 1 if scores.ndim == 1 else 3, np.int8)
                 arrival = ts if self.delay is None else ts + self.delay(labels, self.rng)
                 self._pending.append((arrival, np.full(n, seg), ts, labels, kind, scores))
+                if self.record:
+                    self._drawn.append((ts, arrival, np.full(n, seg), labels, scores, truth))
             self._deliver(self.t + interval)
             self.t += interval
-            out.events += self.policy.check(self.t, self.series(), self.samples_of)
+            events = self.policy.check(self.t, self.series(), self.samples_of)
+            out.events += events
             for key, v in self.policy.gauges.evidence.items():
                 out.max_evidence[key] = max(out.max_evidence.get(key, 0.0), v)
+            if on_check is not None:
+                on_check(self, events)
         return out
+
+    def drawn(self) -> dict[str, np.ndarray]:
+        """Every sample drawn so far (``record=True``): ts, arrival, seg, label, score,
+        truth, in drawing order."""
+        names = ("ts", "arrival", "seg", "label", "score", "truth")
+        if not self._drawn:
+            return {n: np.zeros(0) for n in names}
+        return {n: np.concatenate(c) for n, c in zip(names, zip(*self._drawn))}
 
     def _deliver(self, until: float) -> None:
         """Add every sample whose label arrived before ``until``, in arrival order."""
@@ -226,9 +270,13 @@ class Simulation:
         classes = 0 if scores.ndim == 1 else scores.shape[1]
         self.buffers.add(0, classes, ts, labels, kind, scores)
         if self.cfg.recalibration.per_segment:
+            per_sid: dict[int, list[np.ndarray]] = {}
             for s in np.unique(seg).tolist():
-                m = seg == s
-                self.buffers.add(s + 1, classes, ts[m], labels[m], kind[m], scores[m])
+                for sid in self._member_sids[s]:
+                    per_sid.setdefault(sid, []).append(np.flatnonzero(seg == s))
+            for sid, parts in sorted(per_sid.items()):
+                m = np.sort(np.concatenate(parts))  # arrival order within the series
+                self.buffers.add(sid, classes, ts[m], labels[m], kind[m], scores[m])
 
     def fresh(self, t: float, seg: int, n: int, seed: int = 99) -> tuple[np.ndarray, np.ndarray]:
         """Fresh samples of the scenario at time t: (reported scores, true probabilities)."""
@@ -237,3 +285,43 @@ class Simulation:
 
 def logit_of(p: np.ndarray) -> np.ndarray:
     return logit(np.clip(p, 1e-12, 1 - 1e-12))
+
+
+# ---------------------------------------------------------------- oracles
+
+
+def log_lr_truth(claimed: np.ndarray, truth: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-sample log-likelihood ratio of the TRUE probabilities against the claimed
+    ones (binary P(y=1) (n,), or class distributions (n, K)) at the drawn labels."""
+    if truth.ndim == 1:
+        t = np.where(labels == 1, truth, 1.0 - truth)
+        c = np.where(labels == 1, claimed, 1.0 - claimed)
+    else:
+        rows = np.arange(len(labels))
+        t, c = truth[rows, labels], claimed[rows, labels]
+    return np.log(np.clip(t, 1e-300, None)) - np.log(np.clip(c, 1e-300, None))
+
+
+def sprt_samples(claimed: np.ndarray, truth: np.ndarray, labels: np.ndarray,
+                 alpha: float = 0.01) -> int | None:
+    """The SPRT oracle: how many of these samples (in the order given) the known
+    alternative's likelihood ratio needs to reach 1/alpha; None if it never does."""
+    hit = np.flatnonzero(np.cumsum(log_lr_truth(claimed, truth, labels)) >= np.log(1 / alpha))
+    return int(hit[0]) + 1 if len(hit) else None
+
+
+def probs_of(scores: np.ndarray) -> np.ndarray:
+    """The model's own probabilities of logits (binary (n,), multiclass (n, K))."""
+    return expit(scores) if scores.ndim == 1 else softmax(scores, axis=1)
+
+
+def post_change(d: dict[str, np.ndarray], change: float, by: float,
+                segs: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The drawn samples predicted at or after ``change`` whose label had arrived before
+    ``by`` (what a check at ``by`` had read), in arrival order; only segments ``segs``
+    when given."""
+    m = (d["ts"] >= change) & (d["arrival"] < by)
+    if segs is not None:
+        m &= np.isin(d["seg"], segs)
+    order = np.argsort(d["arrival"][m], kind="stable")
+    return {k: v[m][order] for k, v in d.items()}

@@ -13,6 +13,7 @@ from scipy.special import expit
 from calmon.config import from_dict
 from calmon.engine.buffer import SampleSet
 from calmon.engine.engine import Engine
+from calmon.engine.snapshot import full_snapshot
 from calmon.recal.refit import apply_or_identity, refit
 from tests.oracle import T0, P
 
@@ -39,7 +40,7 @@ def test_estimated_accuracy_after_a_prior_shift_refit_is_within_0_02() -> None:
     y = (rng.random(n) < expit(z)).astype(int)  # held back: the labels never arrive
     ts = T0 + 3600 + np.sort(rng.uniform(0, 1800, n))
     engine.feed([P(f"p{i}", float(ts[i]), logit=float(reported[i])) for i in range(n)])
-    est = next(row.estimates for row in engine.view().rows if row.model == "m")
+    est = next(row.estimates for row in full_snapshot(engine).rows if row.model == "m")
     realized = float(((reported >= 0).astype(int) == y).mean())  # the model's own decision
     q = expit(reported + SHIFT)
     scored_by_calibrator = float(np.maximum(q, 1 - q).mean())  # the old, wrong reading

@@ -4,19 +4,19 @@ restore, published positions. Milliseconds, no broker."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from calmon.config import from_dict
 from calmon.daemon import Daemon
 from calmon.engine.engine import Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
+from calmon.io.exposition import new_registry
+from tests.daemon_helpers import wait_until
 from tests.fakes import DeadLetterLog, ListSource, partitions_of
 from tests.oracle import T0, label_bytes, pred_bytes
 
@@ -56,11 +56,11 @@ class Running:
         return self
 
     def wait(self, cond: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + DEADLINE_S
-        while not cond():
+        def met() -> bool:
             assert self.thread.is_alive(), "the daemon stopped"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            self.daemon._stop.wait(0.01)  # a poll interval of the condition, not a sync
+            return cond()
+
+        wait_until(met, DEADLINE_S, what, interval=0.01)
 
     def __exit__(self, *exc: object) -> None:
         self.daemon.request_stop()
@@ -69,7 +69,7 @@ class Running:
 
 
 def daemon_over(tmp_path: Path, source: ListSource) -> Daemon:
-    d = Daemon(config(tmp_path), registry=CollectorRegistry(auto_describe=False),
+    d = Daemon(config(tmp_path), registry=new_registry(),
                source=source, install_signals=False)
     d.dead_letters = DeadLetterLog()  # type: ignore[assignment]
     return d
@@ -161,16 +161,20 @@ def test_sigterm_checkpoints_and_returns_0(tmp_path: Path) -> None:
     import signal
 
     preds, labels = traffic(10)
-    d = Daemon(config(tmp_path), registry=CollectorRegistry(auto_describe=False),
+    d = Daemon(config(tmp_path), registry=new_registry(),
                source=ListSource(partitions_of(preds, labels)), install_signals=True)
     d.dead_letters = DeadLetterLog()  # type: ignore[assignment]
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 
+    reached: list[bool] = []
+
     def terminate_when_done() -> None:
-        deadline = time.monotonic() + DEADLINE_S
-        while sum(d.published_positions.values()) < 20 and time.monotonic() < deadline:
-            d._stop.wait(0.01)
-        os.kill(os.getpid(), signal.SIGTERM)
+        try:  # the SIGTERM comes either way, so the run below ends; the test fails after
+            wait_until(lambda: sum(d.published_positions.values()) >= 20, DEADLINE_S,
+                       "20 positions published", interval=0.01)
+            reached.append(True)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     killer = threading.Thread(target=terminate_when_done, daemon=True)
     killer.start()
@@ -181,6 +185,7 @@ def test_sigterm_checkpoints_and_returns_0(tmp_path: Path) -> None:
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     killer.join(DEADLINE_S)
+    assert reached, f"timed out after {DEADLINE_S}s waiting for 20 positions published"
     assert d.last_checkpoint is not None  # the stop wrote a checkpoint
     restored = daemon_over(tmp_path, ListSource(partitions_of(preds, labels)))
     restored._restore()

@@ -10,12 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from calmon.config import Config, Instance
 from calmon.daemon import Daemon
 from calmon.engine.engine import Engine
 from calmon.errors import ConfigError, StateError
+from calmon.io.exposition import new_registry
 from calmon.io.source import CoPartitionError, Position
 from tests.daemon_helpers import http_get
 from tests.fakes import ListSource, partitions_of
@@ -38,13 +38,13 @@ def test_a_previous_format_checkpoint_restores_as_one_instance(tmp_path: Path) -
     (tmp_path / "state").mkdir()
     shutil.copyfile(FIXTURE, tmp_path / "state" / "ckpt-000000000001.calmon")
     two = Daemon(with_state(fixture_config(), tmp_path, Instance(index=0, count=2)),
-                 registry=CollectorRegistry(auto_describe=False), source=ListSource({}),
+                 registry=new_registry(), source=ListSource({}),
                  install_signals=False)
     with pytest.raises(StateError, match=r"written by instance \{index: 0, count: 1\}"):
         two.run()
 
     one = Daemon(with_state(fixture_config(), tmp_path, None),
-                 registry=CollectorRegistry(auto_describe=False), source=ListSource({}),
+                 registry=new_registry(), source=ListSource({}),
                  install_signals=False)
     one._restore()
     reference = Engine(fixture_config())

@@ -30,7 +30,10 @@ ROW_KEYS = {"model", "segment", "window", "samples", "ece", "mce", "ace", "brier
             # v2
             "ece_l2_debiased", "smece", "ece_lower", "ece_upper", "pending_samples",
             "estimated_accuracy", "estimated_positive_rate", "score_psi", "calibrated_ece",
-            "calibrated_samples"}
+            "calibrated_samples",
+            # v5
+            "estimated_accuracy_lower", "estimated_accuracy_upper", "estimate_basis",
+            "estimate_fit_samples", "estimate_fit_newest_ts"}
 COUNTER_KEYS = {"predictions", "labels", "joined", "invalid", "expired", "duplicates"}
 CONFIG = """
 join:
@@ -160,7 +163,10 @@ def test_metric_that_does_not_apply_is_null(capsys, files) -> None:
         else:  # an empty window: nothing that needs labels applies
             assert all(row[k] is None for k in ROW_KEYS - {
                 "model", "segment", "window", "samples", "pending_samples",
-                "estimated_accuracy", "estimated_positive_rate", "score_psi"})
+                "estimated_accuracy", "estimated_positive_rate", "score_psi",
+                "estimated_accuracy_lower", "estimated_accuracy_upper",
+                # what the estimates were read through is always given
+                "estimate_basis", "estimate_fit_samples", "estimate_fit_newest_ts"})
 
 
 def test_interleavings_print_identical_json(capsys, files, tmp_path: Path,
@@ -326,3 +332,68 @@ def test_output_dir_needs_recalibrate(capsys, tmp_path: Path) -> None:
                "--output-dir", str(tmp_path / "x")])
     assert rc == 2
     assert "--recalibrate" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- labels without a ts
+
+
+def test_labels_without_ts_are_read_at_their_place_not_last(capsys, tmp_path: Path) -> None:
+    """The README's label form has no ts. Replay read such labels after every
+    prediction, so the backtest alarmed at the end of the data; read at their place in
+    the file, they alarm when labels with a ts do (within a check or two)."""
+    p, lab, cfg = drifting_files(tmp_path)
+    timed = json.loads(run_recalibrate(capsys, p, lab, cfg))["events"]
+    bare = write(tmp_path / "bare.jsonl", [json.dumps({k: v for k, v in json.loads(x).items()
+                                                       if k != "ts"})
+                                           for x in lab.read_text().splitlines()])
+    untimed = json.loads(run_recalibrate(capsys, p, bare, cfg))["events"]
+    first = {name: next(e for e in ev if e["kind"] == "drift")
+             for name, ev in (("timed", timed), ("untimed", untimed))}
+    end = T0 + 2 * 86_400
+    assert end - first["untimed"]["ts"] > 12 * 3600, first  # not at the end of the data
+    # the ts-less labels come at once, the timed ones 1-10 min later: a check or two apart
+    assert abs(first["untimed"]["ts"] - first["timed"]["ts"]) <= 2 * 300 + 600, first
+    assert any(e["kind"] == "published" for e in untimed)
+
+
+def test_click_labels_without_ts_join_their_predictions(capsys, tmp_path: Path) -> None:
+    """Implicit negatives: the labels file holds only the clicks, in click order, without
+    a ts. Each is read where its place in the file puts it among the predictions, so
+    every click joins its prediction (none expires waiting, none comes after its
+    prediction was settled as a 0)."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    ts = np.sort(T0 + rng.uniform(0, 6 * 3600, n))  # 6 hours, far past label_ttl
+    p = rng.uniform(0.02, 0.4, n)
+    y = rng.random(n) < p
+    preds = [json.dumps({"id": f"r{i}", "model": "ctr", "ts": float(ts[i]),
+                         "prob": float(p[i])}) for i in range(n)]
+    clicks = [json.dumps({"id": f"r{i}", "label": 1}) for i in np.flatnonzero(y)]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("join: {missing_label: {value: 0, after: 30m}, label_ttl: 1h}\n"
+                   "metrics: {windows: [7d]}\nsegments: {slices: []}\n"
+                   "recalibration: {window: 7d}\n")
+    rc = main(["replay", "--predictions", str(write(tmp_path / "p.jsonl", preds)), "--labels",
+               str(write(tmp_path / "l.jsonl", clicks)), "-c", str(cfg), "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc = json.loads(out)
+    row = next(r for r in doc["rows"] if r["segment"] == "__all__")
+    settled = ts <= ts.max() - 1800  # the rest still wait for their implicit 0
+    c = doc["counters"]
+    assert c["joined"] == settled.sum() and c["expired"] == 0 and c["duplicates"] == 0, c
+    # every click of a settled prediction counted as a 1 (none lost as a 0)
+    assert row["samples"] == settled.sum()
+    assert row["observed_rate"] * row["samples"] == pytest.approx(float(y[settled].sum()))
+
+
+def test_the_order_key_rule() -> None:
+    nan = math.nan
+    own = np.array([nan, nan, nan, nan])
+    other = np.array([10.0, nan, 30.0, 40.0, 50.0, 60.0, nan, 80.0])
+    # record i of 4 sits at place 2i of 8: at the time there, or the last before it
+    assert replay_mod.order_key(own, other).tolist() == [10.0, 30.0, 50.0, 60.0]
+    # a leading gap of the other file: its first time
+    assert replay_mod.order_key(np.array([nan]), np.array([nan, 7.0])).tolist() == [7.0]
+    assert replay_mod.order_key(np.array([5.0, nan]), np.array([nan, 7.0])).tolist() == [5, 7]
+    assert replay_mod.order_key(np.array([nan]), np.array([nan])).tolist() == [math.inf]

@@ -95,3 +95,58 @@ def test_fields_labels_on_both_parsers() -> None:
     assert isinstance(got, Label) and (got.id, got.label, got.ts) == ("17", 1, 1764460800.5)
     parsed = BatchParser(cfg.fields, 1 << 20).parse([raw])
     assert [str(x) for x in parsed.l_id] == ["17"] and list(parsed.l_label) == [1]
+
+
+def _nested_files(tmp_path: Path, n: int = 200) -> tuple[Path, Path]:
+    """The README's example: predictions keep the id under meta, labels at the top."""
+    preds = _write(tmp_path / "p.jsonl", [{"meta": {"request_id": f"r{i}"}, "model": "m",
+                                           "ts": T0 + i, "prob": 0.3} for i in range(n)])
+    labels = _write(tmp_path / "l.jsonl", [{"request_id": f"r{i}", "label": i % 2,
+                                            "ts": T0 + i + 1} for i in range(n)])
+    return preds, labels
+
+
+def _config(tmp_path: Path, text: str) -> str:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text, encoding="utf-8")
+    return str(cfg)
+
+
+def test_a_labels_topic_hint_names_fields_labels_not_the_shared_key(capsys,
+                                                                    tmp_path: Path) -> None:
+    """The newcomer maps fields.id to the predictions' path; the labels then miss their id.
+    Following "check fields.id" would break the predictions: the hint names
+    fields.labels.id, and following it joins every record."""
+    preds, labels = _nested_files(tmp_path)
+    files = ["--predictions", str(preds), "--labels", str(labels), "--json"]
+    rc, _, err = _run(capsys, *files, "-c", _config(tmp_path, "fields: {id: meta.request_id}\n"))
+    assert rc == 1
+    line = next(x for x in err.splitlines() if "labels: 200 invalid (missing_id)" in x)
+    assert "set fields.labels.id" in line and "check fields.id" not in line, line
+    rc, out, err = _run(capsys, *files, "-c", _config(
+        tmp_path, "fields: {id: meta.request_id, labels: {id: request_id}}\n"))
+    assert rc == 0, err
+    assert json.loads(out)["counters"]["joined"] == 200
+
+
+def test_a_predictions_hint_says_the_labels_topic_shares_the_key(capsys,
+                                                                 tmp_path: Path) -> None:
+    """The other way round: labels parse with the default id, predictions do not. The hint
+    names fields.id and warns that the labels read it too, so the fix keeps them joined."""
+    preds, labels = _nested_files(tmp_path)
+    files = ["--predictions", str(preds), "--labels", str(labels), "--json"]
+    rc, _, err = _run(capsys, *files, "-c", _config(tmp_path, "fields: {id: request_id}\n"))
+    assert rc == 1
+    line = next(x for x in err.splitlines() if "predictions: 200 invalid (missing_id)" in x)
+    assert "check fields.id" in line and "set fields.labels.id to it" in line, line
+    rc, out, err = _run(capsys, *files, "-c", _config(
+        tmp_path, "fields: {id: meta.request_id, labels: {id: request_id}}\n"))
+    assert rc == 0 and json.loads(out)["counters"]["joined"] == 200, err
+
+
+def test_a_labels_hint_with_fields_labels_set_names_it(capsys, tmp_path: Path) -> None:
+    preds, labels = _nested_files(tmp_path)
+    rc, _, err = _run(capsys, "--predictions", str(preds), "--labels", str(labels), "-c",
+                      _config(tmp_path, "fields: {id: meta.request_id, labels: {id: rid}}\n"))
+    line = next(x for x in err.splitlines() if "labels: 200 invalid (missing_id)" in x)
+    assert rc == 1 and "'rid'" in line and "check fields.labels.id" in line, line

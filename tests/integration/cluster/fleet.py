@@ -6,8 +6,11 @@ the owner's ``/status``."""
 from __future__ import annotations
 
 import json
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from kafka import KafkaConsumer, TopicPartition
@@ -26,6 +29,24 @@ GROUP_CLIENT = {**FAST_CLIENT, "max_poll_interval_ms": 10000, "session_timeout_m
 RECAL = {"enabled": True, "interval": "1s", "cooldown": "1h", "window": "1h",
          "min_samples": 2000, "method": "temperature"}
 WINDOWS = {"windows": ["1h", "24h"]}
+
+
+class FleetTopics(NamedTuple):
+    preds: str
+    labels: str
+    joined: str
+    calibrators: str
+    group: str
+
+
+def fleet_topics(kafka_topics: Callable[..., list[str]], cal_partitions: int = 1
+                 ) -> FleetTopics:
+    """A fleet's topics (predictions and labels of 4 partitions, the joined topic of 4,
+    the calibrators topic) and a group id of its own."""
+    preds, labels = kafka_topics(count=2, partitions=4)
+    (joined,) = kafka_topics(count=1, partitions=4)
+    (cal,) = kafka_topics(count=1, partitions=cal_partitions)
+    return FleetTopics(preds, labels, joined, cal, f"calmon-test-{uuid.uuid4().hex[:8]}")
 
 
 def instances(tmp_path: Path, bootstrap: str, preds_topic: str, labels_topic: str, *,
@@ -61,8 +82,9 @@ def records_of(preds_topic: str, labels_topic: str,
             + [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in s.labels])
 
 
-def documents(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    """Every committed record of the calibrators topic that is a document."""
+def documents(bootstrap: str, topic: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Every committed record of the calibrators topic that is a document (read up to
+    the end offsets; fails after ``timeout`` seconds short of them)."""
     c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
                       enable_auto_commit=False, **FAST_CLIENT)
     try:
@@ -71,7 +93,12 @@ def documents(bootstrap: str, topic: str) -> list[dict[str, Any]]:
         c.seek_to_beginning(*tps)
         ends = c.end_offsets(tps)
         out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
         while any(c.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout}s reading {topic} to its end offsets {ends}: "
+                    f"at {[c.position(tp) for tp in tps]}, {len(out)} documents")
             for recs in c.poll(timeout_ms=300).values():
                 for r in recs:
                     doc = json.loads(r.value)

@@ -8,7 +8,6 @@ the samples fitted, the estimated change time."""
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests.daemon_helpers import Producer, Scrape, scrape, wait_until
 from tests.integration.cluster.fleet import (
     RECAL,
     documents,
+    fleet_topics,
     instances,
     records_of,
     single_instance,
@@ -64,11 +64,9 @@ def _first(rows: list[dict[str, Any]], cond: Callable[[dict[str, Any]], bool]) -
 
 def test_three_instances_agree_with_one_within_a_chunk(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
-    preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
-    (joined_topic,) = kafka_topics(count=1, partitions=4)
-    (cal_topic,) = kafka_topics(count=1, partitions=2)
+    preds_topic, labels_topic, joined_topic, cal_topic, group = fleet_topics(
+        kafka_topics, cal_partitions=2)
     (single_cal,) = kafka_topics(count=1, partitions=1)
-    group = f"calmon-test-{uuid.uuid4().hex[:8]}"
     rng = np.random.default_rng(2026)
     calibrated = binary_logit_stream(rng, "ctr", PRE, BASE_TS, 2400.0, prefix="a")
     t2 = BASE_TS + 2400.0 + 3600.0 + 1200.0  # the calibrated part is out of the 1h window

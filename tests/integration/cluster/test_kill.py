@@ -7,7 +7,6 @@ the same."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.daemon_helpers import Producer, wait_until
-from tests.integration.cluster.fleet import RECAL, instances, owner_view, records_of
+from tests.integration.cluster.fleet import RECAL, fleet_topics, instances, owner_view, records_of
 from tests.recal_helpers import BASE_TS, binary_logit_stream
 
 pytestmark = pytest.mark.integration
@@ -26,10 +25,8 @@ N = 4000
 
 def test_killed_instances_neither_lose_nor_double_samples(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
-    preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
-    (joined_topic,) = kafka_topics(count=1, partitions=4)
-    (cal_topic,) = kafka_topics(count=1, partitions=1)
-    group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+    preds_topic, labels_topic, joined_topic, cal_topic, group = fleet_topics(
+        kafka_topics, cal_partitions=1)
     rng = np.random.default_rng(9)
     s = binary_logit_stream(rng, "ctr", N, BASE_TS, 2400.0)
     records = records_of(preds_topic, labels_topic, s)

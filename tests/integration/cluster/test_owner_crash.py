@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from calmon.recal.registry import Registry
 from tests.daemon_helpers import CalmonDaemon, Producer, wait_until
 from tests.integration.cluster.fleet import (
     documents,
+    fleet_topics,
     instances,
     owner_alarmed,
     owner_view,
@@ -65,10 +65,8 @@ class Alarmed:
 @contextmanager
 def alarmed(bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
             seed: int) -> Iterator[Alarmed]:
-    preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
-    (joined_topic,) = kafka_topics(count=1, partitions=4)
-    (cal_topic,) = kafka_topics(count=1, partitions=1)
-    group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+    preds_topic, labels_topic, joined_topic, cal_topic, group = fleet_topics(
+        kafka_topics, cal_partitions=1)
     rng = np.random.default_rng(seed)
     first = binary_logit_stream(rng, "ctr", 3000, BASE_TS, 2400.0, prefix="a")
     t2 = BASE_TS + 2400.0 + 3600.0 + 1200.0

@@ -7,7 +7,6 @@ exactly one document per (model, segment, version)."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from tests.daemon_helpers import (
 from tests.integration.cluster.fleet import (
     RECAL,
     documents,
+    fleet_topics,
     instances,
     records_of,
     single_instance,
@@ -47,10 +47,8 @@ pytestmark = pytest.mark.integration
 
 def test_three_instances_publish_one_drift_once_fitted_across_them(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
-    preds_topic, labels_topic = kafka_topics(count=2, partitions=4)
-    (joined_topic,) = kafka_topics(count=1, partitions=4)
-    (cal_topic,) = kafka_topics(count=1, partitions=2)
-    group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+    preds_topic, labels_topic, joined_topic, cal_topic, group = fleet_topics(
+        kafka_topics, cal_partitions=2)
     rng = np.random.default_rng(26)
     stream = Stream()
     stream.extend(binary_logit_stream(rng, "ctr", 3000, BASE_TS, 2400.0, prefix="a"))
@@ -97,16 +95,18 @@ def test_three_instances_publish_one_drift_once_fitted_across_them(
         # the temperature undoes the 2.5x sharpening (1/2.5 from the data's construction)
         assert 1.8 < float(doc["params"]["temperature"]) < 3.4, doc["params"]
 
-        # what one instance decides on the whole stream: the same drift, dated alike
-        # (the detector's grid is a minute; both read every sample), a fit as large
+        # what one instance decides on the whole stream: the same drift, a fit as large
         # and a temperature alike
         wait_until(lambda: documents(kafka_bootstrap, single_cal) or None, 180,
                    "the single instance's publish")
         (one,) = documents(kafka_bootstrap, single_cal)
         assert one["version"] == 1 and one["trigger"] == doc["trigger"]
-        assert abs(float(one["change_ts"]) - float(doc["change_ts"])) <= 600.0
-        # in the gap between the calibrated half and the drifted one (no sample there)
-        assert BASE_TS + 2400.0 - 600.0 <= float(one["change_ts"]) <= t2 + 600.0
+        # both date the change in the gap between the calibrated half and the drifted
+        # one, all the data can tell (no sample lies in it: any point there explains them
+        # alike), to the grid's resolution; where in the gap depends on each one's grid
+        # of candidate times, thinned by the age its checks saw, so not alike
+        for change_ts in (float(one["change_ts"]), float(doc["change_ts"])):
+            assert BASE_TS + 2400.0 - 600.0 <= change_ts <= t2 + 600.0, change_ts
         one_fit = int(one["fit"]["samples"]) + int(one["fit"]["holdout_samples"])
         assert one_fit >= RECAL["min_samples"]
         assert abs(float(one["params"]["temperature"]) - float(doc["params"]["temperature"])

@@ -111,6 +111,11 @@ CONTRACT_METRICS = {
     "calmon_alerts_failed_total",
     # v3 (CONTRACT.md section 5)
     "calmon_key_mismatch_total",
+    # v5 (CONTRACT.md section 5)
+    "calmon_estimated_accuracy_lower",
+    "calmon_estimated_accuracy_upper",
+    "calmon_estimated_correct",
+    "calmon_estimated_correct_variance",
     # issue 12: the daemon's own health (to be added to the contract)
     "calmon_build_info",
     "calmon_consumer_lag_records",
@@ -127,7 +132,9 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
          "calmon_calibrated_ece", "calmon_classwise_ece", "calmon_ece_l2_debiased",
          "calmon_smece", "calmon_ece_lower", "calmon_ece_upper", "calmon_pending_samples",
          "calmon_estimated_accuracy", "calmon_estimated_positive_rate", "calmon_score_psi",
-         "calmon_calibrated_samples"], ROW),
+         "calmon_calibrated_samples", "calmon_estimated_accuracy_lower",
+         "calmon_estimated_accuracy_upper", "calmon_estimated_correct",
+         "calmon_estimated_correct_variance"], ROW),
     **dict.fromkeys(
         ["calmon_bin_samples_total", "calmon_bin_confidence_total", "calmon_bin_correct_total",
          "calmon_recalibrations_total", "calmon_calibrator_version",

@@ -57,6 +57,10 @@ from tests.integration.deploy.test_prometheus_live import Prometheus, rules, wai
 
 pytestmark = [
     pytest.mark.integration,
+    # one broker: what is tested here is Prometheus / the pages / HTTP TLS, the broker is
+    # incidental (and this module is among the suite's heaviest); the Kafka side runs
+    # on both brokers in the daemon tests
+    pytest.mark.brokers("tansu"),
     pytest.mark.skipif(shutil.which("prometheus") is None,
                        reason="prometheus is not on PATH (Debian/Ubuntu: apt-get install "
                               "prometheus)"),
@@ -214,7 +218,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Ite
                 def enough() -> bool:
                     """A calibrator is live and Prometheus scraped traffic of every model
                     at least 3 times (so rate() over 1m has points)."""
-                    sc = daemon.scrape()
+                    sc = daemon.scrape(fresh=None)  # traffic flows: no batch is the last
                     if not sc.get("calmon_calibrator_version"):
                         return False
                     res = prom.query('count_over_time(calmon_joined_total[1m]) >= 3')

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from tests import oracle
+from tests.daemon_helpers import wait_until
 from tests.integration.deploy._deploy import (
     dashboard_queries,
     fast_rule_files,
@@ -123,6 +124,11 @@ def exposition(instance: str) -> str:
                 ("calmon_ece_upper", value * 1.2),
                 ("calmon_pending_samples", 100),
                 ("calmon_estimated_accuracy", 0.68),
+                # v5: the band and the sums instances combine by
+                ("calmon_estimated_accuracy_lower", 0.61),
+                ("calmon_estimated_accuracy_upper", 0.75),
+                ("calmon_estimated_correct", 68.0),
+                ("calmon_estimated_correct_variance", 21.76),
                 ("calmon_estimated_positive_rate", mean_p),
                 ("calmon_score_psi", 0.05),
                 ("calmon_calibrated_samples", total / 2),
@@ -212,19 +218,10 @@ class Prometheus:
         return float(sample["value"][1])
 
 
-def wait_for(check, timeout: float = 40.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-        except (OSError, AssertionError, ValueError):
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for Prometheus")
-        time.sleep(0.5)  # polling interval of a deadline-bounded wait
+def wait_for(check, timeout: float = 40.0, what: str = "Prometheus"):  # type: ignore[no-untyped-def]
+    """``wait_until`` for Prometheus' API: an error answer (or none yet) is "not yet"."""
+    return wait_until(check, timeout, what, interval=0.5,
+                      retry_on=(OSError, AssertionError, ValueError))
 
 
 @pytest.fixture(scope="module")

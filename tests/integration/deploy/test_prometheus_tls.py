@@ -17,7 +17,13 @@ from tests.daemon_helpers import CalmonDaemon, write_config
 from tests.integration.deploy.test_prometheus_live import Prometheus, wait_for
 from tests.tls_helpers import web_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # one broker: what is tested here is Prometheus / the pages / HTTP TLS, the broker is
+    # incidental (and this module is among the suite's heaviest); the Kafka side runs
+    # on both brokers in the daemon tests
+    pytest.mark.brokers("tansu"),
+]
 
 
 def test_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path,

@@ -24,9 +24,9 @@ another:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
 import re
 import socket
 import time
@@ -56,6 +56,7 @@ from tests.daemon_helpers import (
     wait_until,
     write_config,
 )
+from tests.procfs import KIB, children, status
 
 pytestmark = pytest.mark.integration
 
@@ -318,34 +319,32 @@ def phase3(pt: str, lt: str) -> Plan:
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and its children (the consumer process)."""
+    """Resident memory of ``pid`` and its children (the consumer process); a process
+    that is gone by the time it is read counts nothing."""
     total = 0
-    pids = [pid]
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-            pids += [int(c) for c in children]
+        pids = [pid, *children(pid)]
     except OSError:
-        pass
+        pids = [pid]
     for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
+        with contextlib.suppress(OSError, AssertionError):
+            total += KIB * status(p, "VmRSS")
     return total
 
 
 def threads(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no thread count for {pid}")
+    return status(pid, "Threads")
 
 
 def files_under(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
+
+
+def files_beside(root: Path) -> set[Path]:
+    """The files under ``root``'s parent but not under ``root``, less the brokers' own
+    data (the broker fixtures keep theirs beside it, and write there all along)."""
+    return {p for p in files_under(root.parent) - files_under(root)
+            if not p.relative_to(root.parent).parts[0].startswith("broker-")}
 
 
 @dataclass
@@ -437,7 +436,7 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
     seen_ = Seen(plan, [], dlq, kafka_bootstrap, root, out_dir, work / "calmon-state",
                  daemon.log)
     seen_.files_before = files_under(root)
-    seen_.outside_before = files_under(root.parent) - files_under(root)
+    seen_.outside_before = files_beside(root)
     with daemon.start(), Producer(kafka_bootstrap) as producer:
         seen_.rss_start = rss_bytes(daemon.pid)
         # phase 1: admit the models
@@ -515,7 +514,7 @@ def seen(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
         seen_.final_scrape = daemon.scrape()
         seen_.final_metrics_text = http_get(daemon.port, "/metrics")[1]
         seen_.final_reliability = http_get(daemon.port, "/reliability?window=7d")[1]
-    seen_.outside_after = files_under(root.parent) - files_under(root)
+    seen_.outside_after = files_beside(root)
     yield seen_
 
 
@@ -650,8 +649,12 @@ def test_no_secret_in_the_log(seen: Seen) -> None:
     text = seen.log.read_text(encoding="utf-8", errors="replace")
     leaked = [s for s in SECRETS if s in text]
     assert not leaked, leaked
-    # the webhook is dead, so alerts fail, and the failure names the masked URL
-    assert "http://***@127.0.0.1:" in text, "no failed alert was logged"
+    # the webhook is dead, so every alert fails: each failure of the last process is
+    # logged once, naming the masked URL (a process killed between a publish and its
+    # alert's last retry logs none: tests/unit/recal/test_alerts.py covers that path)
+    last = text.rpartition("===== start ")[2]
+    failed = sum(series(seen.final_scrape, "calmon_alerts_failed_total").values())
+    assert last.count("not delivered to http://***@127.0.0.1:") >= failed, failed
 
 
 def test_no_forged_log_line_and_no_made_up_model(seen: Seen) -> None:

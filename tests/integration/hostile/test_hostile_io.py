@@ -41,27 +41,12 @@ from tests.daemon_helpers import (
     write_config,
 )
 from tests.hostile_batches import ALIAS_BOMB, MIB, gzip_bomb, gzip_payload, send_one_batch
+from tests.procfs import KIB, children, status
 
 pytestmark = pytest.mark.integration
 
 CODECS = ("lz4", "zstd", "snappy")
 MEMORY_LIMIT = 2 * 1024 * MIB  # the manifests' limit
-
-
-def vm_hwm(pid: int) -> int:
-    """Peak resident memory of a process, in bytes (/proc/<pid>/status VmHWM)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmHWM for {pid}")
-
-
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        out += [int(c) for c in text]
-    return out
 
 
 def reference_ece(preds: list[dict[str, Any]], labels: list[dict[str, Any]]
@@ -85,6 +70,9 @@ def reference_ece(preds: list[dict[str, Any]], labels: list[dict[str, Any]]
     return out
 
 
+# a batch that cannot be decoded only reaches a consumer through a broker that stores
+# it unchecked; Apache Kafka refuses it at produce (io/test_compressed_batches.py)
+@pytest.mark.brokers("tansu")
 def test_codecs_join_exactly_and_bad_batches_are_skipped_in_bounded_memory(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,7 +110,7 @@ def test_codecs_join_exactly_and_bad_batches_are_skipped_in_bounded_memory(
         assert http_get(daemon.port, "/readyz")[0] == 200
         sc = daemon.scrape()
         st = daemon.status()
-        peak = vm_hwm(daemon.pid) + sum(vm_hwm(c) for c in children(daemon.pid))
+        peak = KIB * sum(status(p, "VmHWM") for p in (daemon.pid, *children(daemon.pid)))
         # probes first: 40 idle connections, re-opened as they close, change nothing
         codes = probes_under_idle_connections(daemon.port, connections=40, probes=30)
 
@@ -171,6 +159,9 @@ def probes_under_idle_connections(port: int, connections: int, probes: int) -> l
                 for _ in range(probes) for path in ("/healthz", "/readyz")]
 
 
+# a batch that cannot be decoded only reaches a consumer through a broker that stores
+# it unchecked; Apache Kafka refuses it at produce (io/test_compressed_batches.py)
+@pytest.mark.brokers("tansu")
 def test_a_confluent_message_error_is_counted_not_fatal(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
     pytest.importorskip("confluent_kafka")

@@ -9,8 +9,11 @@ import time
 from collections.abc import Callable
 
 import pytest
+from kafka.errors import KafkaError
 
-from calmon.io.source import Skip, make_source
+from calmon.io.consumer_process import make_source
+from calmon.io.source import Skip
+from tests.conftest import Broker
 from tests.hostile_batches import MIB, gzip_bomb, gzip_payload, send_one_batch
 from tests.integration.io.test_kafka_source import make_config
 
@@ -29,7 +32,10 @@ def read_until_tail(library: str, bootstrap: str, preds: str, labels: str,
     positions: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline and not any(v == TAIL for _, v in got):
+        while not any(v == TAIL for _, v in got):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for the tail record: "
+                                     f"{len(got)} read, {len(skipped)} skipped: {skipped}")
             batch = source.poll(timeout_ms=200, max_records=5000)
             got += [(r.source, r.value) for r in batch.records]
             skipped += batch.skipped
@@ -54,6 +60,9 @@ def test_every_codec_reads_exactly(library: str, codec: str, kafka_bootstrap: st
     assert positions == {(preds, 0): offsets[-1] + 2}
 
 
+# a batch that cannot be decoded only reaches a consumer through a broker that stores
+# it unchecked; Apache Kafka refuses it at produce (test_a_broker_that_validates_refuses_them)
+@pytest.mark.brokers("tansu")
 def test_garbage_batch_is_skipped_by_offset(library: str, kafka_bootstrap: str,
                                             kafka_topics: Callable[..., list[str]]) -> None:
     preds, labels = kafka_topics(count=2, partitions=1)
@@ -71,6 +80,9 @@ def test_garbage_batch_is_skipped_by_offset(library: str, kafka_bootstrap: str,
     assert positions == {(preds, 0): after[-1] + 1}
 
 
+# a batch that cannot be decoded only reaches a consumer through a broker that stores
+# it unchecked; Apache Kafka refuses it at produce (test_a_broker_that_validates_refuses_them)
+@pytest.mark.brokers("tansu")
 def test_gzip_bomb_is_skipped_in_bounded_memory(kafka_bootstrap: str,
                                                 kafka_topics: Callable[..., list[str]]) -> None:
     """580 KB that inflate to 600 MB: kafka-python's own decoder would hold all of it."""
@@ -93,6 +105,9 @@ def test_gzip_bomb_is_skipped_in_bounded_memory(kafka_bootstrap: str,
     assert grown < 400 * MIB, grown  # the bound is 64 MiB of inflated bytes a batch
 
 
+# a batch that cannot be decoded only reaches a consumer through a broker that stores
+# it unchecked; Apache Kafka refuses it at produce (test_a_broker_that_validates_refuses_them)
+@pytest.mark.brokers("tansu")
 def test_confluent_held_by_a_bomb_says_it_is_stuck(kafka_bootstrap: str,
                                                    kafka_topics: Callable[..., list[str]],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,3 +138,24 @@ def test_confluent_held_by_a_bomb_says_it_is_stuck(kafka_bootstrap: str,
         source.close()
     assert got == [f"{preds}/0/{first}"]
     assert stuck is not None and f"{preds}/0 has stayed at offset {at}" in stuck
+
+
+@pytest.mark.brokers("kafka")
+def test_a_broker_that_validates_refuses_them(broker: Broker,
+                                              kafka_topics: Callable[..., list[str]]) -> None:
+    """Apache Kafka decodes every batch it is sent: garbage under gzip and a batch that
+    inflates past its limits are refused at produce, so the consumer reads on exactly."""
+    assert not broker.accepts_corrupt_batches
+    preds, labels = kafka_topics(count=2, partitions=1)
+    before = send_one_batch(broker.bootstrap, preds, 0, [b'{"n": 0}'])
+    with gzip_payload(b"not gzip at all" * 4), pytest.raises(KafkaError):
+        send_one_batch(broker.bootstrap, preds, 0, [b"z" * 500] * 5, compression_type="gzip")
+    bomb = gzip_bomb(600 * MIB)
+    with gzip_payload(bomb), pytest.raises(KafkaError):
+        send_one_batch(broker.bootstrap, preds, 0, [b"x" * (len(bomb) + 1024)],
+                       compression_type="gzip")
+    after = send_one_batch(broker.bootstrap, preds, 0, [b'{"n": 1}', TAIL])
+    for library in ("kafka-python", "confluent"):
+        got, skipped, positions = read_until_tail(library, broker.bootstrap, preds, labels)
+        assert [s for s, _ in got] == [f"{preds}/0/{o}" for o in before + after]
+        assert skipped == [] and positions == {(preds, 0): after[-1] + 1}

@@ -12,7 +12,7 @@ from calmon import config as config_mod
 from calmon.daemon import Daemon
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
-from tests.conftest import TansuBroker, create_topics, unique_topic
+from tests.conftest import Broker, create_topics, unique_topic
 from tests.daemon_helpers import parse_metrics, wait_until, write_config
 
 pytestmark = pytest.mark.integration
@@ -25,11 +25,11 @@ def failed_total(daemon: Daemon) -> float:
     return sc["calmon_dead_letters_failed_total"][frozenset()]
 
 
-def test_checkpoint_waits_for_dead_letters_in_flight(tansu_broker: TansuBroker,
+def test_checkpoint_waits_for_dead_letters_in_flight(private_broker: Broker,
                                                      tmp_path: Path) -> None:
     dlq, preds, labels = (unique_topic("dlq"), unique_topic("p"), unique_topic("l"))
-    create_topics(tansu_broker.bootstrap, [dlq, preds, labels], partitions=1)
-    path = write_config(tmp_path / "calmon.yaml", tansu_broker.bootstrap, preds, labels,
+    create_topics(private_broker.bootstrap, [dlq, preds, labels], partitions=1)
+    path = write_config(tmp_path / "calmon.yaml", private_broker.bootstrap, preds, labels,
                         kafka={"dead_letter_topic": dlq,
                                "client": {"request_timeout_ms": 1000,
                                           "delivery_timeout_ms": DELIVERY_TIMEOUT_MS,
@@ -48,7 +48,7 @@ def test_checkpoint_waits_for_dead_letters_in_flight(tansu_broker: TansuBroker,
         assert daemon.dead_letters.delivered == 1 and failed_total(daemon) == 0
 
         # broker gone: the next dead letter stays in flight, so no checkpoint moves past it
-        tansu_broker.stop()
+        private_broker.stop()
         daemon.process(RawBatch.of([Raw(Kind.PREDICTION, b"{broken", None, f"{preds}/0/1")]))
         daemon.positions[(preds, 0)] = 2
         assert daemon.dead_letters.in_flight == 1

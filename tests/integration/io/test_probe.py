@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_unparsable_records_are_reported_per_topic(capsys, tmp_path: Path,
     assert rc == 1
     assert f"# ok   predictions topic {preds!r}: 30 of 30 sampled records parse" in out
     assert f"# FAIL labels topic {labels!r}: 0 of 30 sampled records parse" in out
-    assert "30 x missing_id" in out and "check fields.id" in out
+    assert "30 x missing_id" in out and "set fields.labels.id" in out
     rc, out = _probe(capsys, _config(tmp_path, kafka_bootstrap, preds, labels,
                                      "fields: {labels: {id: request_id}}"))
     assert rc == 0, out
@@ -90,3 +91,150 @@ def test_an_unreachable_broker_fails_fast(capsys, tmp_path: Path) -> None:
 
     rc, out = _probe(capsys, _config(tmp_path, f"127.0.0.1:{free_port()}", "p", "l"))
     assert rc == 1 and "# FAIL broker" in out and "cannot connect" in out
+    # kafka-python's errors name themselves: the class name once, not twice
+    assert not re.search(r"(\w+Error): \1", out), out
+
+
+def _records(n: int, ts_key: str = "served_at") -> tuple[list[bytes], list[bytes]]:
+    preds = [json.dumps({"id": f"r{i}", "model": "m", ts_key: 1.7e9 + i, "prob": 0.2,
+                         "segment": {"country": "A"}}).encode() for i in range(n)]
+    labels = [json.dumps({"id": f"r{i}", "label": i % 2}).encode() for i in range(n)]
+    return preds, labels
+
+
+def test_a_wrong_fields_ts_is_named_with_its_fallback(capsys, tmp_path: Path,
+                                                     kafka_bootstrap: str) -> None:
+    """The newcomer's fields.ts names a path the records do not have. On Kafka every
+    record still parses (the Kafka timestamp stands in), so "30 of 30 parse" alone hid
+    it, and `replay` of the same records rejected them all as missing_ts. The probe names
+    the path, states the fallback, and shows a record as the daemon reads it."""
+    preds, labels = unique_topic(), unique_topic()
+    create_topics(kafka_bootstrap, [preds, labels], partitions=1)
+    p, lab = _records(30)
+    _produce(kafka_bootstrap, preds, p)
+    _produce(kafka_bootstrap, labels, lab)
+    rc, out = _probe(capsys, _config(tmp_path, kafka_bootstrap, preds, labels,
+                                     "fields: {ts: event_time}"))
+    assert rc == 0, out
+    assert f"predictions topic {preds!r}: 30 of 30 sampled records parse" in out
+    assert ("warning: fields.ts 'event_time' is absent from 30 of 30 parsed records: the "
+            "daemon takes their Kafka timestamp") in out
+    assert "rejects them as missing_ts" in out
+    shown = next(x for x in out.splitlines() if f"as the daemon reads {preds}/0/" in x)
+    assert "prediction: id 'r" in shown and "the Kafka timestamp" in shown, shown
+    assert "segment country=A" in shown and "prob 0.2" in shown, shown
+    # the label side: its fallback is said too, without a warning (a label's ts is optional)
+    assert ("fields.ts 'event_time' is absent from 30 of 30 parsed records: their Kafka "
+            "timestamp is taken as the label's time") in out
+    # replay agrees: the same records, no Kafka timestamp, are missing_ts
+    (tmp_path / "p.jsonl").write_bytes(b"\n".join(p) + b"\n")
+    (tmp_path / "l.jsonl").write_bytes(b"\n".join(lab) + b"\n")
+    cfg = tmp_path / "replay.yaml"
+    cfg.write_text("fields: {ts: event_time}\n", encoding="utf-8")
+    assert main(["replay", "--predictions", str(tmp_path / "p.jsonl"), "--labels",
+                 str(tmp_path / "l.jsonl"), "-c", str(cfg)]) == 1
+    assert "30 invalid (missing_ts)" in capsys.readouterr().err
+    # the right path: read from the record, no warning
+    rc, out = _probe(capsys, _config(tmp_path, kafka_bootstrap, preds, labels,
+                                     "fields: {ts: served_at}"))
+    assert rc == 0 and "warning: fields.ts" not in out, out
+    shown = next(x for x in out.splitlines() if f"as the daemon reads {preds}/0/" in x)
+    assert "from fields.ts 'served_at'" in shown and "ts 17000000" in shown, shown
+
+
+def _commit(bootstrap: str, group: str, offsets: dict[tuple[str, int], int]) -> None:
+    """What an earlier run left behind: the group's committed offsets."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                      **FAST_CLIENT)
+    try:
+        c.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1)
+                  for (t, p), o in offsets.items()})
+    finally:
+        c.close(autocommit=False)
+
+
+def _source_positions(cfg_path: Path) -> dict[tuple[str, int], int]:
+    """Where the daemon's own source starts, without a checkpoint: the truth to match."""
+    from kafka import TopicPartition
+
+    from calmon import config
+    from calmon.io.kafka_source import KafkaSource
+
+    src = KafkaSource(config.load(str(cfg_path)).kafka, metadata_timeout_s=10)
+    try:
+        owned = src.assign()
+        consumer = src._consumer
+        assert consumer is not None
+        return {(t, p): consumer.position(TopicPartition(t, p)) for t, p in owned}
+    finally:
+        src.close()
+
+
+def test_the_probe_says_where_a_run_starts(capsys, tmp_path: Path,
+                                           kafka_bootstrap: str) -> None:
+    """The newcomer's second run: a new state dir on topics an earlier run read starts
+    from the group's committed offsets and reads nothing. The probe says so per
+    partition, with the way out, and agrees with where the daemon's source starts."""
+    preds, labels = unique_topic(), unique_topic()
+    create_topics(kafka_bootstrap, [preds, labels], partitions=2)
+    p, lab = _records(20)
+    sent = [_send_one(kafka_bootstrap, preds, v, i % 2) for i, v in enumerate(p)]
+    sent += [_send_one(kafka_bootstrap, labels, v, i % 2) for i, v in enumerate(lab)]
+    ends = {}
+    for topic, part, offset in sent:
+        ends[(topic, part)] = max(ends.get((topic, part), 0), offset + 1)
+    group = unique_topic("group")
+    _commit(kafka_bootstrap, group, ends)
+    state = f"state: {{dir: {json.dumps(str(tmp_path / 'fresh-state'))}}}"
+    cfg = _config(tmp_path, kafka_bootstrap, preds, labels, f"  group_id: {group}\n{state}")
+    rc, out = _probe(capsys, cfg)
+    assert rc == 0, out
+    assert "no checkpoint in state.dir" in out
+    for part in (0, 1):
+        assert (f"{preds}/{part}: offset 10 (committed by group {group!r}), 0 of 10 records "
+                "ahead") in out, out
+    assert (f"warning: predictions topic {preds!r} holds 20 records and a run would read "
+            f"none of them: group {group!r} committed the end") in out
+    assert "set a new kafka.group_id" in out
+    assert _source_positions(cfg) == {tp: 10 for tp in ends}
+    # a new group: from the start, every record ahead, no warning
+    cfg = _config(tmp_path, kafka_bootstrap, preds, labels,
+                  f"  group_id: {unique_topic('group')}\n{state}")
+    rc, out = _probe(capsys, cfg)
+    assert rc == 0 and "would read none" not in out, out
+    assert f"{labels}/1: offset 0 (kafka.auto_offset_reset: earliest), 10 of 10 records" in out
+    assert _source_positions(cfg) == {tp: 0 for tp in ends}
+
+
+def test_a_checkpoint_is_where_a_run_starts(capsys, tmp_path: Path,
+                                            kafka_bootstrap: str) -> None:
+    from calmon.io.checkpoint import CheckpointStore
+
+    preds, labels = unique_topic(), unique_topic()
+    create_topics(kafka_bootstrap, [preds, labels], partitions=2)
+    p, _ = _records(20)
+    for i, v in enumerate(p):
+        _send_one(kafka_bootstrap, preds, v, i % 2)
+    group = unique_topic("group")
+    _commit(kafka_bootstrap, group, {(preds, 0): 10, (preds, 1): 10})
+    CheckpointStore(tmp_path / "st").save({}, {(preds, 0): 4}, 0.0)
+    state = f"state: {{dir: {json.dumps(str(tmp_path / 'st'))}}}"
+    rc, out = _probe(capsys, _config(tmp_path, kafka_bootstrap, preds, labels,
+                                     f"  group_id: {group}\n{state}"))
+    assert rc == 0, out
+    assert "holds checkpoint 1" in out
+    assert f"{preds}/0: offset 4 (from state.dir's checkpoint), 6 of 10 records ahead" in out
+    # a partition the checkpoint does not hold: auto_offset_reset, never the group's
+    assert f"{preds}/1: offset 0 (kafka.auto_offset_reset: earliest), 10 of 10" in out
+
+
+def _send_one(bootstrap: str, topic: str, value: bytes, partition: int) -> tuple[str, int, int]:
+    """One record in a batch of its own (end offsets count records exactly on every
+    broker), to a chosen partition."""
+    from tests.conftest import produce
+
+    md = produce(bootstrap, topic, [value], partition=partition)[0]
+    return md.topic, md.partition, md.offset

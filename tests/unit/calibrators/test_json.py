@@ -205,3 +205,24 @@ def test_watcher_skips_a_bad_latest_json_and_keeps_the_good_ones(tmp_path, caplo
     assert w.apply("n", [0.25]).tolist() == [0.25]  # the model's own probability
     assert w.refusals() == {"n/__all__": 1}
     assert any("refusing calibrator" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind", ["prob", "probs"])
+def test_a_probability_calibrator_refuses_logits(rng: np.random.Generator, tmp_path: Path,
+                                                 kind: str) -> None:
+    """The newcomer's mistake: load() a calibrator fitted on probabilities and apply it to
+    the model's logits. It used to clip them into [1e-7, 1 - 1e-7] silently; it refuses
+    them as CalibratorWatcher does, and a declared kind must be the fitted one."""
+    scores, y = scores_for(kind, rng)
+    path = tmp_path / "latest.json"
+    path.write_text(json.dumps(fit("platt", scores, y, kind).to_json(
+        model="m", segment="__all__", version=1)))
+    cal = load(path)
+    logits = np.log(np.clip(scores, 1e-9, 1)) * 3.0  # what a model server holds
+    with pytest.raises(CalibratorError, match=r"not probabilities.*input="):
+        cal.apply(logits)
+    other = "logit" if kind == "prob" else "logits"
+    with pytest.raises(CalibratorError, match=f"takes {kind!r} scores, not {other!r}"):
+        cal.apply(scores, input=other)
+    out = cal.apply(scores, input=kind)  # the fitted kind still applies, declared or not
+    np.testing.assert_array_equal(out, cal.apply(scores))

@@ -10,24 +10,22 @@ Every expected number comes from numpy/scipy on the records the test made.
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry
 from scipy.special import expit
 
 from calmon import config as config_mod
 from calmon.daemon import Daemon
 from calmon.engine.engine import Engine
-from calmon.engine.records import Kind, Raw
+from calmon.io.exposition import new_registry
 from calmon.recal.registry import Registry
 from tests import oracle
 from tests.fakes import ListSource
-from tests.recal_helpers import BASE_TS, window_mask
+from tests.recal_helpers import BASE_TS, feed_pairs, window_mask
 
 HOUR = 3600.0
 SENDERS = 3
@@ -53,15 +51,6 @@ def records(rng: np.random.Generator, model: str, sender: int, n: int,
             for i in range(n)]
 
 
-def feed(engine: Engine, pairs: list[tuple[dict, dict]], part: int) -> None:
-    raws = []
-    for i, (p, lab) in enumerate(pairs):
-        raws.append(Raw(Kind.PREDICTION, json.dumps(p).encode(), None,
-                        f"predictions/{part}/{i}"))
-        raws.append(Raw(Kind.LABEL, json.dumps(lab).encode(), None, f"labels/{part}/{i}"))
-    engine.feed(raws)
-
-
 def arrays(pairs: list[tuple[dict, dict]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (np.array([p["ts"] for p, _ in pairs]), np.array([p["logit"] for p, _ in pairs]),
             np.array([lab["label"] for _, lab in pairs]))
@@ -85,7 +74,7 @@ def test_the_owner_reports_calibrated_ece_and_diagrams_of_all_senders_after_the_
         "recalibration": {"output_dir": str(out), "min_samples": 10**7, "buffer": 50_000},
         "state": {"dir": str(tmp_path / "state")},
         "server": {"host": "127.0.0.1", "port": 0}})
-    d = Daemon(cfg, registry=CollectorRegistry(auto_describe=False), source=ListSource({}),
+    d = Daemon(cfg, registry=new_registry(), source=ListSource({}),
                install_signals=False)
     cluster = d.cluster
     assert cluster is not None and d.recal is None
@@ -106,7 +95,7 @@ def test_the_owner_reports_calibrated_ece_and_diagrams_of_all_senders_after_the_
     offset = 0
     for i in range(SENDERS):
         pairs = [pr for m in ("ctr", "plain", "other") for pr in data[(m, i)]]
-        feed(engines[i], pairs, i)
+        feed_pairs(engines[i], pairs, i)
         senders[i].collect(engines[i], {("predictions", i): len(pairs),
                                         ("labels", i): len(pairs)})
         assert {k for k, _ in senders[i].pending} == set(partition)

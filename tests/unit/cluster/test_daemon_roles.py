@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-
 from calmon import config as config_mod
 from calmon.cluster.batch import decode
 from calmon.daemon import Daemon
 from calmon.engine.records import Kind, Raw
 from calmon.io.checkpoint import CheckpointStore
+from calmon.io.exposition import new_registry
 from tests.fakes import ListSource
 
 
@@ -23,7 +22,7 @@ def daemon(tmp_path: Path, kafka: dict) -> Daemon:
         "recalibration": {"output_dir": str(tmp_path / "cal")},
         "state": {"dir": str(tmp_path / "state")},
         "server": {"host": "127.0.0.1", "port": 0}})
-    return Daemon(cfg, registry=CollectorRegistry(auto_describe=False),
+    return Daemon(cfg, registry=new_registry(),
                   source=ListSource({}), install_signals=False)
 
 

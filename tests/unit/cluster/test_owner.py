@@ -3,7 +3,6 @@ Policy over every sender's samples (contract §7)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -15,10 +14,11 @@ from calmon.cluster.owner import Owner
 from calmon.cluster.sender import JoinedSender
 from calmon.engine.buffer import SampleSet
 from calmon.engine.engine import Engine
-from calmon.engine.records import Kind, Raw, ScoreKind
+from calmon.engine.records import ScoreKind
 from calmon.engine.series import ALL
 from calmon.recal.policy import Policy
 from calmon.recal.registry import Registry
+from tests.recal_helpers import feed_pairs
 
 
 def sample_set(ts: np.ndarray, label: np.ndarray, score: np.ndarray,
@@ -66,16 +66,6 @@ def records(n: int, seed: int, model: str = "m") -> list[tuple[dict, dict]]:
     return out
 
 
-def feed(engine: Engine, pairs: list[tuple[dict, dict]], offset: int, part: int) -> None:
-    raws = []
-    for i, (p, lab) in enumerate(pairs):
-        raws.append(Raw(Kind.PREDICTION, json.dumps(p).encode(), None,
-                        f"predictions/{part}/{offset + i}"))
-        raws.append(Raw(Kind.LABEL, json.dumps(lab).encode(), None,
-                        f"labels/{part}/{offset + i}"))
-    engine.feed(raws)
-
-
 def owner_of(cfg: config_mod.Config) -> Owner:
     return Owner(Policy(cfg, Registry(None)), cfg.recalibration.buffer)
 
@@ -87,7 +77,7 @@ def test_every_senders_samples_reach_the_owner_once_even_when_sent_again() -> No
     senders, engines = [], []
     for i in range(3):
         engine, sender = Engine(cfg), JoinedSender(i)
-        feed(engine, data[i][:200], 0, i)
+        feed_pairs(engine, data[i][:200], i, 0)
         sender.collect(engine, {("predictions", i): 200, ("labels", i): 200})
         engines.append(engine)
         senders.append(sender)
@@ -108,7 +98,7 @@ def test_every_senders_samples_reach_the_owner_once_even_when_sent_again() -> No
     again.flush(lambda batch: True)
     # then every instance goes on: the next checkpoint's samples are new
     for i, s in enumerate([senders[0], again, senders[2]]):
-        feed(engines[i], data[i][200:], 200, i)
+        feed_pairs(engines[i], data[i][200:], i, 200)
         s.collect(engines[i], {("predictions", i): 300, ("labels", i): 300})
         for _key, value in s.pending:
             assert owner.accept(0, offset, value)
@@ -220,7 +210,7 @@ def test_a_partition_moved_away_is_forgotten_and_read_again_when_it_returns() ->
     owner = owner_of(cfg)
     for part, model in ((0, "a"), (1, "b")):
         engine, sender = Engine(cfg), JoinedSender(part)
-        feed(engine, records(100, seed=part, model=model), 0, part)
+        feed_pairs(engine, records(100, seed=part, model=model), part, 0)
         sender.collect(engine, {("predictions", part): 100, ("labels", part): 100})
         for i, (_key, value) in enumerate(sender.pending):
             assert owner.accept(part, i, value)
@@ -244,7 +234,7 @@ def test_an_unacknowledged_backlog_stays_bounded_and_the_owner_exact() -> None:
     engine, sender = Engine(cfg), JoinedSender(0, cfg.recalibration.buffer)
     data = records(300, seed=5)
     for k in range(5):
-        feed(engine, data[60 * k:60 * (k + 1)], 60 * k, 0)
+        feed_pairs(engine, data[60 * k:60 * (k + 1)], 0, 60 * k)
         sender.collect(engine, {("predictions", 0): 60 * (k + 1), ("labels", 0): 60 * (k + 1)})
         assert not sender.flush(lambda batch: False)  # the broker does not answer
     assert len(sender.pending) == 2  # 60 + 60 >= 100: the three older ones are gone

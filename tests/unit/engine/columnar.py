@@ -21,6 +21,7 @@ from calmon.engine import idindex
 from calmon.engine.engine import Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
+from calmon.engine.snapshot import full_snapshot
 from calmon.engine.windows import dense_cells
 
 TOPIC = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
@@ -113,7 +114,7 @@ def normalised_join(snap: dict[str, Any], now: float) -> dict[str, Any]:
 
 def normalised(engine: Engine) -> dict[str, Any]:
     """The engine's snapshot with what may legitimately differ normalised away."""
-    engine.view()  # evicts what slid out of every window, as any reader does
+    full_snapshot(engine)  # evicts what slid out of every window, as any reader does
     snap = engine.snapshot()
     now = snap["now"]
     buffers = {int(sid): {"classes": ring["classes"], "total": ring["total"],
@@ -140,5 +141,5 @@ def outcome(engine: Engine, with_rows: bool = True) -> dict[str, Any]:
             plain([r.model, r.segment, r.window, r.binary, r.stats.as_row(),
                    r.estimates.as_row(), r.stats.bins.count, r.stats.bins.conf,
                    r.stats.bins.correct])
-            for r in engine.view().rows)
+            for r in full_snapshot(engine).rows)
     return out

@@ -19,6 +19,7 @@ from calmon.engine.engine import Engine
 from calmon.engine.records import Kind, Raw
 from calmon.io.checkpoint import CheckpointStore
 from tests.oracle import T0
+from tests.procfs import KIB, status
 
 NOW = T0 + 14 * 86400 - 1.0
 SPANS = (7 * 86400.0, 86400.0, 3600.0)  # every window's buckets get samples
@@ -78,11 +79,7 @@ def week_records(models: int, passes: int = 2) -> Iterator[list[Raw]]:
 
 
 def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
+    return KIB * status("self", key)
 
 
 def main(kind: str) -> None:

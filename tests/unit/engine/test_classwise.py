@@ -10,6 +10,7 @@ import numpy as np
 from calmon import config
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind, Raw
+from calmon.engine.snapshot import full_snapshot
 from tests.oracle import ece
 
 
@@ -38,21 +39,21 @@ def test_classwise_ece_equals_numpy_and_survives_a_snapshot() -> None:
     engine = Engine(cfg(True))
     probs, ys = feed(engine, 2000, 4, seed=3)
     want = np.mean([ece(probs[:, c], (ys == c).astype(float)) for c in range(4)])
-    (row,) = engine.view().rows
+    (row,) = full_snapshot(engine).rows
     assert row.classwise_ece is not None and abs(row.classwise_ece - want) < 1e-9
     assert row.classwise_ece != row.stats.ece  # a different number from top-label ECE
 
     restored = Engine(cfg(True))
     restored.restore(engine.snapshot())
-    (again,) = restored.view().rows
+    (again,) = full_snapshot(restored).rows
     assert again.classwise_ece == row.classwise_ece
 
 
 def test_classwise_is_off_by_default_and_never_for_binary_models() -> None:
     engine = Engine(cfg(False))
     feed(engine, 200, 3, seed=4)
-    assert [r.classwise_ece for r in engine.view().rows] == [None]
+    assert [r.classwise_ece for r in full_snapshot(engine).rows] == [None]
     binary = Engine(cfg(True))
     assert binary.feed([Raw(Kind.PREDICTION, b'{"id": "a", "model": "b", "ts": 1, "prob": 0.3}'),
                         Raw(Kind.LABEL, b'{"id": "a", "label": 1}')]) == []
-    assert [r.classwise_ece for r in binary.view().rows] == [None]
+    assert [r.classwise_ece for r in full_snapshot(binary).rows] == [None]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
 from calmon.config import from_dict
 from calmon.engine.engine import Engine, Row
+from calmon.engine.snapshot import full_snapshot
 from calmon.io.exporter import CalmonCollector
+from calmon.io.exposition import new_registry
 from tests.oracle import T0, L, P, right_closed_bins
 
 HOUR = 3600.0
@@ -22,7 +24,8 @@ def sigmoid(z: np.ndarray) -> np.ndarray:
 
 
 def rows(engine: Engine, model: str, segment: str = "__all__") -> dict[str, Row]:
-    return {r.window: r for r in engine.view().rows if r.model == model and r.segment == segment}
+    return {r.window: r for r in full_snapshot(engine).rows
+            if r.model == model and r.segment == segment}
 
 
 def psi_numpy(current: np.ndarray, reference: np.ndarray, bins: int = 15) -> float:
@@ -83,6 +86,40 @@ def test_labels_never_arrive_binary_and_multiclass() -> None:
     assert r["24h"].stats.samples == n_old
 
 
+def test_the_estimate_band_covers_the_realized_accuracy_at_its_level() -> None:
+    """True probabilities known: each pending prediction is right with probability
+    max(p, 1 - p), so the count right is Poisson-binomial. Per model, the sums and the
+    band are that distribution's mean and variance written out here, and over 200
+    models the 90% band holds the accuracy the held-back labels show about 90% of the
+    time; with nothing pending there is no band."""
+    rng = np.random.default_rng(23)
+    engine = Engine(from_dict({**CFG, "limits": {"max_models": 200}}))
+    models, n = 200, 300
+    p = rng.beta(2, 3, (models, n))
+    y = (rng.random((models, n)) < p).astype(int)  # held back: never fed
+    engine.feed([P(f"m{m}-{i}", T0 + 3 * HOUR + i, model=f"m{m}", prob=float(p[m, i]))
+                 for m in range(models) for i in range(n)])
+    z = 1.6448536269514722  # the two-sided 90% normal quantile (metrics.interval_level)
+    covered = 0
+    for m in range(models):
+        est = rows(engine, f"m{m}")["1h"].estimates
+        c = np.maximum(p[m], 1 - p[m])
+        acc, var = c.mean(), (c * (1 - c)).sum()
+        assert est.estimate_basis == "raw"  # no calibrator is live
+        assert abs(est.estimated_correct - c.sum()) < 1e-6
+        assert abs(est.estimated_correct_variance - var) < 1e-6
+        assert abs(est.estimated_accuracy_lower - (acc - z * np.sqrt(var) / n)) < 1e-9
+        assert abs(est.estimated_accuracy_upper - (acc + z * np.sqrt(var) / n)) < 1e-9
+        realized = float(((p[m] >= 0.5).astype(int) == y[m]).mean())
+        covered += est.estimated_accuracy_lower <= realized <= est.estimated_accuracy_upper
+    assert 0.83 <= covered / models <= 0.96, covered
+    # the labels arrive: nothing pending, no band (the basis is still said)
+    engine.feed([L(f"m0-{i}", int(y[0, i])) for i in range(n)])
+    est = rows(engine, "m0")["1h"].estimates
+    assert est.pending_samples == 0 and est.estimated_accuracy_lower is None
+    assert est.estimated_correct is None and est.estimate_basis == "raw"
+
+
 def test_estimates_go_through_the_live_calibrator() -> None:
     """An overconfident model (truth sigmoid(z / 2)) and its calibrator: the estimates
     after the calibrator match the held-back labels; the raw confidences would not."""
@@ -103,6 +140,7 @@ def test_estimates_go_through_the_live_calibrator() -> None:
     assert seen and set(seen) == {"logit"}
     assert abs(est.estimated_accuracy - realized) < 0.02
     assert abs(est.estimated_positive_rate - y.mean()) < 0.02
+    assert est.estimate_basis == "live"
     raw = float(np.maximum(sigmoid(z), 1 - sigmoid(z)).mean())
     assert raw - realized > 0.05  # without the calibrator the estimate is far off
     engine.set_calibrators({})
@@ -164,7 +202,7 @@ def _stream(seed: int) -> list[list]:
 
 def _key(engine: Engine) -> list[tuple]:
     return [(r.model, r.segment, r.window, tuple(r.stats.as_row().values()),
-             tuple(r.estimates.as_row().values())) for r in engine.view().rows]
+             tuple(r.estimates.as_row().values())) for r in full_snapshot(engine).rows]
 
 
 def test_snapshot_restore_keeps_the_label_free_state_exactly() -> None:
@@ -192,7 +230,7 @@ def test_snapshot_restore_keeps_the_label_free_state_exactly() -> None:
 def test_exporter_spells_the_new_gauges() -> None:
     engine = Engine(from_dict(CFG))
     engine.feed([P("a", T0, prob=0.8), P("b", T0 + 1, prob=0.3), L("b", 0)])
-    reg = CollectorRegistry()
+    reg = new_registry()
     reg.register(CalmonCollector(engine))
     text = generate_latest(reg).decode()
     for name in ("calmon_ece_l2_debiased", "calmon_smece", "calmon_ece_lower",

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from calmon.config import from_dict
-from calmon.engine.engine import Engine, View
+from calmon.engine.engine import Engine
+from calmon.engine.rows import Snapshot as View
+from calmon.engine.snapshot import full_snapshot
 from tests.oracle import T0, L, P
 
 H = 3600.0
@@ -34,11 +36,11 @@ def test_a_future_record_of_one_model_leaves_another_models_windows(size: int) -
     batch = [P(f"a{i}", T0 + i, "good", prob=float(p[i])) for i in range(1000)]
     batch += [L(f"a{i}", int(y[i])) for i in range(1000)]
     feed(e, batch, size)
-    before = rows(e.view(), "good")
+    before = rows(full_snapshot(e), "good")
     assert before["1h"].samples == 1000
     # a made-up model, 59 minutes ahead (within kafka.max_clock_skew)
     feed(e, [P("x", T0 + 1000 + 59 * 60, "made-up", prob=0.5)], size)
-    after = rows(e.view(), "good")
+    after = rows(full_snapshot(e), "good")
     assert after["1h"].samples == 1000
     assert after["1h"].ece == pytest.approx(before["1h"].ece, abs=0)
     # the plain-numpy ECE of the same samples, 15 right-closed bins
@@ -55,13 +57,13 @@ def test_a_future_record_does_not_finalise_another_models_implicit_negatives(siz
     e = Engine(from_dict({"join": {"missing_label": {"value": 0, "after": "30m"}}}))
     feed(e, [P(f"a{i}", T0 + i, "good", prob=0.3) for i in range(1000)], size)
     feed(e, [P("x", T0 + 1000 + 59 * 60, "made-up", prob=0.5)], size)
-    assert rows(e.view(), "good")["1h"].samples == 0  # nothing finalised early
+    assert rows(full_snapshot(e), "good")["1h"].samples == 0  # nothing finalised early
     assert e.counters["joined"] == 0
     # the real labels arrive: 1,000 positives, none discarded as duplicates
     feed(e, [L(f"a{i}", 1) for i in range(1000)], size)
     assert e.counters["duplicates"] == 0
     feed(e, [P("later", T0 + 1000 + 31 * 60, "good", prob=0.3)], size)  # good's own now
-    v = e.view()
+    v = full_snapshot(e)
     good = rows(v, "good")["1h"]
     assert good.samples == 1000 and good.observed_rate == 1.0
     assert e.counters["joined"] == 1000
@@ -85,7 +87,7 @@ def test_a_flood_from_one_model_leaves_another_models_joins_exact(size: int) -> 
     flood = [P(f"s{i}", T0 + 500 + i, "spam", prob=0.9) for i in range(20_000)]
     labels = [L(f"q{i}", i % 2) for i in range(500)]
     feed(e, quiet + flood + labels, size)
-    v = e.view()
+    v = full_snapshot(e)
     assert rows(v, "quiet")["1h"].samples == 500  # 500 of 500 joined
     assert e.last_delta is not None
     assert e.join.pending == 500  # what is left: spam's newest, within its share
@@ -109,7 +111,7 @@ def test_per_model_now_survives_a_snapshot() -> None:
     f = Engine(from_dict({}))
     f.restore(snap)
     assert f.now_of("good") == T0 and f.now_of("made-up") == T0 + 3500
-    assert rows(f.view(), "good")["1h"].samples == 1
+    assert rows(full_snapshot(f), "good")["1h"].samples == 1
     old = dict(snap)
     del old["model_now"]  # a checkpoint from before v3: one "now" for all
     g = Engine(from_dict({}))
@@ -141,7 +143,7 @@ def test_model_names_rotating_through_max_models_are_all_admitted() -> None:
     # the dropped models' pending predictions went with them, counted as expired by ttl
     assert e.counters["expired"] == 200 - len(live)
     assert e.join.pending == len(live)
-    assert {r.model for r in e.view().rows} <= set(live)
+    assert {r.model for r in full_snapshot(e).rows} <= set(live)
 
 
 def test_a_dropped_models_slot_survives_a_snapshot_and_its_name_comes_back_fresh() -> None:
@@ -155,8 +157,9 @@ def test_a_dropped_models_slot_survives_a_snapshot_and_its_name_comes_back_fresh
         assert eng.feed([P("d", T0 + 15 * DAY, "new", prob=0.9), L("d", 1)]) == []
         assert eng.feed([P("e", T0 + 15 * DAY, "old", prob=0.9)])[0].reason == "too_many_models"
     assert e.snapshot()["models"] == f.snapshot()["models"]
-    assert rows(e.view(), "new")["7d"].samples == rows(f.view(), "new")["7d"].samples == 1
-    assert "old" not in {r.model for r in f.view().rows}
+    assert (rows(full_snapshot(e), "new")["7d"].samples
+            == rows(full_snapshot(f), "new")["7d"].samples == 1)
+    assert "old" not in {r.model for r in full_snapshot(f).rows}
 
 
 def test_max_series_folds_new_segments_into_other_and_counts_them() -> None:
@@ -168,14 +171,14 @@ def test_max_series_folds_new_segments_into_other_and_counts_them() -> None:
         e.feed([P(f"p{i}", T0 + i, "m", prob=0.5, segment={"country": c}), L(f"p{i}", 1)])
         folded += e.last_delta.series_folded
     # __all__ and country=A..D fill the 5; E..J fold into country=__other__ (made anyway)
-    segments = {r.segment: r.stats.samples for r in e.view().rows if r.window == "1h"}
+    segments = {r.segment: r.stats.samples for r in full_snapshot(e).rows if r.window == "1h"}
     assert segments == {"__all__": 10, "country=A": 1, "country=B": 1, "country=C": 1,
                         "country=D": 1, "country=__other__": 6}
-    assert folded == 6 and e.view().series_held == 6
+    assert folded == 6 and full_snapshot(e).series_held == 6
     f = Engine(from_dict(cfg))
     f.restore(e.snapshot())
     f.feed([P("again", T0 + 20, "m", prob=0.5, segment={"country": "E"}), L("again", 0)])
-    segments = {r.segment: r.stats.samples for r in f.view().rows if r.window == "1h"}
+    segments = {r.segment: r.stats.samples for r in full_snapshot(f).rows if r.window == "1h"}
     assert segments["country=__other__"] == 7 and "country=E" not in segments
 
 
@@ -194,9 +197,9 @@ def test_an_idle_segment_frees_its_series_for_a_new_one() -> None:
     assert e.index.find("m", "country=A") is None  # dropped after 14 days idle
     assert e.counters["expired"] == 1  # a2 went with it
     e.feed([P("c", T0 + 15 * DAY, "m", prob=0.5, segment={"country": "C"}), L("c", 1)])
-    segments = {r.segment: r.stats.samples for r in e.view().rows if r.window == "7d"}
+    segments = {r.segment: r.stats.samples for r in full_snapshot(e).rows if r.window == "7d"}
     assert segments == {"__all__": 8, "country=B": 7, "country=C": 1}
-    assert e.view().series_held == 3 and e.last_delta.series_folded == 0
+    assert full_snapshot(e).series_held == 3 and e.last_delta.series_folded == 0
     f = Engine(from_dict(cfg))
     f.restore(e.snapshot())
     assert f.index.series == e.index.series and list(f._combo_last) == list(e._combo_last)

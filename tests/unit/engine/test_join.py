@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 
 from calmon.config import from_dict
-from calmon.engine.engine import Engine, Rejected, View
+from calmon.engine.engine import Engine, Rejected
 from calmon.engine.records import Kind
+from calmon.engine.rows import Snapshot as View
+from calmon.engine.snapshot import full_snapshot
 from calmon.io.totals import ProcessTotals
 from tests.oracle import T0, L, P, binary_terms, expected_row
 
@@ -85,7 +87,7 @@ def test_label_first_and_prediction_first_give_the_same_view() -> None:
     for p, lab in zip(preds, labels):
         for r in ((p, lab) if rng.random() < 0.5 else (lab, p)):
             c.feed([r])
-    va, vb, vc = a.view(), b.view(), c.view()
+    va, vb, vc = full_snapshot(a), full_snapshot(b), full_snapshot(c)
     assert va.counters["joined"] == 600
     assert va.counters == vb.counters == vc.counters
     assert rows_key(va) == rows_key(vb) == rows_key(vc)
@@ -101,14 +103,14 @@ def test_prediction_ttl_expires_on_event_time() -> None:
     e = engine(join={"ttl": "1h"})
     e.feed([P("a", T0, prob=0.3), P("b", T0 + 10, prob=0.3)])
     e.feed([P("x", T0 + H - 1, prob=0.5)])  # now = T0 + 3599: a still waits
-    v = e.view()
+    v = full_snapshot(e)
     assert (v.counters["expired"], v.pending) == (0, 3)
     e.feed([P("y", T0 + H, prob=0.5)])  # now = a's deadline: a expires, b does not
-    v = e.view()
+    v = full_snapshot(e)
     assert (v.counters["expired"], v.pending) == (1, 3)
     assert e.process.expired == {("m", "ttl"): 1}
     e.feed([L("a", 1), L("b", 0)])  # too late for a; b still joins
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["joined"] == 1
     # b's bucket [T0, T0 + 225) has just left the 1h window (now = T0 + 3600)
     assert samples(v) == {"1h": 0, "24h": 1, "7d": 1}
@@ -119,21 +121,21 @@ def test_expiry_is_exact_within_one_batch() -> None:
     """The deadline is checked at the lookup, not only by the end-of-batch sweep."""
     e = engine(join={"ttl": "1h"})
     e.feed([P("a", T0, prob=0.3), P("y", T0 + H, prob=0.5), L("a", 1)])
-    v = e.view()
+    v = full_snapshot(e)
     assert (v.counters["joined"], v.counters["expired"]) == (0, 1)
 
 
 def test_label_ttl() -> None:
     e = engine(join={"label_ttl": "1h"})
     e.feed([L("early", 1, T0), L("ok", 0, T0 + 100)])
-    assert e.view().pending_labels == 2
+    assert full_snapshot(e).pending_labels == 2
     e.feed([P("other", T0 + H, prob=0.5)])  # now reaches early's deadline
-    v = e.view()
+    v = full_snapshot(e)
     assert v.pending_labels == 1
     assert v.counters["labels_expired"] == 1
     assert e.process.labels_expired == 1
     e.feed([P("early", T0 + H, prob=0.2), P("ok", T0 + H, prob=0.2)])
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["joined"] == 1  # only "ok": "early"'s label had expired
     assert v.pending == 2  # "other" and "early"
 
@@ -142,9 +144,9 @@ def test_label_without_ts_waits_label_ttl_from_now() -> None:
     e = engine(join={"label_ttl": "1h"})
     e.feed([P("z", T0, prob=0.5), L("a", 1)])  # no ts: the clock is now = T0
     e.feed([P("z2", T0 + H - 1, prob=0.5)])
-    assert e.view().pending_labels == 1
+    assert full_snapshot(e).pending_labels == 1
     e.feed([P("z3", T0 + H, prob=0.5)])
-    assert e.view().pending_labels == 0
+    assert full_snapshot(e).pending_labels == 0
 
 
 # ---------------------------------------------------------------- capacity
@@ -174,13 +176,13 @@ def test_capacity_expires_oldest_and_bounds_memory() -> None:
     # 18,000 more ids, each >= 100 bytes if kept: retained growth stays far below
     assert current - base < 64 * 1024, current - base
     assert peak - base < 1024 * 1024, peak - base
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["expired"] == 20_000 - max_pending
     assert e.process.expired == {("m", "capacity"): 20_000 - max_pending}
     assert v.pending == max_pending
     # the oldest went first: the newest 1000 ids still join
     e.feed([L(f"id-{i}", 1) for i in range(19_000, 20_000)] + [L("id-18999", 1)])
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["joined"] == max_pending
     assert v.pending == 0
     assert v.pending_labels == 1  # id-18999 was expired: its label waits in vain
@@ -196,14 +198,14 @@ def test_implicit_negatives_hold_everything_until_ts_plus_after() -> None:
     positives = {i for i in range(100) if rng.random() < 0.3}
     e.feed([P(f"p{i}", T0 + i, prob=float(p[i])) for i in range(100)])
     e.feed([L(f"p{i}", 1, T0 + i + 5) for i in sorted(positives)])  # positives arrive early
-    v = e.view()
+    v = full_snapshot(e)
     assert samples(v) == {"1h": 0, "24h": 0, "7d": 0}
     assert v.counters["joined"] == 0 and v.pending == 100
 
     e.feed([P("adv1", T0 + 49 + 1800 - 0.5, prob=0.5)])  # just before p49's ts + 30m
-    assert e.view().counters["joined"] == 49
+    assert full_snapshot(e).counters["joined"] == 49
     e.feed([P("adv2", T0 + 49 + 1800, prob=0.5)])  # p0..p49 are final now
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["joined"] == 50
     y = np.array([1 if i in positives else 0 for i in range(50)])
     row = {r.window: r.stats for r in v.rows if r.segment == "__all__"}["24h"]
@@ -213,7 +215,7 @@ def test_implicit_negatives_hold_everything_until_ts_plus_after() -> None:
         assert abs(getattr(row, name) - exp[name]) <= 1e-9, name
 
     e.feed([P("adv3", T0 + 99 + 1800, prob=0.5)])
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["joined"] == 100  # p0..p99; adv1..adv3 wait for their own 30m
     assert v.pending == 3
     row = {r.window: r.stats for r in v.rows if r.segment == "__all__"}["24h"]
@@ -221,16 +223,16 @@ def test_implicit_negatives_hold_everything_until_ts_plus_after() -> None:
     assert abs(row.observed_rate - len(positives) / 100) <= 1e-12
     # a label for a finalised prediction is a duplicate: it joined (as a negative)
     e.feed([L("p0", 1)])
-    assert e.view().counters["duplicates"] == 1
-    assert e.view().counters["expired"] == 0
+    assert full_snapshot(e).counters["duplicates"] == 1
+    assert full_snapshot(e).counters["expired"] == 0
 
 
 def test_implicit_negatives_apply_to_binary_only() -> None:
     e = engine(join={"missing_label": {"value": 0, "after": "30m"}})
     e.feed([P("k", T0, "mc", probs=[0.2, 0.8]), L("k", 1), P("u", T0, "mc", probs=[0.6, 0.4])])
-    assert samples(e.view(), "mc")["1h"] == 1  # multiclass joins at once
+    assert samples(full_snapshot(e), "mc")["1h"] == 1  # multiclass joins at once
     e.feed([P("later", T0 + H, "mc", probs=[0.5, 0.5])])
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["joined"] == 1  # u is not given an implicit label
     assert v.pending == 2 and v.counters["expired"] == 0
 
@@ -241,17 +243,17 @@ def test_implicit_negatives_apply_to_binary_only() -> None:
 def test_duplicates_are_counted_and_ignored() -> None:
     e = engine()
     e.feed([P("d", T0, prob=0.9), P("d", T0 + 1, prob=0.1)])  # second: pending id
-    v = e.view()
+    v = full_snapshot(e)
     assert (v.counters["duplicates"], v.pending, v.counters["predictions"]) == (1, 1, 2)
     e.feed([L("d", 1)])
-    before = e.view()
+    before = full_snapshot(e)
     assert before.counters["joined"] == 1
     # the first prediction's score joined: mean confidence 0.9
     st = {r.window: r.stats for r in before.rows}["1h"]
     assert abs(st.mean_confidence - 0.9) < 1e-9
     e.feed([L("d", 0)])  # second label for a joined id
     e.feed([P("d", T0 + 2, prob=0.5)])  # a prediction for an id already joined
-    after = e.view()
+    after = full_snapshot(e)
     assert after.counters["duplicates"] == 3
     assert after.counters["joined"] == 1
     assert e.process.duplicates == {"predictions": 2, "labels": 1}
@@ -262,7 +264,7 @@ def test_second_waiting_label_is_a_duplicate() -> None:
     e = engine()
     e.feed([L("w", 1, T0), L("w", 0, T0)])
     e.feed([P("w", T0, prob=0.7)])
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["duplicates"] == 1
     st = {r.window: r.stats for r in v.rows}["1h"]
     assert st.samples == 1 and st.observed_rate == 1.0  # the first label won
@@ -272,7 +274,7 @@ def test_second_label_while_held_for_implicit_negatives_is_a_duplicate() -> None
     e = engine(join={"missing_label": {"value": 0, "after": "30m"}})
     e.feed([P("h", T0, prob=0.7), L("h", 1), L("h", 0)])
     e.feed([P("adv", T0 + 1800, prob=0.5)])
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["duplicates"] == 1
     st = {r.window: r.stats for r in v.rows}["1h"]
     assert st.samples == 1 and st.observed_rate == 1.0
@@ -289,13 +291,13 @@ def _out_of_range(label_first: bool, score: dict, bad: int, good: int) -> None:
         rejected += e.feed([rec])
     assert [(r.kind, r.reason, r.value) for r in rejected] == [
         (Kind.LABEL, "label_out_of_range", lab.value)]
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["invalid"] == 1
     assert e.process.invalid == {("labels", "label_out_of_range"): 1}
     assert v.counters["joined"] == 0 and v.pending == 1 and v.pending_labels == 0
     assert v.counters["labels"] == 0  # an invalid label is not a label
     assert e.feed([L("r", good)]) == []  # a valid label still joins
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["joined"] == 1 and v.counters["duplicates"] == 0
     assert v.counters["labels"] == 1
 
@@ -320,7 +322,7 @@ def test_late_label_lands_in_its_predictions_bucket() -> None:
     e.feed([P("old", T0, prob=0.8)])
     e.feed([P("now", T0 + 20 * H, prob=0.1)])
     e.feed([L("old", 1, T0 + 20 * H)])  # 20 hours late
-    v = e.view()
+    v = full_snapshot(e)
     # bucket of T0: outside the 1h window at now = T0 + 20h, inside 24h and 7d
     assert samples(v) == {"1h": 0, "24h": 1, "7d": 1}
     st = {r.window: r.stats for r in v.rows}["24h"]
@@ -328,6 +330,6 @@ def test_late_label_lands_in_its_predictions_bucket() -> None:
     # 24h buckets are 5400 s wide and T0 is a multiple: the bucket of T0 leaves
     # the 24h window exactly when now reaches T0 + 16 * 5400 = T0 + 24h
     e.feed([P("n2", T0 + 24 * H - 1, prob=0.1)])
-    assert samples(e.view()) == {"1h": 0, "24h": 1, "7d": 1}
+    assert samples(full_snapshot(e)) == {"1h": 0, "24h": 1, "7d": 1}
     e.feed([P("n3", T0 + 24 * H, prob=0.1)])
-    assert samples(e.view()) == {"1h": 0, "24h": 0, "7d": 1}
+    assert samples(full_snapshot(e)) == {"1h": 0, "24h": 0, "7d": 1}

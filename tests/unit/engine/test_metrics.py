@@ -12,6 +12,7 @@ from sklearn.calibration import calibration_curve
 
 from calmon.config import from_dict
 from calmon.engine.engine import Engine
+from calmon.engine.snapshot import full_snapshot
 from tests.oracle import (
     T0,
     L,
@@ -101,7 +102,7 @@ def feed_model(engine: Engine, model: str, scores: list[dict], y: np.ndarray,
 
 
 def rows_of(engine: Engine, model: str):
-    view = engine.view()
+    view = full_snapshot(engine)
     rows = {r.window: r for r in view.rows if r.model == model and r.segment == "__all__"}
     assert sorted(rows) == sorted(WINDOWS)
     return rows
@@ -147,7 +148,7 @@ def test_metrics_match_numpy_reference(bins: int, fine_bins: int) -> None:
         feed_model(engine, f"mc{k}-logits", [{"logits": row.tolist()} for row in zz], y, rng)
         refs[f"mc{k}-logits"] = multiclass_from_logits(zz, y)
 
-    c = engine.view().counters
+    c = full_snapshot(engine).counters
     total = sum(len(r.conf) for r in refs.values())
     assert (c["predictions"], c["labels"], c["joined"]) == (total, total, total)
     assert (c["invalid"], c["expired"], c["duplicates"]) == (0, 0, 0)

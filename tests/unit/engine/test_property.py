@@ -19,13 +19,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
-from prometheus_client.registry import CollectorRegistry
 
 from calmon.config import Config, from_dict
 from calmon.engine.engine import Engine
 from calmon.engine.records import REASONS, Kind, Raw
+from calmon.engine.snapshot import full_snapshot
 from calmon.io import reliability
 from calmon.io.exporter import CalmonCollector
+from calmon.io.exposition import new_registry
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -158,13 +159,13 @@ def small_config(**sections: Any) -> Config:
 def check_readers(engine: Engine) -> None:
     """Everything that reads engine state answers (what /metrics, /status and
     /reliability do), and the state survives a checkpoint round trip."""
-    engine.view()
+    full_snapshot(engine)
     json.dumps(engine.status(), allow_nan=True)
-    registry = CollectorRegistry(auto_describe=False)
+    registry = new_registry()
     registry.register(CalmonCollector(engine))
     text = generate_latest(registry)
     text.decode("utf-8")  # strict: what a Prometheus server parses
-    code, _ctype, body = reliability.page(engine.cfg, engine.view(), None, {})
+    code, _ctype, body = reliability.page(engine.cfg, full_snapshot(engine), None, {})
     assert code == 200
     body.decode("utf-8")
     restored = Engine(engine.cfg)
@@ -274,7 +275,7 @@ def outcome(records: list[Raw], batch: int) -> dict[str, Any]:
     for i in range(0, len(records), batch):
         engine.feed(records[i:i + batch])
         invalid.update(engine.last_delta.invalid)
-    view = engine.view()
+    view = full_snapshot(engine)
     rows = sorted((r.model, r.segment, r.window, r.stats.samples, r.stats.ece) for r in view.rows)
     st_ = engine.status()
     return {"counters": st_["counters"], "pending": st_["pending"],

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from calmon.config import FieldsConfig, LimitsConfig, from_dict
 from calmon.engine.engine import Engine
 from calmon.engine.records import REASONS, Kind, Label, Parser, Prediction, Raw, Reject
+from calmon.engine.snapshot import full_snapshot
 from tests.oracle import T0, L, P, label_bytes
 
 MAX_BYTES = 1000
@@ -201,7 +202,7 @@ def test_a_bug_while_scoring_a_joined_sample_is_isolated_to_it(
     st = e.status()["counters"]
     # the two others are counted; the one the bug hits is counted as internal
     assert (st["predictions"], st["joined"], st["invalid"]) == (3, 2, 1)
-    assert {r.stats.samples for r in e.view().rows if r.segment == "__all__"} == {2}
+    assert {r.stats.samples for r in full_snapshot(e).rows if r.segment == "__all__"} == {2}
 
 
 def test_a_bug_in_the_join_is_raised_for_the_daemon_to_isolate(
@@ -226,7 +227,7 @@ def test_class_count_resets_only_while_the_model_is_not_live() -> None:
     st = e.status()["counters"]
     assert (st["class_resets"], st["joined"]) == (1, 2)
     # what the model kept under 7 classes is forgotten: one binary sample in its windows
-    assert {r.stats.samples for r in e.view().rows if r.segment == "__all__"} == {1}
+    assert {r.stats.samples for r in full_snapshot(e).rows if r.segment == "__all__"} == {1}
     # ten admitted binary predictions in the longest window make it live: K is fixed now
     e.feed([P(f"b{i}", T0 + 2, "m", prob=0.5) for i in range(9)])
     rej = e.feed([P("c", T0 + 3, "m", probs=[0.5, 0.5])])
@@ -247,7 +248,7 @@ def test_a_class_reset_forgets_the_same_whichever_topic_came_first() -> None:
         for batch in batches:
             e.feed(batch)
         outcomes.append((e.status()["counters"], sorted(
-            (r.model, r.segment, r.window, r.stats.samples) for r in e.view().rows)))
+            (r.model, r.segment, r.window, r.stats.samples) for r in full_snapshot(e).rows)))
     assert all(o == outcomes[0] for o in outcomes[1:]), outcomes
     assert outcomes[0][0]["joined"] == 1 and outcomes[0][0]["class_resets"] == 1
 
@@ -268,7 +269,7 @@ def test_engine_counts_invalid_by_topic_and_reason() -> None:
     rejected = e.feed(raws)
     assert [r.reason for r in rejected] == [c[0] for c in PARSER_CASES]
     assert [r.value for r in rejected] == [c[2] for c in PARSER_CASES]  # forwarded unchanged
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["invalid"] == len(PARSER_CASES)
     assert v.counters["predictions"] == 0 and v.counters["labels"] == 0
     expected: dict[tuple[str, str], int] = {}
@@ -348,7 +349,7 @@ def test_scores_and_labels() -> None:
 def test_integer_and_string_ids_join() -> None:
     e = Engine(from_dict({}))
     assert e.feed([P(91, T0, prob=0.5), L("91", 1), P("92", T0, prob=0.5), L(92, 0)]) == []
-    assert e.view().counters["joined"] == 2
+    assert full_snapshot(e).counters["joined"] == 2
 
 
 @pytest.mark.parametrize("big", [10**18, 2**63, 2**64 - 1, 2**64, 2**100, -(2**100)])
@@ -361,7 +362,7 @@ def test_integer_ids_of_64_and_100_bits_join_as_their_decimal_string(big: int) -
     labels = [Raw(Kind.LABEL, json.dumps({"id": str(big + i) if i % 2 else big + i,
                                           "label": 1}).encode()) for i in range(3)]
     assert e.feed(preds + labels) == []
-    assert e.view().counters["joined"] == 3
+    assert full_snapshot(e).counters["joined"] == 3
     assert e.join.pending == 0
     parsed = PARSER.parse(preds[0])
     assert isinstance(parsed, Prediction) and parsed.id == str(big)
@@ -385,7 +386,7 @@ def test_configurable_dotted_field_paths() -> None:
                     "ctx": {"country": "FR"}, "out": {"p": 0.75}}).encode()
     lab = json.dumps({"meta": {"request_id": "r1"}, "outcome": {"y": 1}}).encode()
     assert e.feed([Raw(Kind.PREDICTION, p), Raw(Kind.LABEL, lab)]) == []
-    v = e.view()
+    v = full_snapshot(e)
     assert v.counters["joined"] == 1
     rows = {(r.segment, r.window): r.stats for r in v.rows if r.model == "ctr"}
     assert rows[("country=FR", "1h")].samples == 1
@@ -494,7 +495,7 @@ def test_engine_feed_never_raises(batch_list) -> None:
         assert all(r.reason in REASONS for r in out)
         rejected += len(out)
         fed += len(batch)
-    v = e.view()
+    v = full_snapshot(e)
     c = v.counters
     assert c["invalid"] == rejected
     # every record is a prediction, a label or invalid (an out-of-range label is both
@@ -537,4 +538,4 @@ def test_a_label_ahead_of_its_prediction_in_one_batch_counts_under_its_model() -
                  1.7e9, f"p/0/{i}") for i in range(40)]
     e.feed(labels + orphans + preds)
     assert dict(e.last_delta.labels) == {"ctr": 40, "": 3}
-    assert e.view().counters["labels"] == 43 and e.view().counters["joined"] == 40
+    assert full_snapshot(e).counters["labels"] == 43 and full_snapshot(e).counters["joined"] == 40

@@ -10,6 +10,7 @@ import pytest
 from calmon.config import from_dict
 from calmon.engine import windows
 from calmon.engine.engine import Engine
+from calmon.engine.snapshot import full_snapshot
 from calmon.engine.windows import CONF_SCALE, Samples, Windows, dense_cells
 from tests.oracle import T0, L, P, binary_terms, right_closed_bins
 
@@ -90,7 +91,7 @@ def test_sparse_and_dense_paths_leave_the_same_state(monkeypatch: pytest.MonkeyP
             raws += [P(f"x{i}", ts, prob=float(rng.uniform()), segment=seg), L(f"x{i}", int(i % 2))]
         for k in range(0, len(raws), 400):
             e.feed(raws[k:k + 400])
-        e.view()
+        full_snapshot(e)
         return [sorted((int(k[0]), int(k[1]), v.tobytes()) for k, v in zip(*dense_cells(t)))
                 for t in e.snapshot()["windows"]]
 

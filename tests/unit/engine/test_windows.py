@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from calmon.config import from_dict
-from calmon.engine.engine import Engine, View
+from calmon.engine.engine import Engine
 from calmon.engine.records import Raw
+from calmon.engine.rows import Snapshot as View
+from calmon.engine.snapshot import full_snapshot
 from tests.oracle import T0, L, P
 
 DAY = 86400.0
@@ -51,7 +53,7 @@ def test_every_sample_counts_in_all_and_each_slice() -> None:
         for label in ("__all__", f"country={c}", f"device={d}", f"country={c},device={d}"):
             groups.setdefault(label, []).append(p)
     e.feed(raws)
-    st = stats(e.view())
+    st = stats(full_snapshot(e))
     assert {seg for seg, _ in st} == set(groups)
     for label, ps in groups.items():
         for window in ("1h", "24h", "7d"):
@@ -70,10 +72,10 @@ def test_combined_slice_label_in_configured_key_order() -> None:
     e = Engine(cfg)
     e.feed([P("a", T0, prob=0.5, segment={"country": "US", "device": "ios"}), L("a", 1),
             P("b", T0, prob=0.5, segment={"country": "US"}), L("b", 1)])
-    segs = {seg for seg, _ in stats(e.view())}
+    segs = {seg for seg, _ in stats(full_snapshot(e))}
     # b lacks device: it counts in __all__ only
     assert segs == {"__all__", "device=ios,country=US"}
-    assert stats(e.view())[("__all__", "1h")].samples == 2
+    assert stats(full_snapshot(e))[("__all__", "1h")].samples == 2
 
 
 def test_values_past_max_values_fold_into_other() -> None:
@@ -90,7 +92,7 @@ def test_values_past_max_values_fold_into_other() -> None:
                      L(f"{model}-{i}", i % 2)]
     for k in range(0, len(raws), 2000):
         e.feed(raws[k:k + 2000])
-    v = e.view()
+    v = full_snapshot(e)
     for model in ("m", "m2"):
         st = stats(v, model)
         segs = {seg for seg, _ in st}
@@ -113,10 +115,10 @@ def test_combined_slice_folding_is_bounded() -> None:
         seg = {"country": f"c{i % 97}", "device": f"d{i % 89}"}
         raws += [P(f"x{i}", T0, prob=0.3, segment=seg), L(f"x{i}", 0)]
     e.feed(raws)
-    segs = {seg for seg, _ in stats(e.view())}
+    segs = {seg for seg, _ in stats(full_snapshot(e))}
     assert len(segs) <= 1 + (3 + 1) ** 2
     assert "country=__other__,device=__other__" in segs
-    assert sum(s.samples for (seg, w), s in stats(e.view()).items()
+    assert sum(s.samples for (seg, w), s in stats(full_snapshot(e)).items()
                if w == "1h" and seg != "__all__") == 2000
 
 
@@ -143,7 +145,7 @@ def test_windows_slide_by_event_time() -> None:
         e.feed(batch)
         if start % 700:
             continue
-        v = e.view()
+        v = full_snapshot(e)
         now = float(ts[stop - 1])
         assert v.now == now
         st = stats(v)
@@ -160,7 +162,7 @@ def test_windows_slide_by_event_time() -> None:
             checked += 1
     assert checked >= 12
     # at the end the three windows hold different amounts of the 3 days
-    last = stats(e.view())
+    last = stats(full_snapshot(e))
     counts = [last[("__all__", w)].samples for w in ("1h", "24h", "7d")]
     assert counts[0] < counts[1] < counts[2] == n
 
@@ -175,10 +177,10 @@ def test_bucket_boundary_is_exact(window: str) -> None:
     e.feed([P("a", start, prob=0.4), L("a", 1)])
     leave = (math.floor(start / width) + 16) * width  # first now with cur - 16 == i0
     e.feed([P("b", leave - 1e-3, prob=0.4)])
-    assert stats(e.view())[("__all__", window)].samples == 1
+    assert stats(full_snapshot(e))[("__all__", window)].samples == 1
     e.feed([P("c", leave, prob=0.4)])
-    assert ("__all__", window) not in stats(e.view()) or \
-        stats(e.view())[("__all__", window)].samples == 0
+    assert ("__all__", window) not in stats(full_snapshot(e)) or \
+        stats(full_snapshot(e))[("__all__", window)].samples == 0
 
 
 # ---------------------------------------------------------------- snapshot / restore
@@ -250,7 +252,7 @@ def test_snapshot_restore_round_trip(name: str) -> None:
     whole = Engine(cfg)
     for b in batches:
         whole.feed(b)
-    final = whole.view()
+    final = full_snapshot(whole)
     c = final.counters
     assert c["joined"] > 500 and c["duplicates"] > 0 and c["invalid"] > 0
     assert c["expired"] + c.get("labels_expired", 0) > 0
@@ -259,16 +261,16 @@ def test_snapshot_restore_round_trip(name: str) -> None:
         a = Engine(cfg)
         for b in batches[:cut]:
             a.feed(b)
-        before = a.view()
+        before = full_snapshot(a)
         assert before.pending > 0 and before.pending_labels > 0
         snap = pickle.loads(pickle.dumps(a.snapshot()))  # through bytes, as on disk
         b_engine = Engine(cfg)
         b_engine.restore(snap)
-        assert state_key(b_engine.view()) == state_key(before)
-        assert b_engine.view().series == before.series
+        assert state_key(full_snapshot(b_engine)) == state_key(before)
+        assert full_snapshot(b_engine).series == before.series
         for b in batches[cut:]:
             b_engine.feed(b)
-        assert state_key(b_engine.view()) == state_key(final)
+        assert state_key(full_snapshot(b_engine)) == state_key(final)
 
 
 def test_restore_rejects_an_unknown_version() -> None:
@@ -323,7 +325,7 @@ def test_interleavings_give_bit_identical_windows() -> None:
     in_order = Engine(cfg)
     in_order.feed(raws)
     engines.append(in_order)
-    views = [e.view() for e in engines]
+    views = [full_snapshot(e) for e in engines]
     assert views[0].counters["joined"] == 1200
     keys = [rows_key(v) for v in views]
     assert all(k == keys[0] for k in keys[1:])
@@ -354,5 +356,5 @@ def test_in_window_is_the_membership_the_rows_use() -> None:
     e.feed([P(f"r{i}", float(t), prob=0.5) for i, t in enumerate(ts)]
            + [L(f"r{i}", 1) for i in range(len(ts))])
     want = int(in_window(ts, 3600.0, float(ts.max())).sum())
-    row = next(r for r in e.view().rows if r.segment == "__all__")
+    row = next(r for r in full_snapshot(e).rows if r.segment == "__all__")
     assert 0 < want < len(ts) and row.stats.samples == want

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
 
 from calmon.config import from_dict
 from calmon.engine import metrics, snapshot, stats
@@ -21,7 +21,7 @@ from calmon.engine.snapshot import Refresher
 from calmon.errors import ConfigError
 from calmon.io import reliability
 from calmon.io.exporter import FAMILIES, CalmonCollector, WindowCollector
-from calmon.io.exposition import Exposition
+from calmon.io.exposition import Exposition, new_registry
 from calmon.io.http import HttpServer
 from tests.daemon_helpers import http_get
 from tests.oracle import T0, L, P
@@ -86,7 +86,7 @@ def test_a_scrape_never_computes_the_statistics(monkeypatch) -> None:
     engine = fed_engine()
     snap = Refresher(engine).update(full=True)
     trip = Tripwire(monkeypatch)
-    monkeypatch.setattr(Engine, "view", lambda self: trip._trip())
+    monkeypatch.setattr(Refresher, "update", lambda self, **_k: trip._trip())
     text = scrape_text(engine, snap)
     for q in ({}, {"model": ["m0"]}, {"segment": ["country=c1"], "window": ["1h"]}):
         code, _, body = reliability.page(engine.cfg, snap, None, q)
@@ -197,7 +197,7 @@ def test_reliability_filters_pages_and_junk_queries_share_a_bounded_cache() -> N
     engine = fed_engine({"recalibration": {"min_samples": 10}})
     snap = Refresher(engine).update(full=True)
     page = reliability.Page(engine.cfg, lambda: snap)
-    server = HttpServer("127.0.0.1", 0, CollectorRegistry(), lambda: True,
+    server = HttpServer("127.0.0.1", 0, new_registry(), lambda: True,
                         lambda: {}, {"/reliability": page}, page_cache_s=60.0)
     with server:
         code, body = http_get(server.port, "/reliability?model=m1&segment=country%3Dc2")

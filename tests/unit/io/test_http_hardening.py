@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from prometheus_client.registry import CollectorRegistry
 
+from calmon.io.exposition import new_registry
 from calmon.io.http import HttpServer
 from tests.daemon_helpers import http_get, idle_connections, wait_until
 
@@ -30,7 +30,7 @@ def make_server(**kw: Any) -> HttpServer:
     def big(_query: dict[str, list[str]]) -> tuple[int, str, bytes]:
         return 200, "text/plain", b"x" * (64 * 1024 * 1024)  # far past socket buffers
 
-    server = HttpServer("127.0.0.1", 0, CollectorRegistry(), lambda: True,
+    server = HttpServer("127.0.0.1", 0, new_registry(), lambda: True,
                         lambda: {"ready": True}, {"/reliability": page, "/big": big}, **kw)
     server.builds = builds  # type: ignore[attr-defined]
     return server
@@ -135,7 +135,7 @@ def test_the_oldest_waiting_connection_makes_room(monkeypatch: pytest.MonkeyPatc
 
 def test_readyz_says_why_it_is_not_ready() -> None:
     why: dict[str, str | None] = {"text": "partitions not assigned yet"}
-    srv = HttpServer("127.0.0.1", 0, CollectorRegistry(), lambda: False, dict,
+    srv = HttpServer("127.0.0.1", 0, new_registry(), lambda: False, dict,
                      unready_reason=lambda: why["text"])
     with srv:
         assert http_get(srv.port, "/readyz") == (503, b"not ready: partitions not assigned yet\n")

@@ -9,17 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from calmon.cli import main
 from calmon.config import KafkaConfig
 from calmon.io.confluent_settings import librdkafka_settings
-from calmon.io.source import make_source
+from calmon.io.consumer_process import make_source
+from tests.cli_helpers import check_config
 
 
 def check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    path = tmp_path / "config.yaml"
-    path.write_text(text, encoding="utf-8")
-    rc = main(["check-config", "-c", str(path)])
-    return rc, capsys.readouterr().err
+    rc, _, err = check_config(capsys, tmp_path, text)
+    return rc, err
 
 
 def test_confluent_is_accepted_when_importable(

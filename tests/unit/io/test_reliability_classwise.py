@@ -12,6 +12,7 @@ import numpy as np
 from calmon import config
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind, Raw
+from calmon.engine.snapshot import full_snapshot
 from calmon.io import reliability
 from tests.oracle import ece
 
@@ -47,10 +48,10 @@ def test_the_worst_class_is_named_and_drawn_one_vs_rest() -> None:
     per_class = [ece(probs[:, c], (ys == c).astype(float)) for c in range(K)]
     worst = int(np.argmax(per_class))
     assert worst == SHIFTED
-    (row,) = engine.view().rows
+    (row,) = full_snapshot(engine).rows
     assert row.worst_class is not None and row.worst_class.cls == worst
     assert abs(row.worst_class.ece - per_class[worst]) < 1e-9
-    code, _, body = reliability.page(engine.cfg, engine.view(), None, {})
+    code, _, body = reliability.page(engine.cfg, full_snapshot(engine), None, {})
     assert code == 200
     html = body.decode()
     fig = re.search(r'<figure class=worst data-class="(\d+)">(.*?)</figure>', html, re.S)
@@ -71,7 +72,7 @@ def test_the_worst_class_is_named_and_drawn_one_vs_rest() -> None:
 def test_without_classwise_no_class_is_named() -> None:
     engine = Engine(cfg(False))
     feed(engine, 300, seed=6)
-    (row,) = engine.view().rows
+    (row,) = full_snapshot(engine).rows
     assert row.worst_class is None
-    _, _, body = reliability.page(engine.cfg, engine.view(), None, {})
+    _, _, body = reliability.page(engine.cfg, full_snapshot(engine), None, {})
     assert b"worst-calibrated" not in body and b"classwise" not in body

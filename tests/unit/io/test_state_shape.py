@@ -15,6 +15,7 @@ from calmon.errors import StateError
 from calmon.io.shape import mismatch, of_checkpoint, of_config
 from calmon.io.statelock import LOCK_NAME, StateLock
 from calmon.io.topic_checks import warnings_for
+from tests.daemon_helpers import subprocess_env
 
 HOLD = """
 import sys, time
@@ -49,6 +50,44 @@ def test_a_killed_holder_leaves_nothing_to_clean(tmp_path: Path) -> None:
     holder.wait(10)
     with StateLock(tmp_path):
         pass
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"not calmon's\n")
+    before = precious.stat()
+    (state / LOCK_NAME).symlink_to(precious)
+    with pytest.raises(StateError, match=r"^state\.dir: the lock file .*calmon\.lock is a "
+                       r"symbolic link to .*precious\.txt"):
+        StateLock(state).acquire()
+    dangling = tmp_path / "other"
+    dangling.mkdir()
+    (dangling / LOCK_NAME).symlink_to(tmp_path / "absent.txt")  # nothing is created there
+    with pytest.raises(StateError, match="is a symbolic link"):
+        StateLock(dangling).acquire()
+    # the daemon exits 2 with the message before it reads or serves anything
+    cfg = tmp_path / "calmon.yml"
+    cfg.write_text(f"kafka: {{bootstrap_servers: '127.0.0.1:9'}}\nstate: {{dir: '{state}'}}\n"
+                   "server: {port: 0}\n")
+    run = subprocess.run([sys.executable, "-m", "calmon", "run", "-c", str(cfg)],
+                         capture_output=True, text=True, timeout=120, env=subprocess_env())
+    assert run.returncode == 2, run.stderr
+    assert "state.dir: the lock file" in run.stderr and "symbolic link" in run.stderr
+    assert precious.read_bytes() == b"not calmon's\n"
+    assert precious.stat().st_mtime_ns == before.st_mtime_ns
+    assert not (tmp_path / "absent.txt").exists()
+
+
+def test_a_hard_linked_lock_file_is_refused(tmp_path: Path) -> None:
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"keep\n")
+    (tmp_path / "state").mkdir()
+    os.link(precious, tmp_path / "state" / LOCK_NAME)
+    with pytest.raises(StateError, match="2 hard links"):
+        StateLock(tmp_path / "state").acquire()
+    assert precious.read_bytes() == b"keep\n"
 
 
 def test_the_shape_of_a_checkpoint() -> None:

@@ -10,12 +10,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 
 from calmon.errors import ConfigError
 from calmon.io import landing, webconfig
-from calmon.io.http import HttpServer
-from tests.tls_helpers import web_config
+from tests.tls_helpers import serving, web_config
 
 
 def _get(port: int, path: str, ca: Path | None, user: str | None = None,
@@ -35,11 +33,7 @@ def _get(port: int, path: str, ca: Path | None, user: str | None = None,
 @pytest.fixture
 def served(tmp_path: Path):
     path = web_config(tmp_path, {"prometheus": "s3cret-pass"})
-    registry = CollectorRegistry()
-    Counter("calmon_test_total", "a test counter", registry=registry).inc()
-    server = HttpServer("127.0.0.1", 0, registry, lambda: True, lambda: {"ready": True},
-                        {"/": landing.page}, web=webconfig.load(path))
-    with server:
+    with serving(path, {"/": landing.page}) as server:
         yield server, tmp_path / "ca.crt"
 
 
@@ -83,7 +77,7 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         webconfig.load(bad)
     text = "\n".join(e.value.problems)
-    assert "server.web_config_file: tls_server_config: cannot load" in text
+    assert f"server.web_config_file: tls_server_config.cert_file: cannot read {tmp_path}" in text
     assert "basic_auth_users.prometheus: a bcrypt hash" in text
     assert "http2: unknown key" in text
     with pytest.raises(ConfigError):

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from calmon.cli import main
+from tests.cli_helpers import check_config
 
 
 def _check(capsys: pytest.CaptureFixture[str], tmp_path: Path, recal: str) -> tuple[int, str]:
-    path = tmp_path / "config.yaml"
-    path.write_text(f"recalibration:\n{recal}", encoding="utf-8")
-    rc = main(["check-config", "-c", str(path)])
-    return rc, capsys.readouterr().err
+    rc, _, err = check_config(capsys, tmp_path, f"recalibration:\n{recal}")
+    return rc, err
 
 
 def test_min_samples_larger_than_the_buffer_is_warned_about(capsys, tmp_path: Path) -> None:

@@ -64,7 +64,8 @@ def test_tilt_ratios_are_q_over_p_and_average_one_under_the_null() -> None:
                        for lab in range(k))
             np.testing.assert_allclose(mean, 1.0, rtol=1e-12)
     assert tilt_log_lr(p[:, 0], y) is None  # binary: none
-    assert tilt_log_lr(np.full((2, 40), 1 / 40), np.zeros(2, int)) is None  # K > 32
+    wide = tilt_log_lr(np.full((2, 1000), 1 / 1000), np.zeros(2, int))  # every class
+    assert wide is not None and wide.shape == (1000 * len(TILTS), 2)
 
 
 def test_the_detector_takes_tilts_on_its_first_batch_and_survives_batches_without() -> None:

@@ -18,7 +18,7 @@ def test_every_grid_point_holds_the_product_over_the_samples_predicted_after_it(
     rng = np.random.default_rng(3)
     d = Detector.new(spacing=10.0)
     ps, ys, ts = [], [], []
-    for b in range(200):  # labels arrive up to 300 s late, in any order
+    for b in range(120):  # labels arrive up to 300 s late, in any order
         t = b * 10 + rng.random(40) * 10 - rng.random(40) * 300
         p = expit(rng.normal(-2, 1, 40))
         y = (rng.random(40) < p).astype(float)
@@ -27,15 +27,45 @@ def test_every_grid_point_holds_the_product_over_the_samples_predicted_after_it(
     p, y, t = (np.concatenate(x) for x in (ps, ys, ts))
     keep = t >= d.origin
     ll, t = log_lr(p[keep], y[keep]), t[keep]
-    cols = d.opened - d.first
-    taus = d.origin + 10.0 * np.arange(d.first, d.opened)
+    cols = d.cols[:d.ncols]
+    assert cols.tolist() == list(range(d.opened))  # under RESOLUTION points: none thinned
+    taus = d.origin + 10.0 * cols
     brute = np.stack([ll[:, t >= tau].sum(axis=1) for tau in taus], axis=1)
-    np.testing.assert_allclose(d.log_p[:, :cols] + d.off[:, None], brute, atol=1e-8)
-    lw = log_weights(d.first, cols)
+    np.testing.assert_allclose(d.log_p[:, :d.ncols] + d.off[:, None], brute, atol=1e-8)
+    lw = log_weights(0, len(cols))
     mix = logsumexp(lw[None, :] + brute) - math.log(len(ALTERNATIVES))
-    assert d.first == 0  # nothing frozen yet: M is the mixture plus the unopened weight
+    assert d.log_frozen == -math.inf  # nothing frozen: M is the mixture plus the unopened weight
     assert math.isclose(d.log_m, float(np.logaddexp(mix, math.log1p(-d.w_open))),
                         abs_tol=1e-9)
+
+
+def test_thinned_points_keep_m_exact_and_reach_back_to_the_restart() -> None:
+    """Past RESOLUTION points the older ones are thinned (a stopped term each): M still
+    equals the brute-force mixture of the open products plus the frozen terms plus the
+    unopened weight, recomputed here from every sample; point 0 (the restart) stays
+    open, and the open points cover every octave of age."""
+    from calmon.recal.detect import RESOLUTION
+
+    rng = np.random.default_rng(8)
+    d = Detector.new(spacing=1.0)
+    ps, ys, ts = [], [], []
+    for b in range(3000):
+        t = b + rng.random(3)
+        p = expit(rng.normal(-1, 1, 3))
+        y = (rng.random(3) < p).astype(float)
+        d.update(p, y, 100.0, ts=t)
+        ps.append(p), ys.append(y), ts.append(t)
+    p, y, t = (np.concatenate(x) for x in (ps, ys, ts))
+    ll = log_lr(p, y)
+    cols = d.cols[:d.ncols]
+    assert cols[0] == 0 and d.opened == 3000
+    assert d.ncols < 3000 // 2 and (np.diff(cols) > 0).all()
+    assert (np.diff(cols)[-RESOLUTION + 1:] == 1).all()  # the newest at full resolution
+    brute = np.stack([ll[:, t >= c].sum(axis=1) for c in cols.tolist()], axis=1)
+    np.testing.assert_allclose(d.log_p[:, :d.ncols] + d.off[:, None], brute, atol=1e-7)
+    ages = d.opened - 1 - cols
+    gaps = np.diff(cols)
+    assert (gaps <= np.maximum(1, 2 * ages[:-1] / RESOLUTION + 1)).all()  # ~1/64 of age
 
 
 def test_late_pre_change_labels_do_not_dilute_a_change() -> None:

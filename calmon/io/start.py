@@ -1,0 +1,43 @@
+"""Where a run starts reading each input partition, and how many records lie ahead.
+
+The one rule (README "Where a run starts"), whichever library reads: a partition
+starts at the next offset state.dir's checkpoint holds for it; with a checkpoint that
+does not hold the partition, at ``kafka.auto_offset_reset``; with no checkpoint at
+all, at the offset ``kafka.group_id`` committed, else at ``auto_offset_reset``. An
+offset the topic no longer holds (retention) resets to ``auto_offset_reset`` too.
+``check-config --probe`` shows it per partition, before a run; the daemon logs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHECKPOINT, GROUP, RESET = "checkpoint", "group", "auto_offset_reset"
+
+
+@dataclass(frozen=True)
+class Start:
+    offset: int
+    source: str  # CHECKPOINT, GROUP or RESET
+    ahead: int  # records from offset to the end
+    held: int  # records the partition holds (end - beginning)
+
+
+def start_of(*, checkpointed: bool, stored: int | None, committed: int | None, begin: int,
+             end: int, reset: str) -> Start:
+    """The start of one partition. ``checkpointed``: a checkpoint was restored (then
+    ``stored`` is its offset for the partition, or None); ``committed``: the group's
+    committed offset, or None."""
+    at, source = (stored if checkpointed else committed), (CHECKPOINT if checkpointed
+                                                          else GROUP)
+    if at is None or not begin <= at <= end:
+        at, source = (begin if reset == "earliest" else end), RESET
+    return Start(at, source, max(0, end - at), max(0, end - begin))
+
+
+def describe(start: Start, group: str | None, reset: str) -> str:
+    """``offset 120 (committed by group 'calmon'), 0 of 120 records ahead``."""
+    why = {CHECKPOINT: "from state.dir's checkpoint",
+           GROUP: f"committed by group {group!r}",
+           RESET: f"kafka.auto_offset_reset: {reset}"}[start.source]
+    return f"offset {start.offset} ({why}), {start.ahead} of {start.held} records ahead"
