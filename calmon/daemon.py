@@ -55,7 +55,7 @@ from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.engine.snapshot import Refresher
 from calmon.errors import ConfigError, StateError
-from calmon.io import landing, reliability, webconfig
+from calmon.io import landing, reliability, start, webconfig
 from calmon.io.calibrator_publisher import CalibratorPublisher
 from calmon.io.checkpoint import Checkpoint, CheckpointStore
 from calmon.io.consumer_process import ProcessSource
@@ -65,6 +65,7 @@ from calmon.io.exposition import Exposition, new_registry, standard_collectors
 from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.io.outbox import Outbox
+from calmon.io.reading import ReadWatch
 from calmon.io.shape import SECTION as SHAPE_SECTION
 from calmon.io.shape import mismatch, move_aside, of_checkpoint, of_config
 from calmon.io.source import CoPartitionError, KafkaAuthError, Skip
@@ -160,6 +161,7 @@ class Daemon:
         # statistics as a read model: readers render refresher.latest, never compute
         self.refresher = Refresher(self.engine)
         self._stats_next = 0.0  # monotonic time of the next statistics update
+        self.reading = ReadWatch(lambda: self.consumer_lag())  # an idle run is said
         self.recal: Recalibrator | None = None
         # scaled out (contract §7): one owner per model recalibrates on every instance's
         # samples; otherwise (one instance, the default) the in-process loop does
@@ -264,6 +266,11 @@ class Daemon:
             "last_checkpoint_timestamp": last,
             "event_time": None if s["now"] == float("-inf") else s["now"],
             "counters": s["counters"],
+            # where this run started each partition, and whether it reads (README "Where
+            # a run starts"): a run that reads nothing is never silent
+            "start": start.as_status(getattr(self.source, "starts", None) or {}),
+            "reading": self.reading.status(),
+            "estimates": self.refresher.latest.estimate_bases,
             "positions": {f"{t}/{p}": o
                           for (t, p), o in sorted(self.published_positions.items())},
             "checkpoint_positions": {f"{t}/{p}": o for (t, p), o
@@ -478,9 +485,11 @@ class Daemon:
                 log.error("%s; re-assigning from the last processed offsets", e)
                 self.assigned = False
                 continue
+            self.reading.saw(len(batch) + len(batch.skipped))
             if (len(batch) or batch.skipped) and self.process(batch.columns(), batch.skipped):
                 self.positions.update(batch.positions)
                 self._publish()
+            self.reading.check()
             if time.monotonic() >= next_ckpt:
                 self.checkpoint()
                 next_ckpt = time.monotonic() + interval

@@ -64,6 +64,18 @@ class Snapshot:
             out.setdefault((r.model, r.segment), []).append(r)
         return out
 
+    @cached_property
+    def estimate_bases(self) -> dict[str, dict[str, dict[str, float | int | str | None]]]:
+        """/status ``estimates`` (contract section 4): model -> segment -> what its
+        label-free estimates are read through (one per series: every window shares it)."""
+        out: dict[str, dict[str, dict[str, float | int | str | None]]] = {}
+        for r in self.rows:
+            e = r.estimates
+            out.setdefault(r.model, {}).setdefault(r.segment, {
+                "basis": e.estimate_basis, "fit_samples": e.estimate_fit_samples,
+                "fit_newest_ts": e.estimate_fit_newest_ts})
+        return out
+
 
 def empty(built_at: float = 0.0) -> Snapshot:
     """The snapshot of an engine nothing was read of yet."""

@@ -48,6 +48,7 @@ from calmon.io.source import (
     Skip,
     to_batch,
 )
+from calmon.io.start import Start
 from calmon.io.topics import fetch_bytes
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class ProcessSource:
         self._problem: str | None = None  # the child's co-partitioning problem, if any
         self._stuck: str | None = None  # the child's source's stuck(), as last sent
         self._refused: str | None = None  # why the broker refuses the child, as last sent
+        self.starts: dict[Position, Start] = {}
 
     def assign(self, positions: dict[Position, int] | None = None, *,
                from_checkpoint: bool = False) -> list[Position]:
@@ -128,7 +130,8 @@ class ProcessSource:
             raise (error or KafkaSourceError)(payload)
         self._connected = True
         self._problem = None
-        owned: list[Position] = payload
+        owned: list[Position] = payload[0]
+        self.starts = payload[1]  # where the child starts each partition (calmon.io.start)
         return owned
 
     def poll(self, timeout_ms: int = 1000, max_records: int = 5000) -> Batch:
@@ -231,7 +234,7 @@ def _child(config: KafkaConfig, positions: dict[Position, int] | None, from_chec
         except KafkaSourceError as e:
             data.send(("error", str(e)))
             return
-        data.send(("assigned", owned))
+        data.send(("assigned", (owned, getattr(source, "starts", {}))))
         if longest_window_s is not None:  # warnings only, beside the polling
             threading.Thread(target=topic_checks.check, args=(config, longest_window_s),
                              name="calmon-topic-checks", daemon=True).start()

@@ -28,6 +28,7 @@ from calmon.io.security import credentials_problem, tls_problem
 from calmon.io.source import MISSING_TOPIC_GRACE_S, Chunk, KafkaAuthError, Position, SourceBase
 from calmon.io.source import Batch as Batch  # re-exported: older imports
 from calmon.io.source import KafkaSourceError as KafkaSourceError
+from calmon.io.start import Start, start_of
 from calmon.io.topics import client_settings, fetch_bytes
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,38 @@ class KafkaSource(SourceBase):
         # on the next poll: committed offset first, then auto_offset_reset.
         self._owned = sorted(owned)
         log.info("assigned %d partitions: %s", len(owned), self._owned)
+        self.starts = self._find_starts(consumer, stored, from_checkpoint)
+        self._say_starts(self._config.group_id or None, self._config.auto_offset_reset)
         return list(self._owned)
+
+    def _find_starts(self, consumer: Any, stored: Mapping[Position, int],
+                     checkpointed: bool) -> dict[Position, Start]:
+        """Where each owned partition starts (``calmon.io.start``'s rule, which the seeks
+        above and kafka-python's lazy reset follow), for the log and /status; empty when
+        the broker does not answer (the run goes on: this is only said)."""
+        tps = [TopicPartition(t, p) for t, p in self._owned]
+        if not tps:
+            return {}
+        try:
+            begin = consumer.beginning_offsets(tps, timeout_ms=END_OFFSETS_TIMEOUT_MS)
+            end = consumer.end_offsets(tps, timeout_ms=END_OFFSETS_TIMEOUT_MS)
+            group = bool(self._config.group_id) and not stored and not checkpointed
+            out = {}
+            for tp in tps:
+                key = (tp.topic, tp.partition)
+                committed = consumer.committed(tp) if group else None
+                at = stored.get(key, committed)
+                # some brokers (Tansu) answer an end offset short of the last batch: a
+                # stored or committed offset past it is still inside the partition
+                top = max(int(end[tp]), at if at is not None else 0)
+                out[key] = start_of(checkpointed=bool(stored) or checkpointed,
+                                    stored=stored.get(key), committed=committed,
+                                    begin=int(begin[tp]), end=top,
+                                    reset=self._config.auto_offset_reset)
+            return out
+        except Exception as exc:  # only said: it must never fail the assign
+            log.debug("cannot say where the partitions start: %r", exc)
+            return {}
 
     # ------------------------------------------------------------------ reading
 

@@ -177,15 +177,11 @@ def _starts(cfg: Config, consumer: Any, topic_partition: type, trs: list[TopicRe
             rep.note(f"  ... {len(rest)} more partitions of {tr.topic!r}: "
                      f"{sum(s.ahead for s in rest)} of {sum(s.held for s in rest)} records "
                      "ahead")
-        held, ahead = sum(s.held for s in starts), sum(s.ahead for s in starts)
-        if held and not ahead:
-            why = {start.CHECKPOINT: "state.dir's checkpoint is at the end",
-                   start.GROUP: f"group {k.group_id!r} committed the end (an earlier run "
-                                "with this group read them)",
-                   start.RESET: "kafka.auto_offset_reset is latest"}
-            causes = sorted({why[s.source] for s in starts})
-            rep.note(f"warning: {tr.role} topic {tr.topic!r} holds {held} records and a run "
-                     f"would read none of them: {'; '.join(causes)}")
+        causes = start.none_ahead(starts, k.group_id)
+        if causes is not None:
+            rep.note(f"warning: {tr.role} topic {tr.topic!r} holds "
+                     f"{sum(s.held for s in starts)} records and a run would read none of "
+                     f"them: {causes}")
         group_starts |= any(s.source == start.GROUP and s.held > s.ahead for s in starts)
     if group_starts:
         rep.note(f"note: without a checkpoint a run starts where group {k.group_id!r} "

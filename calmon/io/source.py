@@ -21,6 +21,8 @@ from calmon.config import KafkaConfig
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.errors import CalmonError
+from calmon.io import start
+from calmon.io.start import Start
 from calmon.io.topics import copartition_problem, owned_partitions
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ Position = tuple[str, int]  # (topic, partition)
 Chunk = tuple[str, int, list[bytes | None], list[int | None], list[int], list[bytes | None]]
 
 MISSING_TOPIC_GRACE_S = 5.0  # how long a topic the broker does not list may take to appear
+START_PARTITIONS_SHOWN = 8  # per topic in the start log line; the rest summed
 STUCK_AFTER_S = 30.0  # polls failing this long while connected: the source says it is stuck
 
 
@@ -131,6 +134,35 @@ class SourceBase:
         self._down_since: float | None = None  # monotonic time trouble began
         self._last_failed = 0.0  # monotonic time of the latest trouble
         self._last_trouble = ""
+        # where the last assign starts each owned partition (calmon.io.start), when known
+        self.starts: dict[Position, Start] = {}
+
+    def _say_starts(self, group: str | None, reset: str) -> None:
+        """Log where this run starts reading (``starts``), per topic: the rule a user
+        must be able to predict, and a warning when the topics hold records but the
+        run will read none of them (a second run from a group's committed offsets)."""
+        for topic, role in self._roles().items():
+            mine = [(p, st) for (t, p), st in sorted(self.starts.items()) if t == topic]
+            if not mine:
+                continue
+            shown = "; ".join(f"{topic}/{p} {start.describe(st, group, reset)}"
+                              for p, st in mine[:START_PARTITIONS_SHOWN])
+            more = len(mine) - START_PARTITIONS_SHOWN
+            rest = [st for _, st in mine[START_PARTITIONS_SHOWN:]]
+            if more > 0:
+                shown += (f"; {more} more partitions, {sum(s.ahead for s in rest)} of "
+                          f"{sum(s.held for s in rest)} records ahead")
+            log.info("start of the %s topic: %s", role, shown)
+            causes = start.none_ahead([st for _, st in mine], group)
+            if causes is not None:
+                log.warning("the %s topic %r holds %d records and this run reads none of "
+                            "them: %s; a new kafka.group_id with auto_offset_reset earliest "
+                            "(and an empty state.dir) reads them again", role, topic,
+                            sum(st.held for _, st in mine), causes)
+
+    def _roles(self) -> dict[str, str]:
+        return {t: ("predictions" if k is Kind.PREDICTION else "labels")
+                for t, k in self._kinds.items()}
 
     def _plan(self, parts: dict[str, set[int]]) -> list[Position]:
         """The partitions this instance owns of both topics, sorted. Raises

@@ -41,3 +41,23 @@ def describe(start: Start, group: str | None, reset: str) -> str:
            GROUP: f"committed by group {group!r}",
            RESET: f"kafka.auto_offset_reset: {reset}"}[start.source]
     return f"offset {start.offset} ({why}), {start.ahead} of {start.held} records ahead"
+
+
+def none_ahead(starts: list[Start], group: str | None) -> str | None:
+    """Why a run on partitions holding records would read none of them (the newcomer's
+    second run, from a group's committed offsets), or None when some lie ahead."""
+    held = sum(st.held for st in starts)
+    ahead = sum(st.ahead for st in starts)
+    if held == 0 or ahead > 0:
+        return None
+    why = {CHECKPOINT: "state.dir's checkpoint is at the end",
+           GROUP: f"group {group!r} committed the end (an earlier run with this group "
+                  "read them)",
+           RESET: "kafka.auto_offset_reset is latest"}
+    return "; ".join(sorted({why[st.source] for st in starts}))
+
+
+def as_status(starts: dict[tuple[str, int], Start]) -> dict[str, dict[str, int | str]]:
+    """/status ``start``: ``topic/partition`` -> offset, source, ahead, held."""
+    return {f"{t}/{p}": {"offset": st.offset, "source": st.source, "ahead": st.ahead,
+                         "held": st.held} for (t, p), st in sorted(starts.items())}

@@ -207,6 +207,13 @@ def test_the_exporter_shows_what_the_daemon_counted(tmp_path: Path) -> None:
         # the loop publishes a snapshot of that state soon after
         run.wait(lambda: d.status()["statistics"]["current"], "statistics of that state")
         text = generate_latest(d.registry).decode()
+        status = d.status()
+    # v5: what every series' label-free estimates are read through (no calibrator: raw)
+    raw = {"basis": "raw", "fit_samples": 0, "fit_newest_ts": None}
+    assert status["estimates"] == {"m": {"__all__": raw, "country=US": raw,
+                                         "country=DE": raw}}
+    assert status["start"] == {}  # a list of records has no partitions to say
+    assert status["reading"]["idle"] is False
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for fam in text_string_to_metric_families(text) for s in fam.samples}
     assert samples[("calmon_predictions_total", (("model", "m"),))] == 30

@@ -238,3 +238,50 @@ def _send_one(bootstrap: str, topic: str, value: bytes, partition: int) -> tuple
 
     md = produce(bootstrap, topic, [value], partition=partition)[0]
     return md.topic, md.partition, md.offset
+
+
+def test_the_daemons_sources_say_where_they_start(caplog, tmp_path: Path,
+                                                  kafka_bootstrap: str) -> None:
+    """The same second run, from the daemon's side: its source (in process and in the
+    consumer process the daemon runs) says per partition where it starts, and warns
+    that the topics hold records it will not read, with the way out."""
+    import logging
+
+    from calmon import config
+    from calmon.io.consumer_process import ProcessSource
+    from calmon.io.kafka_source import KafkaSource
+    from calmon.io.start import GROUP, RESET, Start
+
+    preds, labels = unique_topic(), unique_topic()
+    create_topics(kafka_bootstrap, [preds, labels], partitions=2)
+    p, lab = _records(20)
+    for i, v in enumerate(p):
+        _send_one(kafka_bootstrap, preds, v, i % 2)
+    for i, v in enumerate(lab):
+        _send_one(kafka_bootstrap, labels, v, i % 2)
+    group = unique_topic("group")
+    _commit(kafka_bootstrap, group, {(preds, 0): 10, (preds, 1): 10, (labels, 0): 4})
+    kafka = config.load(str(_config(tmp_path, kafka_bootstrap, preds, labels,
+                                    f"  group_id: {group}\n"))).kafka
+    want = {(preds, 0): Start(10, GROUP, 0, 10), (preds, 1): Start(10, GROUP, 0, 10),
+            (labels, 0): Start(4, GROUP, 6, 10), (labels, 1): Start(0, RESET, 10, 10)}
+    with caplog.at_level(logging.INFO, logger="calmon.io"):
+        src = KafkaSource(kafka, metadata_timeout_s=10)
+        try:
+            src.assign()
+            assert src.starts == want
+        finally:
+            src.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("start of the predictions topic: ") and
+               f"{preds}/0 offset 10 (committed by group {group!r}), 0 of 10 records ahead"
+               in m for m in said), said
+    assert any(f"the predictions topic {preds!r} holds 20 records and this run reads none"
+               in m and "a new kafka.group_id" in m for m in said), said
+    assert not any(f"the labels topic {labels!r} holds" in m for m in said), said
+    proc = ProcessSource(kafka, metadata_timeout_s=10)
+    try:
+        proc.assign()
+        assert proc.starts == want
+    finally:
+        proc.close()
