@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from calmon import children
 from calmon.children import die_with_parent
 from calmon.errors import CalmonError, describe
 
@@ -162,31 +163,19 @@ class TansuBroker:
         waits about 5 s for open client connections, and it holds nothing on disk
         worth a clean exit."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        children.stop(proc, grace, reap=5.0)
 
     def kill(self) -> None:
         """Crash the broker (SIGKILL)."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        children.kill(proc, reap=5.0)
 
     def restart(self) -> None:
         self.stop()
         self.start()
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return children.log_tail(self._log, lines)
 
     def __enter__(self) -> TansuBroker:
         self.start()

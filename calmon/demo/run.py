@@ -56,6 +56,23 @@ def create_topics(bootstrap: str, partitions: int = 4) -> None:
     embedded.create_topics(bootstrap, TOPICS, partitions)
 
 
+
+def ece_cell(raw: float | None, lower: float | None, upper: float | None,
+             floor: float | None, calibrated: float | None) -> str:
+    """``raw 0.059 [0.031, 0.087] (noise 0.021) -> calibrated 0.074, within noise``: the
+    raw ECE with its interval and noise floor (an ECE near its floor is sampling noise,
+    not miscalibration), and the calibrated one, said to be within noise when it lies
+    inside the raw one's interval (a difference the samples cannot tell)."""
+    out = f"raw {raw:.3f}" if raw is not None else "raw   -  "
+    if lower is not None and upper is not None:
+        out += f" [{lower:.3f}, {upper:.3f}]"
+    out += f" (noise {floor:.3f})" if floor is not None else ""
+    if calibrated is not None:
+        out += f" -> calibrated {calibrated:.3f}"
+        if lower is not None and upper is not None and lower <= calibrated <= upper:
+            out += ", within noise"
+    return out
+
 class StatusPrinter:
     """Prints a line per model (and per segment with its own calibrator) every few
     seconds, and each recalibration event at once, told by the ``Narrator``."""
@@ -127,15 +144,11 @@ class StatusPrinter:
 
     def _row(self, head: str, row: Any, window: str, cal: dict[tuple[str, str, str], float]
              ) -> str:
-        raw = row.stats.ece
         live = recal_live(self.daemon, row.model, row.segment)
         c = cal.get((row.model, row.segment, window)) if live else None
-        shown_raw = f"{raw:.3f}" if raw is not None else "  -  "
-        floor = row.stats.noise_floor
-        # an ECE near its noise floor is sampling noise, not miscalibration
-        shown_floor = f"(noise {floor:.3f})" if floor is not None else " " * 13
-        shown_cal = f"-> calibrated {c:.3f}" if c is not None else " " * 19
-        return (f"  {head}   ECE({window}) raw {shown_raw} {shown_floor} {shown_cal}   "
+        st = row.stats
+        cell = ece_cell(st.ece, st.ece_lower, st.ece_upper, st.noise_floor, c)
+        return (f"  {head}   ECE({window}) {cell}   "
                 f"calibrator {('v' + str(live)) if live else '-'}")
 
     def summary(self) -> None:

@@ -71,6 +71,7 @@ from calmon.recal.refit import (
     significantly_better,
 )
 from calmon.recal.registry import Live, Registry
+from calmon.recal.said import evidence
 from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide, worst_class_ece
 
 log = logging.getLogger(__name__)
@@ -441,9 +442,8 @@ class Policy:
         assert result.after is not None
         self.published_ece[(model, segment)] = result.after.ece_debiased or 0.0
         self._restart(now, model, segment, post, samples_of)
-        log.info("published %s calibrator v%d for %r/%r (holdout ECE %.4f -> %.4f)",
-                 result.method, doc["version"], model, segment,
-                 result.before.ece if result.before else math.nan, result.after.ece)
+        log.info("published %s calibrator v%d for %r/%r: %s", result.method, doc["version"],
+                 model, segment, evidence(result))
         return Event(now, model, segment, "published", {**fields, "version": doc["version"]})
 
     def _restart(self, now: float, model: str, segment: str, post: SampleSet,

@@ -80,6 +80,12 @@ class Refit:
     after: Evaluation | None
     reason: str = ""
     reference: list[int] | None = None  # bin counts of the fit samples' raw confidences
+    # the gate's evidence: log e-value of the held-out NLL gain and the log(1/alpha) it
+    # needed, and the (1 - alpha) quantile of a calibrated model's holdout ECE on the
+    # after-bins (an ECE under it is within noise)
+    log_e: float | None = None
+    need: float | None = None
+    ece_noise: float | None = None
 
 
 @dataclass(frozen=True)
@@ -236,15 +242,15 @@ def refit(samples: SampleSet, method: str, live: Calibrator | None, holdout_frac
         return Refit("failed", chosen, None, 0, 0, before, None, f"{chosen}: {e}")
     hold_probs = cal.apply(scores[hold])
     after = evaluate(hold_probs, labels[hold], bins)
+    conf, correct = confidence_and_correct(hold_probs, labels[hold])
+    b = bins_from_samples(conf, correct, bins)
+    noise = null_ece_quantile(b.count, b.conf, 1.0 - alpha)
     reason = ""
     if not passes:
         reason = (f"NLL improvement not significant (log e-value {log_e:.1f} < "
                   f"{need:.1f})")
-    elif after.ece > before.ece:
-        conf, correct = confidence_and_correct(hold_probs, labels[hold])
-        b = bins_from_samples(conf, correct, bins)
-        if after.ece > null_ece_quantile(b.count, b.conf, 1.0 - alpha):
-            reason = "holdout ECE worse beyond its noise"
+    elif after.ece > before.ece and after.ece > noise:
+        reason = "holdout ECE worse beyond its noise"
     if not reason:
         for guard in guards:
             why = guard(cal)
@@ -252,7 +258,7 @@ def refit(samples: SampleSet, method: str, live: Calibrator | None, holdout_frac
                 reason = why
                 break
     return Refit("rejected" if reason else "published", chosen, cal, n_fit, n_hold, before,
-                 after, reason, reference)
+                 after, reason, reference, log_e, need, noise)
 
 
 def _split(ts: np.ndarray, holdout_fraction: float, folds: int, interleave: float | None

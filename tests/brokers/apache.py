@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -25,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from calmon import children
 from calmon.children import die_with_parent
 from calmon.demo.broker import free_port
 
@@ -152,31 +152,19 @@ class ApacheKafka:
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM (a controlled shutdown), SIGKILL past ``grace`` seconds."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        children.stop(proc, grace)
 
     def kill(self) -> None:
         """Crash the broker (SIGKILL): the next start recovers its log directory."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        children.kill(proc)
 
     def restart(self) -> None:
         self.stop()
         self.start()
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return children.log_tail(self.log, lines)
 
     def __enter__(self) -> ApacheKafka:
         self.start()
