@@ -30,6 +30,7 @@ from calmon.engine.engine import Engine
 from calmon.engine.metrics import bins_from_samples, confidence_and_correct, ece
 from calmon.engine.rows import Row, Snapshot
 from calmon.engine.snapshot import full_snapshot
+from calmon.io.reliability import within_noise
 
 if TYPE_CHECKING:
     from calmon.recal.policy import Event
@@ -103,8 +104,10 @@ def _model_section(cfg: Config, engine: Engine, model: str, rows: list[Row],
         if len(after):
             conf, correct = confidence_and_correct(_apply(apply, after), after.label)
             b = bins_from_samples(conf, correct, bins)
-            out.append(_diagram(f"calibrated ({len(after)} samples after its fit)",
-                                Curve(b.count, b.conf, b.correct)))
+            cal_ece = ece(b.count, b.conf, b.correct)
+            noise = within_noise(cal_ece, (top.stats.ece_lower, top.stats.ece_upper))
+            out.append(_diagram(f"calibrated ({len(after)} samples after its fit): ECE "
+                                f"{_f(cal_ece)}{noise}", Curve(b.count, b.conf, b.correct)))
     else:
         out.append(f"<figure class=empty><figcaption>{_no_calibrator(model, events, calibrators)}"
                    "</figcaption></figure>")

@@ -127,6 +127,16 @@ def _ece_text(bins: Bins, interval: tuple[float | None, float | None] | None = N
     return text + f", n={bins.count.sum():.0f}"
 
 
+def within_noise(calibrated: float, interval: tuple[float | None, float | None]) -> str:
+    """Said beside a calibrated ECE inside the raw ECE's interval: the two differ by less
+    than the samples can tell, whichever is larger (a calibrated ECE above the raw one
+    there is not the fix making it worse)."""
+    lo, hi = interval
+    if lo is None or hi is None or not lo <= calibrated <= hi:
+        return ""
+    return "; within the raw ECE's interval: the difference is noise"
+
+
 def _accuracy_text(row: Row) -> str:
     """Realized accuracy of the joined samples beside the estimate for the pending ones."""
     est = row.estimates
@@ -282,6 +292,7 @@ def _section(row: Row, calibrated: CalibratedBins | None, window: str, level: fl
     if cal is not None and cal.count.sum() > 0:
         cells.append(f'<figure>{diagram(cal, "calibrated", "calibrated", level)}'
                      f"<figcaption>{_ece_text(cal)} ({html.escape(calibrated_note)})"
+                     f"{within_noise(ece(cal.count, cal.conf, cal.correct), interval)}"
                      "</figcaption></figure>")
     worst = row.worst_class
     if worst is not None:  # metrics.classwise: the class that is off most, one-vs-rest

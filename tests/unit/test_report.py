@@ -56,6 +56,9 @@ def test_the_report_is_self_contained(report: Path) -> None:
     # the calibrated diagram is after the backtest's published calibrator: ECE below raw
     eces = [float(x) for x in re.findall(r"confidence \(n=\d+, ECE ([\d.]+)\)", text)]
     assert eces[1] < eces[0]
+    # and its caption says its ECE, beside the raw one's interval (noise said when inside)
+    m = re.search(r"calibrated \(\d+ samples after its fit\): ECE ([\d.]+)", text)
+    assert m is not None and abs(float(m.group(1)) - eces[1]) < 1e-3
 
 
 def test_chromium_renders_the_report(report: Path, tmp_path: Path) -> None:

@@ -35,3 +35,11 @@ def test_the_legend_draws_every_fill_and_mark_the_diagrams_use() -> None:
                             ('stroke-dasharray="4 3"', "perfect calibration"),
                             ("<text", "samples in the bin")):
             assert mark in key and words in key, (mark, words)
+
+
+def test_a_calibrated_ece_inside_the_raw_interval_is_called_noise() -> None:
+    from calmon.io.reliability import within_noise
+
+    assert within_noise(0.106, (0.031, 0.121)).endswith("the difference is noise")
+    assert within_noise(0.02, (0.031, 0.121)) == ""  # below it: a real improvement
+    assert within_noise(0.05, (None, None)) == ""  # no interval: nothing claimed
