@@ -94,6 +94,21 @@ class JoinedProducer:
 FENCED = (ProducerFencedError, InvalidProducerEpochError)  # a newer owner's producer won
 
 
+def _fenced(producer: KafkaProducer, e: BaseException) -> bool:
+    """Whether ``e`` means a newer owner's producer fenced this one. kafka-python raises
+    the broker's error itself, or, once its background sender met it first, a bare
+    KafkaError ("... in an error state: ProducerFencedError"): its transaction manager
+    keeps the error it met (a private attribute, read defensively)."""
+    if isinstance(e, FENCED):
+        return True
+    manager = getattr(producer, "_transaction_manager", None)
+    try:
+        last = manager.last_error() if manager is not None else None
+    except Exception:  # another kafka-python: the bare error stays a failure
+        return False
+    return isinstance(last, FENCED) or (isinstance(last, type) and issubclass(last, FENCED))
+
+
 class Publisher:
     """The transactional producers of the owned partitions; the registry's publish
     callback. A fenced producer raises out of ``__call__`` (the policy counts a failed
@@ -139,13 +154,14 @@ class Publisher:
                 p.send(self.topic, key=key, value=value, partition=part)
             p.commit_transaction()
         except Exception as e:
+            fenced = _fenced(p, e)
             self.fenced.add(partition)
             self.producers.pop(partition, None)
             try:
                 p.close(timeout=0)
             except Exception:  # closing a fenced producer may complain too
                 log.debug("closing the fenced producer of partition %d raised", partition)
-            if isinstance(e, FENCED):  # a rebalance moved the partition: not a failure here
+            if fenced:  # a rebalance moved the partition: not a failure here
                 raise NotOwnerError(f"joined-topic partition {partition}: fenced by its "
                                     f"newer owner ({describe(e)})") from e
             raise
