@@ -35,7 +35,7 @@ Z = np.array([-3.0, -0.5, 0.0, 0.7, 4.0])
 # a former owner in its own process: opens a transaction with v3, sends it (acked,
 # so it lies in the log), says so, and waits to be killed
 KILLED_OWNER = """
-import json, sys, time
+import json, signal, sys
 from calmon import config as config_mod
 from calmon.cluster.kafka import Publisher
 bootstrap, topic, group, doc = sys.argv[1:5]
@@ -46,7 +46,7 @@ producer.begin_transaction()
 producer.send(topic, key=b"ctr/__all__", value=doc.encode(), partition=0).get(30)
 producer.flush(30)
 print("open", flush=True)
-time.sleep(600)
+signal.pause()  # until the test kills it
 """
 
 

@@ -266,12 +266,14 @@ def test_the_daemons_sources_say_where_they_start(caplog, tmp_path: Path,
     want = {(preds, 0): Start(10, GROUP, 0, 10), (preds, 1): Start(10, GROUP, 0, 10),
             (labels, 0): Start(4, GROUP, 6, 10), (labels, 1): Start(0, RESET, 10, 10)}
     with caplog.at_level(logging.INFO, logger="calmon.io"):
-        src = KafkaSource(kafka, metadata_timeout_s=10)
-        try:
-            src.assign()
-            assert src.starts == want
-        finally:
-            src.close()
+        # in process (its log captured here), then in the daemon's consumer process
+        for source in (KafkaSource, ProcessSource):
+            src = source(kafka, metadata_timeout_s=10)
+            try:
+                src.assign()
+                assert src.starts == want, source
+            finally:
+                src.close()
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("start of the predictions topic: ") and
                f"{preds}/0 offset 10 (committed by group {group!r}), 0 of 10 records ahead"
@@ -279,9 +281,3 @@ def test_the_daemons_sources_say_where_they_start(caplog, tmp_path: Path,
     assert any(f"the predictions topic {preds!r} holds 20 records and this run reads none"
                in m and "a new kafka.group_id" in m for m in said), said
     assert not any(f"the labels topic {labels!r} holds" in m for m in said), said
-    proc = ProcessSource(kafka, metadata_timeout_s=10)
-    try:
-        proc.assign()
-        assert proc.starts == want
-    finally:
-        proc.close()
