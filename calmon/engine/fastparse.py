@@ -18,7 +18,6 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from itertools import chain
-from operator import attrgetter
 from typing import Annotated, Any
 
 import msgspec
@@ -27,6 +26,9 @@ from msgspec import Meta
 from orjson import loads as _orjson_loads
 
 from calmon.config import FieldsConfig, LimitsConfig
+from calmon.engine.msgstructs import Leaf as _Leaf
+from calmon.engine.msgstructs import build_struct as _build_struct
+from calmon.engine.msgstructs import columns as _columns
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import (
@@ -67,71 +69,6 @@ _SEG_CACHE_BYTES = 1024  # longer segment spellings are validated each time, nev
 _NO_SEGMENT = msgspec.Raw(b"")
 _SEGMENTS_ALWAYS: dict[bytes, dict[str, str]] = {b"": {}, b"null": {}}  # absent, null
 _SCORE_BIT = {1: 0, 2: 1, 4: 2, 8: 3}  # one score field present -> its ScoreKind
-
-
-class _Leaf:
-    """One configured field: its Struct attribute, type, and whether it is required (a
-    required field missing or null fails the decode, so the record goes slow)."""
-
-    __slots__ = ("attr", "default", "required", "tp")
-
-    def __init__(self, attr: str, tp: Any, required: bool, default: Any = None) -> None:
-        self.attr, self.tp, self.required, self.default = attr, tp, required, default
-
-
-def _build_struct(name: str, leaves: dict[str, tuple[str, _Leaf]]
-                  ) -> type[msgspec.Struct] | None:
-    """A Struct reading each leaf at its dotted path (nested Structs for the prefixes),
-    or None when two paths clash (equal, or one inside the other): such configs always
-    take the slow path. Attribute names are synthetic; JSON names come by ``rename``."""
-    tree: dict[str, Any] = {}
-    for path, leaf in leaves.values():
-        parts = path.split(".") if "." in path else [path]
-        node = tree
-        for p in parts[:-1]:
-            child = node.setdefault(p, {})
-            if not isinstance(child, dict):
-                return None
-            node = child
-        if parts[-1] in node:
-            return None
-        node[parts[-1]] = leaf
-    counter = iter(range(10**6))
-
-    def make(node: dict[str, Any], label: str) -> tuple[type[msgspec.Struct], bool]:
-        fields: list[tuple[str, Any, Any]] = []
-        rename: dict[str, str] = {}
-        required_any = False
-        for key, sub in node.items():
-            if isinstance(sub, _Leaf):
-                attr, tp, required, default = sub.attr, sub.tp, sub.required, sub.default
-            else:
-                attr = f"n{next(counter)}"
-                tp, required = make(sub, f"{label}_{attr}")
-                default = None
-                if not required:
-                    tp = tp | None
-            required_any |= required
-            rename[attr] = key
-            fields.append((attr, tp) if required else (attr, tp, default))  # type: ignore[arg-type]
-        st = msgspec.defstruct(label, fields, rename=rename, kw_only=True, gc=False)
-        return st, required_any
-
-    # a non-object where an object is expected fails the decode: the slow path decides
-    return make(tree, name)[0]
-
-
-def _columns(recs: list[Any], chains: dict[str, tuple[str, ...]]) -> dict[str, Sequence[Any]]:
-    """Each configured field as a column (None where a nested object is absent). One C
-    getter a field: transposing the Structs as tuples is faster alone, but its thousands
-    of short-lived tuples set off collections that cost more."""
-    out: dict[str, Sequence[Any]] = {}
-    for name, attrs in chains.items():
-        col: Sequence[Any] = list(map(attrgetter(attrs[0]), recs))
-        for attr in attrs[1:]:
-            col = [getattr(x, attr, None) for x in col]
-        out[name] = col
-    return out
 
 
 class BatchParser:
