@@ -21,6 +21,13 @@ from typing import Any
 from tests.daemon_helpers import http_get, wait_until
 
 DEMO_S = 30
+INSTALL = ["python", "-m", "pip", "install", ".[demo]"]  # the README's install command
+# the README's "Try it on your own topics" commands, as the script runs them
+SAMPLES = ["python", "-m", "calmon.samples", "try"]
+LOAD = ["--load", "ranker.predictions=try/predictions.jsonl@meta.request_id",
+        "--load", "ranker.outcomes=try/labels.jsonl@request_id"]
+BROKER = ["python", "-m", "calmon.demo.broker", *LOAD]
+FILES = ["--predictions", "try/predictions.jsonl", "--labels", "try/labels.jsonl"]
 
 
 class Transcript:
@@ -98,8 +105,7 @@ def run(calmon: list[str], python: str, cwd: Path, env: dict[str, str],
     assert "calmon demo: broker" in proc.stdout and "calmon demo: stopped." in proc.stdout
     assert "  ctr     joined" in proc.stdout and "drift alarm" in proc.stdout, proc.stdout
     # -- 2. the sample records
-    proc = _run(t, [python, "-m", "calmon.samples", "try"],
-                ["python", "-m", "calmon.samples", "try"], cwd, env)
+    proc = _run(t, [python, *SAMPLES[1:]], SAMPLES, cwd, env)
     assert proc.returncode == 0 and (cwd / "try" / "labels.jsonl").is_file(), proc.stderr
     sample = (cwd / "try" / "config.yaml").read_text(encoding="utf-8")
     mine = cwd / "try" / "mine.yaml"
@@ -107,18 +113,14 @@ def run(calmon: list[str], python: str, cwd: Path, env: dict[str, str],
     mine.write_text(_mapping(sample, bootstrap, run_port, fixed=False), encoding="utf-8")
     t.lines += ["# try/mine.yaml: the sample config without its fields.labels (the newcomer's "
                 "first mapping)", ""]
-    files = ["--predictions", "try/predictions.jsonl", "--labels", "try/labels.jsonl",
-             "-c", "try/mine.yaml"]
+    files = [*FILES, "-c", "try/mine.yaml"]
     proc = _run(t, [*calmon, "replay", *files], ["calmon", "replay", *files], cwd, env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "labels: 313 invalid (missing_id)" in proc.stderr
     assert "set fields.labels.id" in proc.stderr, proc.stderr
     # -- 3. the embedded broker with the sample topics
-    load = ["--load", "ranker.predictions=try/predictions.jsonl@meta.request_id",
-            "--load", "ranker.outcomes=try/labels.jsonl@request_id"]
-    broker = Background(t, [python, "-m", "calmon.demo.broker", "--port", str(broker_port),
-                            *load], ["python", "-m", "calmon.demo.broker", *load], cwd, env,
-                        cwd / "broker.out")
+    broker = Background(t, [python, *BROKER[1:3], "--port", str(broker_port), *LOAD],
+                        BROKER, cwd, env, cwd / "broker.out")
     try:
         broker.wait_for("calmon broker: ready", 60)
         probe = ["check-config", "-c", "try/mine.yaml", "--probe"]

@@ -69,7 +69,7 @@ def test_the_readme_path_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     clone = _checkout(tmp_path / "checkout")
-    install = subprocess.run([str(py), "-m", "pip", "install", ".[demo]"], cwd=str(clone),
+    install = subprocess.run([str(py), *newcomer.INSTALL[1:]], cwd=str(clone),
                              env=env, capture_output=True, text=True, timeout=600)
     said = install.stdout + install.stderr
     if install.returncode != 0 and "setuptools" in said and (
@@ -82,7 +82,7 @@ def test_the_readme_path_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout  # the installed copy
     t = newcomer.Transcript(tmp_path / "transcript.txt")
     t.add(["python", "-m", "venv", "venv"], 0, "")
-    t.add(["python", "-m", "pip", "install", ".[demo]"], install.returncode,
+    t.add(newcomer.INSTALL, install.returncode,
           "\n".join(line for line in install.stdout.splitlines()
                     if line.startswith(("Processing", "Building", "Successfully"))))
     run = newcomer.run([str(venv / "bin" / "calmon")], str(py), tmp_path, env,
