@@ -29,6 +29,7 @@ def _keep(t: newcomer.Transcript) -> None:
         shutil.copyfile(t.path, target)
 
 
+@pytest.mark.slow
 def test_the_readme_path_on_this_checkout(tmp_path: Path) -> None:
     tansu_binary()  # skips without the demo's broker
     t = newcomer.run([sys.executable, "-m", "calmon"], sys.executable, tmp_path,
