@@ -2,7 +2,8 @@
 records on topics of their own, first with the mapping a newcomer writes (the labels'
 id left to ``fields.id``), then with the fix the hints name.
 
-``run`` drives real processes (the demo, the embedded broker, ``calmon run``) through
+``run`` drives real processes (the demo until its first publish, then Ctrl+C; the
+embedded broker; ``calmon run``) through
 the same commands the README shows and asserts what each must say; every command
 and what it printed go into a transcript. ``tests/integration/test_newcomer.py`` runs
 it on this checkout, and in a fresh virtualenv with calmon installed from a wheel.
@@ -20,7 +21,14 @@ from typing import Any
 
 from tests.daemon_helpers import http_get, wait_until
 
-DEMO_S = 30
+DEMO_S = 150  # deadline for the demo's first publish (~20 s in on an idle machine)
+INSTALL = ["python", "-m", "pip", "install", ".[demo]"]  # the README's install command
+# the README's "Try it on your own topics" commands, as the script runs them
+SAMPLES = ["python", "-m", "calmon.samples", "try"]
+LOAD = ["--load", "ranker.predictions=try/predictions.jsonl@meta.request_id",
+        "--load", "ranker.outcomes=try/labels.jsonl@request_id"]
+BROKER = ["python", "-m", "calmon.demo.broker", *LOAD]
+FILES = ["--predictions", "try/predictions.jsonl", "--labels", "try/labels.jsonl"]
 
 
 class Transcript:
@@ -91,15 +99,18 @@ def run(calmon: list[str], python: str, cwd: Path, env: dict[str, str],
     """``calmon``: how to invoke the CLI (a console script, or python -m calmon)."""
     t = Transcript(transcript)
     demo_port, broker_port, run_port = ports
-    # -- 1. the demo, briefly
-    proc = _run(t, [*calmon, "demo", "--duration", str(DEMO_S), "--port", str(demo_port)],
-                ["calmon", "demo", "--duration", str(DEMO_S)], cwd, env, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "calmon demo: broker" in proc.stdout and "calmon demo: stopped." in proc.stdout
-    assert "  ctr     joined" in proc.stdout and "drift alarm" in proc.stdout, proc.stdout
+    # -- 1. the demo, until its first calibrator is published, then Ctrl+C
+    demo = Background(t, [*calmon, "demo", "--port", str(demo_port)], ["calmon", "demo"], cwd,
+                      env, cwd / "demo.out")
+    try:
+        demo.wait_for(": refit published: v1", DEMO_S)
+    finally:
+        assert demo.stop(signal.SIGINT, timeout=60) == 0, demo.output()
+    said = demo.output()
+    assert "calmon demo: broker" in said and "calmon demo: stopped." in said, said
+    assert "  ctr     joined" in said and "what became of each drift alarm" in said, said
     # -- 2. the sample records
-    proc = _run(t, [python, "-m", "calmon.samples", "try"],
-                ["python", "-m", "calmon.samples", "try"], cwd, env)
+    proc = _run(t, [python, *SAMPLES[1:]], SAMPLES, cwd, env)
     assert proc.returncode == 0 and (cwd / "try" / "labels.jsonl").is_file(), proc.stderr
     sample = (cwd / "try" / "config.yaml").read_text(encoding="utf-8")
     mine = cwd / "try" / "mine.yaml"
@@ -107,18 +118,14 @@ def run(calmon: list[str], python: str, cwd: Path, env: dict[str, str],
     mine.write_text(_mapping(sample, bootstrap, run_port, fixed=False), encoding="utf-8")
     t.lines += ["# try/mine.yaml: the sample config without its fields.labels (the newcomer's "
                 "first mapping)", ""]
-    files = ["--predictions", "try/predictions.jsonl", "--labels", "try/labels.jsonl",
-             "-c", "try/mine.yaml"]
+    files = [*FILES, "-c", "try/mine.yaml"]
     proc = _run(t, [*calmon, "replay", *files], ["calmon", "replay", *files], cwd, env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "labels: 313 invalid (missing_id)" in proc.stderr
     assert "set fields.labels.id" in proc.stderr, proc.stderr
     # -- 3. the embedded broker with the sample topics
-    load = ["--load", "ranker.predictions=try/predictions.jsonl@meta.request_id",
-            "--load", "ranker.outcomes=try/labels.jsonl@request_id"]
-    broker = Background(t, [python, "-m", "calmon.demo.broker", "--port", str(broker_port),
-                            *load], ["python", "-m", "calmon.demo.broker", *load], cwd, env,
-                        cwd / "broker.out")
+    broker = Background(t, [python, *BROKER[1:3], "--port", str(broker_port), *LOAD],
+                        BROKER, cwd, env, cwd / "broker.out")
     try:
         broker.wait_for("calmon broker: ready", 60)
         probe = ["check-config", "-c", "try/mine.yaml", "--probe"]

@@ -25,6 +25,7 @@ from calmon.demo import broker as embedded
 from calmon.demo.broker import TansuBroker, resolve_binary
 from calmon.demo.narrate import Narrator
 from calmon.demo.traffic import Traffic
+from calmon.engine.metrics import within_interval
 from calmon.engine.series import ALL
 from calmon.errors import ConfigError
 
@@ -69,7 +70,7 @@ def ece_cell(raw: float | None, lower: float | None, upper: float | None,
     out += f" (noise {floor:.3f})" if floor is not None else ""
     if calibrated is not None:
         out += f" -> calibrated {calibrated:.3f}"
-        if lower is not None and upper is not None and lower <= calibrated <= upper:
+        if within_interval(calibrated, (lower, upper)):
             out += ", within noise"
     return out
 

@@ -211,6 +211,13 @@ PUSH_SE = 2.0
 PSEUDO = 0.5  # pseudo-successes and failures per bin (Jeffreys) for the spread of accuracies
 
 
+def within_interval(value: float, interval: tuple[float | None, float | None]) -> bool:
+    """Whether ``value`` (a calibrated ECE) lies inside ``interval`` (the raw ECE's): a
+    difference the samples cannot tell, whichever is larger. False without an interval."""
+    lower, upper = interval
+    return lower is not None and upper is not None and lower <= value <= upper
+
+
 def ece_interval(count: np.ndarray, conf: np.ndarray, correct: np.ndarray, level: float,
                  draws: int = INTERVAL_DRAWS) -> tuple[float, float]:
     """An interval at ``level`` for the population binned ECE.

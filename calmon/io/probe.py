@@ -169,14 +169,10 @@ def _starts(cfg: Config, consumer: Any, topic_partition: type, trs: list[TopicRe
             starts.append(start.start_of(checkpointed=ckpt is not None, stored=stored,
                                          committed=committed, begin=begin[tp], end=end[tp],
                                          reset=k.auto_offset_reset))
-        for tp, st in list(zip(tps, starts))[:SHOWN_PARTITIONS]:
-            said = start.describe(st, k.group_id, k.auto_offset_reset)
-            rep.note(f"  {tp.topic}/{tp.partition}: {said}")
-        if len(tps) > SHOWN_PARTITIONS:
-            rest = starts[SHOWN_PARTITIONS:]
-            rep.note(f"  ... {len(rest)} more partitions of {tr.topic!r}: "
-                     f"{sum(s.ahead for s in rest)} of {sum(s.held for s in rest)} records "
-                     "ahead")
+        parts = [(tp.partition, st) for tp, st in zip(tps, starts)]
+        for line in start.listed(tr.topic, parts, k.group_id, k.auto_offset_reset,
+                                 SHOWN_PARTITIONS):
+            rep.note(f"  {line}")
         causes = start.none_ahead(starts, k.group_id)
         if causes is not None:
             rep.note(f"warning: {tr.role} topic {tr.topic!r} holds "

@@ -26,7 +26,7 @@ from statistics import NormalDist
 from urllib.parse import urlencode
 
 from calmon.config import Config
-from calmon.engine.metrics import Bins, ece
+from calmon.engine.metrics import Bins, ece, within_interval
 from calmon.engine.rows import Row, Snapshot
 
 W, H, PAD = 360, 260, 34  # svg size and plot padding
@@ -131,8 +131,7 @@ def within_noise(calibrated: float, interval: tuple[float | None, float | None])
     """Said beside a calibrated ECE inside the raw ECE's interval: the two differ by less
     than the samples can tell, whichever is larger (a calibrated ECE above the raw one
     there is not the fix making it worse)."""
-    lo, hi = interval
-    if lo is None or hi is None or not lo <= calibrated <= hi:
+    if not within_interval(calibrated, interval):
         return ""
     return "; within the raw ECE's interval: the difference is noise"
 

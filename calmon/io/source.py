@@ -145,13 +145,7 @@ class SourceBase:
             mine = [(p, st) for (t, p), st in sorted(self.starts.items()) if t == topic]
             if not mine:
                 continue
-            shown = "; ".join(f"{topic}/{p} {start.describe(st, group, reset)}"
-                              for p, st in mine[:START_PARTITIONS_SHOWN])
-            more = len(mine) - START_PARTITIONS_SHOWN
-            rest = [st for _, st in mine[START_PARTITIONS_SHOWN:]]
-            if more > 0:
-                shown += (f"; {more} more partitions, {sum(s.ahead for s in rest)} of "
-                          f"{sum(s.held for s in rest)} records ahead")
+            shown = "; ".join(start.listed(topic, mine, group, reset, START_PARTITIONS_SHOWN))
             log.info("start of the %s topic: %s", role, shown)
             causes = start.none_ahead([st for _, st in mine], group)
             if causes is not None:

@@ -43,6 +43,19 @@ def describe(start: Start, group: str | None, reset: str) -> str:
     return f"offset {start.offset} ({why}), {start.ahead} of {start.held} records ahead"
 
 
+def listed(topic: str, starts: list[tuple[int, Start]], group: str | None, reset: str,
+           shown: int) -> list[str]:
+    """``topic/p: offset ...`` for the first ``shown`` partitions of ``topic``, then
+    ``N more partitions of 'topic': A of H records ahead`` for the rest (a topic of
+    hundreds of partitions must not flood a log line or the probe)."""
+    out = [f"{topic}/{p}: {describe(st, group, reset)}" for p, st in starts[:shown]]
+    rest = [st for _, st in starts[shown:]]
+    if rest:
+        out.append(f"{len(rest)} more partitions of {topic!r}: {sum(s.ahead for s in rest)} "
+                   f"of {sum(s.held for s in rest)} records ahead")
+    return out
+
+
 def none_ahead(starts: list[Start], group: str | None) -> str | None:
     """Why a run on partitions holding records would read none of them (the newcomer's
     second run, from a group's committed offsets), or None when some lie ahead."""

@@ -81,3 +81,20 @@ def test_without_the_labels_mapping_the_hint_names_it(capsys, samples: Path,
     err = capsys.readouterr().err
     assert rc == 1 and "labels: 313 invalid (missing_id)" in err
     assert "set fields.labels.id to the labels' own path" in err, err
+
+
+def test_the_readme_shows_the_commands_the_newcomer_script_runs() -> None:
+    """tests/newcomer.py follows the README (tests/integration/test_newcomer.py runs it):
+    the install command, and the own-topics commands with the shipped config."""
+    from tests import newcomer
+    from tests.daemon_helpers import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8").replace("\\\n", "")
+    said = " ".join(readme.split())  # continuation lines and alignment folded
+    install = " ".join(newcomer.INSTALL).replace(".[demo]", '".[demo]"')
+    files = " ".join([*newcomer.FILES, "-c", "try/config.yaml"])
+    for command in (install, " ".join(newcomer.SAMPLES), " ".join(newcomer.BROKER),
+                    f"calmon replay {files} --recalibrate",
+                    "calmon check-config -c try/config.yaml --probe",
+                    "calmon run -c try/config.yaml", "calmon demo"):
+        assert command in said, command

@@ -276,7 +276,7 @@ def test_the_daemons_sources_say_where_they_start(caplog, tmp_path: Path,
                 src.close()
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("start of the predictions topic: ") and
-               f"{preds}/0 offset 10 (committed by group {group!r}), 0 of 10 records ahead"
+               f"{preds}/0: offset 10 (committed by group {group!r}), 0 of 10 records ahead"
                in m for m in said), said
     assert any(f"the predictions topic {preds!r} holds 20 records and this run reads none"
                in m and "a new kafka.group_id" in m for m in said), said

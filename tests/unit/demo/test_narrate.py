@@ -105,3 +105,25 @@ def test_a_fraud_alarm_on_the_whole_model_says_why_it_waits(
     assert fates.get("fraud/country=BR", "").startswith("published v1"), summary
     if "fraud/__all__" in fates:  # alarmed: it says what it waits for
         assert "local to some segments" in fates["fraud/__all__"], fates
+
+
+def test_a_rejected_refit_says_why_and_what_comes_next(tmp_path: Path) -> None:
+    """A drift answered by a rejected refit ends with the gate's reason and when it is
+    tried again, and stays open in the summary with what was tried."""
+    from calmon.recal.policy import Event
+
+    cfg = demo_config("unused:9092", 0, tmp_path)
+    narrator = Narrator(cfg, lambda m, s: None, lambda m, s, w: None, lambda m: START + 30)
+    reason = "NLL improvement not significant (log e-value 2.1 < 4.6)"
+    lines = narrator.lines([
+        Event(START + 20, "ctr", "__all__", "drift", {"trigger": "ece_above",
+                                                      "change_ts": START + 12}),
+        Event(START + 20, "ctr", "__all__", "rejected", {"method": "temperature",
+                                                         "reason": reason})])
+    assert lines == [
+        "  >> drift ctr/__all__: ece_above, change estimated 8 s earlier; refitted at once "
+        "(below)",
+        f"  >> ctr/__all__: refit rejected: {reason}; retried when its post-change samples "
+        "double or after 6h"]  # recalibration.retry_after's default
+    assert narrator.summary()[1] == (
+        f"  ctr/__all__: open after rejected ({reason}): refit due at the next check")
