@@ -200,6 +200,7 @@ class Map:
     key: MapKey
     fit: Fit
     newest_ts: float  # the end of the newest bucket behind it (at most the model's now)
+    since: float  # the change it was fitted after (-inf: none)
     signature: bytes  # of the fine-bin counts it was fitted on
 
 
@@ -234,8 +235,8 @@ class Maps:
                                     float(nows[model_sid]))
             if model is not None and model_sid in self._current:
                 return "model", model
-        if own is not None and (since is None or own.newest_ts > since):
-            return "last", own
+        if own is not None and (since is None or own.since >= since):
+            return "last", own  # fitted on the current regime alone
         return None
 
     def _refreshed(self, sid: int, key: MapKey, since: float | None, now: float
@@ -261,13 +262,15 @@ class Maps:
         fine = vec[lay.fcount:lay.fcorrect + f]  # counts, summed confidences, corrects
         signature = hashlib.blake2b(fine.tobytes(), digest_size=16).digest()
         held = self._last.get(sid)
-        if held is not None and held.key == key and held.signature == signature:
+        after = -math.inf if since is None else since
+        if (held is not None and held.key == key and held.signature == signature
+                and held.since == after):
             return  # no new labelled sample: the same fit
         fit = fit_stack(fine[None, :f], fine[None, f:2 * f] / CONF_SCALE, fine[None, 2 * f:])[0]
         if fit is None:
             return
         end = (newest + 1) * self.windows.widths[w]
-        self._last[sid] = Map(key, fit, min(now, end), signature)
+        self._last[sid] = Map(key, fit, min(now, end), after, signature)
 
     def _window_since(self, now: float, since: float | None) -> int:
         """The window to read a map from: the largest; after a change, the one with the
