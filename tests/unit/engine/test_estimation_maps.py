@@ -186,3 +186,18 @@ def test_live_calibration_keeps_the_v3_numbers() -> None:
     assert got.estimated_accuracy == pytest.approx(np.maximum(pend, 1 - pend).mean(),
                                                    abs=1e-9)
     assert got.estimated_positive_rate == pytest.approx(pend.mean(), abs=1e-9)
+
+
+def test_reliability_shows_each_estimate_with_its_band_and_basis() -> None:
+    from calmon.io import reliability
+
+    rng = np.random.default_rng(11)
+    engine = Engine(from_dict(config()))
+    _, _, _, raws = labelled_binary(rng, 1500, T0, 50 * 60, "a")
+    _, praws = pending_binary(rng, 300, T0 + 50 * 60, 60, "b")
+    engine.feed(raws + praws)
+    got = estimates(engine)
+    body = reliability.page(engine.cfg, full_snapshot(engine), None, {})[2].decode()
+    band = f"[{got.estimated_accuracy_lower:.3f}, {got.estimated_accuracy_upper:.3f}]"
+    assert (f"estimated {got.estimated_accuracy:.3f} {band} for 300 predictions awaiting "
+            "labels, read through its estimation map of 1,500 labelled samples") in body
