@@ -134,7 +134,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     ``output_dir`` (memory when None) and apply to everything the policy scores after
     them, as they would live."""
     from calmon.calibrators.signing import Signer
-    from calmon.recal.live import live_calibrators
+    from calmon.recal.live import read_live, regime_starts
     from calmon.recal.policy import Policy, parse_iso
     from calmon.recal.registry import Registry
 
@@ -160,10 +160,12 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     calibrated = (policy.calibrated(engine.now_of, series(), engine.samples)
                   if math.isfinite(now) else [])
     # the label-free estimates and score PSI of the rows read the calibrators live now
-    live = live_calibrators(policy.registry)
-    engine.set_calibrators({k: (v[0], v[1]) for k, v in live.items()})
+    live = read_live(policy.registry)
+    engine.set_calibrators({k: (v[0], v[1]) for k, v in live.served.items()})
+    # the estimation maps fit each series' current regime, as the daemon's do
+    engine.set_changes(regime_starts(live.changes, policy.gauges.change_ts))
     cals: dict[tuple[str, str], tuple[Any, float | None]] = {}
-    for (m, s), (apply, _, _) in live.items():
+    for (m, s), (apply, _, _) in live.served.items():
         doc = policy.registry.live(m, s)
         cals[(m, s)] = (apply, None if doc is None else parse_iso(doc.doc.get("fitted_at")))
     return Backtest(final(engine), events, calibrated, engine, cals)

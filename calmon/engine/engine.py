@@ -20,7 +20,6 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from types import MappingProxyType
 from typing import Any
 
@@ -31,7 +30,8 @@ from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
 from calmon.engine.classes import RESET_GUARD, ClassCounts
 from calmon.engine.delta import Delta
-from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist, psi, top_and_positive
+from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist
+from calmon.engine.estimating import Maps, PendingCounts, estimate, pending_sums, score_psi
 from calmon.engine.fastparse import BatchParser
 from calmon.engine.join import BatchColumns, Join, Joined
 from calmon.engine.keys import mismatches as key_mismatches
@@ -48,8 +48,9 @@ from calmon.engine.records import (
 )
 from calmon.engine.rows import Row as Row  # its old place, for importers
 from calmon.engine.rows import WorstClass
+from calmon.engine.scoring import probs_of as _probs
 from calmon.engine.series import ALL, SeriesIndex
-from calmon.engine.windows import BUCKETS, CONF_SCALE, Layout, Samples, Windows, bin_index
+from calmon.engine.windows import CONF_SCALE, Layout, Samples, Windows, bin_index
 from calmon.names import sigmoid
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,6 @@ class WindowSums:
     worst_class: WorstClass | None = None
 
 
-# (series, window) -> (pending predictions, summed top confidence c, summed P(y=1),
-# summed c(1-c)): each pending prediction is right with probability c, so the number
-# right is Poisson-binomial with mean sum c and variance sum c(1-c)
-PendingCounts = Mapping[tuple[int, int], tuple[int, float, float, float]]
 
 
 class Engine:
@@ -113,8 +110,6 @@ class Engine:
         self.cfg = cfg
         # live calibrators for the label-free estimates; set_calibrators() replaces them
         self.calibrators: LiveCalibrators = calibrators or {}
-        # the two-sided normal quantile of the estimate band, at the metrics' level
-        self._z = NormalDist().inv_cdf(0.5 + cfg.metrics.interval_level / 2)
         self.max_models = cfg.limits.max_models
         self.index = self._new_index()
         self.join = Join(cfg.join)
@@ -129,6 +124,8 @@ class Engine:
             Windows(cfg.metrics.windows, cfg.metrics.bins, 1) if cfg.metrics.classwise else None)
         # raw-confidence histograms of every admitted prediction, for score_psi
         self.scores = ScoreHist(cfg.metrics.windows, cfg.metrics.bins)
+        self.maps = Maps(cfg.estimates, self.windows)  # v5: the estimation maps
+        self.changes: Mapping[tuple[str, str], float] = {}  # set_changes()
         self._class_series: dict[tuple[int, int], int] = {}  # (series, class) -> id
         self._classes_of: dict[int, list[int]] = {}  # series -> its class pseudo-series
         rc = cfg.recalibration
@@ -861,32 +858,57 @@ class Engine:
             return tuple(out)
 
     def pending_counts(self, nows: np.ndarray) -> PendingCounts:
-        """(series, window) -> (predictions still without a label, their summed calibrated
-        confidence c of the predicted class, their summed calibrated P(y=1), their summed
-        c(1-c)), the windows sliding on ``nows``: one pass over the pending predictions."""
+        """(series, window) -> its pending predictions' sums (``estimating.Pending``), the
+        windows sliding on ``nows``: one pass over the pending predictions, and a new
+        round of the estimation maps."""
         with self.lock:
-            return MappingProxyType(self._pending_estimates(nows))
+            self.maps.new_round()
+            waiting = self.join.waiting()
+            return MappingProxyType(pending_sums(
+                waiting, self._models_of(waiting[0]), self.index.fan_out, self.index.series,
+                self._model_idx, self._calibrator, self._threshold, self.windows, nows))
+
 
     def estimates(self, sids: Sequence[int], pending: PendingCounts,
                   nows: np.ndarray) -> Mapping[tuple[int, int], Estimates]:
         """The label-free estimates and score PSI of every window of these series, from
-        ``pending_counts`` and the live calibrators."""
+        ``pending_counts``, the estimation maps and the live calibrators."""
         with self.lock:
             out: dict[tuple[int, int], Estimates] = {}
+            labelled = self.cfg.estimates.calibration == "labelled"
+            level = self.cfg.metrics.interval_level
             for sid in sids:
                 model, segment = self.index.series[sid]
                 live = self._calibrator(model, segment)
                 binary = self._binary(sid)
+                chosen = None
+                if labelled and model:
+                    key = (model, segment, self.class_counts.classes[self._model_idx[model]])
+                    since = self.changes.get((model, ALL))
+                    chosen = self.maps.choose(sid, key, self.changes.get((model, segment), since),
+                                              self.index.find(model, ALL), since, nows)
                 for w in range(len(self.windows.widths)):
-                    out[(sid, w)] = self._estimates(
-                        sid, w, binary, pending.get((sid, w)),
-                        None if live is None else live[1], float(nows[sid]),
-                        "raw" if live is None else "live")
+                    psi_ = score_psi(self.scores, sid, w, None if live is None else live[1],
+                                     float(nows[sid]))
+                    out[(sid, w)] = estimate(pending.get((sid, w)), psi_, chosen,
+                                             "raw" if live is None else "live", binary, level)
             return MappingProxyType(out)
+
+
+    def _threshold(self, model: str) -> float:
+        """A binary model's decision threshold (``models.<m>.threshold``)."""
+        return self.cfg.model(model).threshold or 0.5
 
     def _binary(self, sid: int) -> bool:
         midx = self._model_idx.get(self.index.series[sid][0])
         return midx is None or self.class_counts.classes[midx] == 0
+
+    def set_changes(self, changes: Mapping[tuple[str, str], float]) -> None:
+        """Replace the starts of the current regimes ((model, segment) -> ``change_ts``
+        of a drift): the estimation maps fit only samples predicted after them."""
+        with self.lock:
+            self.changes = MappingProxyType(dict(changes))
+            self.version += 1
 
     def set_calibrators(self, calibrators: LiveCalibrators) -> None:
         """Replace the live calibrators the label-free estimates use."""
@@ -898,99 +920,6 @@ class Engine:
         """The segment's own calibrator, else the model's."""
         live = self.calibrators.get((model, segment))
         return live if live is not None else self.calibrators.get((model, ALL))
-
-    def _pending_estimates(self, series_nows: np.ndarray
-                           ) -> dict[tuple[int, int], tuple[int, float, float, float]]:
-        """``PendingCounts`` over the predictions with no label yet."""
-        combo, ts, kind, score, vectors = self.join.waiting()
-        out: dict[tuple[int, int], tuple[int, float, float, float]] = {}
-        if len(combo) == 0:
-            return out
-        model = self._models_of(combo)
-        buckets = [np.floor(ts / width).astype(np.int64) for width in self.windows.widths]
-        sample, sid = self.index.fan_out(combo)
-        # each sample's window floor, on its series' model's clock
-        floors = [self.windows.current(w, series_nows[sid]) - BUCKETS
-                  for w in range(len(self.windows.widths))]
-        # calibrated once per (model's rows, calibrator), then summed per series and window
-        cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        order = np.argsort(sid, kind="stable")
-        uniq, starts = np.unique(sid[order], return_index=True)
-        for s, part in zip(uniq.tolist(), np.split(order, starts[1:])):
-            name, segment = self.index.series[s]
-            live = self._calibrator(name, segment)
-            rows = sample[part]
-            midx = self._model_idx[name]
-            key = (midx, id(live[0]) if live is not None else 0)
-            hit = cache.get(key)
-            if hit is None:
-                mine = np.flatnonzero(model == midx)
-                hit = cache[key] = (mine, *self._calibrated(mine, kind, score, vectors, live))
-            mine, top, pos = hit
-            at = np.searchsorted(mine, rows)
-            for w, bkt in enumerate(buckets):
-                keep = bkt[rows] > floors[w][part]
-                n = int(keep.sum())
-                if n:  # fixed-point sums: the same whatever order the join keeps them in
-                    conf = top[at][keep]
-                    out[(s, w)] = (n, _fixed_sum(conf), _fixed_sum(pos[at][keep]),
-                                   _fixed_sum(conf * (1.0 - conf)))
-        return out
-
-    @staticmethod
-    def _calibrated(rows: np.ndarray, kind: np.ndarray, score: np.ndarray,
-                    vectors: dict[int, Any],
-                    live: tuple[Any, Any] | None) -> tuple[np.ndarray, np.ndarray]:
-        """Calibrated confidence of the predicted class and P(y=1) (0 for multiclass)
-        of the pending rows ``rows``: identity without a calibrator."""
-        top = np.empty(len(rows))
-        pos = np.zeros(len(rows))  # binary only: stays 0 for multiclass
-        # one group per score kind and class count (a model's K can change on a reset)
-        k = kind[rows] * 1_000_000
-        multi = np.flatnonzero(k >= 2_000_000)
-        k[multi] += np.array([len(vectors[i]) for i in rows[multi].tolist()], np.int64)
-        for group in np.unique(k).tolist():
-            code = group // 1_000_000
-            part = np.flatnonzero(k == group)
-            if code < 2:
-                raw = score[rows[part]]
-            else:
-                raw = np.array([vectors[i] for i in rows[part].tolist()], dtype=np.float64)
-            probs = None
-            if live is not None:
-                try:
-                    probs = np.asarray(live[0](raw, SCORE_KINDS[code]), np.float64)
-                    if probs.shape != raw.shape[:1] + (() if code < 2 else raw.shape[1:]):
-                        raise ValueError(f"calibrated shape {probs.shape} for {raw.shape}")
-                except Exception:  # a broken calibrator must not break /metrics
-                    log.exception("the live calibrator failed on pending scores; raw used")
-                    probs = None
-            own = _raw_probs(raw, code)  # the model's own probabilities: its predicted class
-            conf, p1 = top_and_positive(own if probs is None else probs, own)
-            top[part] = conf
-            if p1 is not None:
-                pos[part] = p1
-        return top, pos
-
-    def _estimates(self, sid: int, w: int, binary: bool,
-                   pending: tuple[int, float, float, float] | None,
-                   reference: np.ndarray | None, now: float, basis: str) -> Estimates:
-        current = self.scores.counts(sid, w, now)
-        if reference is None or len(reference) != len(current):
-            reference = self.scores.counts(sid, w, now, previous=True)
-        score_psi = psi(current, np.asarray(reference, np.float64))
-        if pending is None:
-            return Estimates(0, None, None, score_psi, estimate_basis=basis)
-        n, top, pos, var = pending
-        # the band of the Poisson-binomial count right, normal approximation: it holds
-        # while the calibrator does (CBPE's assumption), not beyond
-        half = self._z * math.sqrt(max(var, 0.0)) / n
-        acc = top / n
-        return Estimates(n, acc, pos / n if binary else None, score_psi,
-                         estimated_accuracy_lower=max(0.0, acc - half),
-                         estimated_accuracy_upper=min(1.0, acc + half),
-                         estimated_correct=top, estimated_correct_variance=var,
-                         estimate_basis=basis)
 
     def samples(self, model: str, segment: str, last: int | None = None) -> SampleSet | None:
         """A copy of the recent joined samples of one series (None without a buffer);
@@ -1161,26 +1090,6 @@ def _int_column(values: list[int]) -> np.ndarray:
         return np.array([min(v, 2**63 - 1) for v in values], np.int64)
 
 
-def _raw_probs(raw: np.ndarray, code: int) -> np.ndarray:
-    """Scores of kind ``SCORE_KINDS[code]`` as probabilities, as ``_add_joined`` reads them."""
-    if code < MULTICLASS:
-        return sigmoid(raw) if code == ScoreKind.LOGIT else raw
-    return _probs(raw, np.full(len(raw), code))
-
-
-def _fixed_sum(x: np.ndarray) -> float:
-    return float(np.rint(x * CONF_SCALE).astype(np.int64).sum()) / CONF_SCALE
-
-
-def _probs(given: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """(n, K) scores as given, of kinds ``kind`` (probs or logits), as probabilities."""
-    probs = given.copy()
-    logits = kind == ScoreKind.LOGITS
-    probs[logits] = _softmax(probs[logits])
-    probs[~logits] /= probs[~logits].sum(axis=1, keepdims=True)
-    return probs
-
-
 def _by_classes(vectors: dict[int, np.ndarray], ordinals: np.ndarray,
                 at: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """For the positions ``at`` of ``ordinals`` (K-class predictions of a batch):
@@ -1196,10 +1105,3 @@ def _by_classes(vectors: dict[int, np.ndarray], ordinals: np.ndarray,
     return out
 
 
-def _softmax(z: np.ndarray) -> np.ndarray:
-    # not calibrators.scores.softmax: that one clips logits to +-1e6 for safety, and the
-    # contract's numbers are the plain softmax of whatever finite logits arrive
-    with np.errstate(over="ignore"):  # -1e308 - 1e308 is -inf, and exp(-inf) is 0: right
-        e = np.exp(z - z.max(axis=1, keepdims=True))
-    out: np.ndarray = e / e.sum(axis=1, keepdims=True)
-    return out

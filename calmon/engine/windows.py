@@ -530,6 +530,27 @@ class Windows(BucketTables):
         return out
 
 
+    def newest(self, sid: int, w: int, now: float, want: float, since: float = -math.inf
+               ) -> tuple[np.ndarray | None, int]:
+        """The summed vector (as ``totals``) of the window's newest buckets, taken newest
+        first until they hold ``want`` samples (all of them if they never do), and the
+        index of the newest bucket; (None, 0) when the window holds nothing. Buckets that
+        start before ``since`` are left out."""
+        buckets = self._data[w].get(sid)
+        floor_ = self.current(w, now) - BUCKETS
+        if math.isfinite(since):
+            floor_ = max(floor_, math.ceil(since / self.widths[w]) - 1)
+        held = sorted((i for i in buckets or () if i > floor_), reverse=True)
+        if not held:
+            return None, 0
+        lay = self.layout
+        out = np.zeros(self._width)
+        for i in held:
+            self._accumulate(out, buckets[i])  # type: ignore[index]
+            if out[lay.count:lay.count + lay.bins].sum() >= want:
+                break
+        return out, held[0]
+
 def dense_cells(part: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """A packed table (``BucketTables.pack``, or format 1's ``keys``/``vecs``) as (keys
     (n, 2), dense vectors (n, size)): for inspection and tests."""

@@ -26,6 +26,7 @@ from statistics import NormalDist
 from urllib.parse import urlencode
 
 from calmon.config import Config
+from calmon.engine.estimates import Estimates
 from calmon.engine.metrics import Bins, ece, within_interval
 from calmon.engine.rows import Row, Snapshot
 
@@ -142,12 +143,29 @@ def _accuracy_text(row: Row) -> str:
     realized = (f"realized accuracy {row.stats.accuracy:.3f}" if row.stats.accuracy is not None
                 else "no realized accuracy yet")
     if est.pending_samples and est.estimated_accuracy is not None:
-        estimated = (f"estimated {est.estimated_accuracy:.3f} for {est.pending_samples} "
-                     "predictions awaiting labels (holds only while the live calibrator "
-                     "holds)")
+        band = ""
+        if est.estimated_accuracy_lower is not None and est.estimated_accuracy_upper is not None:
+            band = (f" [{est.estimated_accuracy_lower:.3f}, "
+                    f"{est.estimated_accuracy_upper:.3f}]")
+        estimated = (f"estimated {est.estimated_accuracy:.3f}{band} for "
+                     f"{est.pending_samples} predictions awaiting labels, "
+                     f"{_basis_text(est)}")
     else:
-        estimated = "no predictions awaiting labels"
+        estimated = f"no predictions awaiting labels ({_basis_text(est)})"
     return f"{realized} &middot; {estimated}"
+
+
+BASES = {"series": "its estimation map", "model": "its model's estimation map",
+         "last": "its last estimation map (no recent labels)",
+         "live": "the live calibrator", "raw": "the raw scores"}
+
+
+def _basis_text(est: Estimates) -> str:
+    """What an estimate is read through (contract v5 ``estimate_basis``)."""
+    what = BASES.get(est.estimate_basis, est.estimate_basis)
+    if est.estimate_fit_samples:
+        what += f" of {est.estimate_fit_samples:,} labelled samples"
+    return f"read through {what}"
 
 
 class Page:
@@ -235,8 +253,9 @@ def page(cfg: Config, view: Snapshot, calibrated: CalibratedBins | None,
     shown_rows = rows[(number - 1) * PAGE_SIZE:number * PAGE_SIZE]
     body = [f"<h1>calmon reliability</h1><p>window: {links}{note} &middot; binary: P(y=1) "
             "vs y; multiclass: top-label confidence vs correct; ECE with its interval for "
-            "the population ECE. Estimated accuracy assumes the live calibrator holds "
-            "(exact under covariate shift, wrong under concept shift)</p>"
+            "the population ECE. Estimated accuracy, with its band, assumes P(y | score) as "
+            "the labels showed it still holds (exact under covariate shift, wrong under "
+            "concept shift)</p>"
             + legend(level, cfg.metrics.classwise) +
             f"<nav class=models>models: {picker}</nav>"
             f"<p class=pages>{len(rows)} series, worst first (lower end of the ECE interval)"

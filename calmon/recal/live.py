@@ -5,6 +5,8 @@ show."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +23,7 @@ class LiveSet:
     # (model, segment) -> (apply(scores, kind), reference bin counts or None, version)
     served: dict[Key, tuple[Any, Any, int]]
     temperatures: dict[Key, float]  # of the temperature calibrators
+    changes: dict[Key, float]  # the change_ts each live calibrator was fitted after
 
     @property
     def versions(self) -> dict[Key, int]:
@@ -30,6 +33,7 @@ class LiveSet:
 def read_live(registry: Registry) -> LiveSet:
     served: dict[Key, tuple[Any, Any, int]] = {}
     temps: dict[Key, float] = {}
+    changes: dict[Key, float] = {}
     for key in registry.series():
         live = registry.live(*key)
         if live is None:
@@ -46,17 +50,26 @@ def read_live(registry: Registry) -> LiveSet:
                        ref_arr, live.version)
         if live.doc.get("method") == "temperature":
             temps[key] = float(live.doc["params"]["temperature"])
-    return LiveSet(served, temps)
+        change = live.doc.get("change_ts")
+        if isinstance(change, int | float) and math.isfinite(change):
+            changes[key] = float(change)
+    return LiveSet(served, temps, changes)
 
 
-def live_calibrators(registry: Registry) -> dict[Key, tuple[Any, Any, int]]:
-    """(model, segment) -> (apply(scores, kind), reference bin counts or None, version) of
-    every live calibrator: what the engine's label-free estimates need."""
-    return read_live(registry).served
+def regime_starts(fitted: Mapping[Key, float], alarms: Mapping[Key, float]
+                  ) -> dict[Key, float]:
+    """Where each series' current regime starts: the newer of the change its live
+    calibrator was fitted after and the change it is alarming on now."""
+    out = dict(fitted)
+    for key, ts in alarms.items():
+        out[key] = max(ts, out.get(key, ts))
+    return out
 
 
 class Engineish(Protocol):
     def set_calibrators(self, calibrators: Any) -> None: ...
+
+    def set_changes(self, changes: Mapping[Key, float]) -> None: ...
 
 
 class LiveCalibrators:
@@ -68,15 +81,24 @@ class LiveCalibrators:
         self.engine = engine
         self._latest: LiveSet | None = None
         self._pushed: list[tuple[Key, int]] | None = None
+        self._changes: dict[Key, float] | None = None
 
-    def refresh(self) -> None:
-        """After ``output_dir`` may have changed: read it, push what changed."""
+    def refresh(self, alarms: Mapping[Key, float] | None = None) -> None:
+        """After ``output_dir`` may have changed: read it, push what changed. ``alarms``:
+        the change_ts of the series alarming now; with the live calibrators' own, where
+        each series' current regime starts (its estimation map fits only that)."""
         live = read_live(self.registry)
         self._latest = live
         versions = sorted(live.versions.items())
-        if self.engine is not None and versions != self._pushed:
+        if self.engine is None:
+            return
+        if versions != self._pushed:
             self.engine.set_calibrators({k: (v[0], v[1]) for k, v in live.served.items()})
             self._pushed = versions
+        changes = regime_starts(live.changes, alarms or {})
+        if changes != self._changes:
+            self.engine.set_changes(changes)
+            self._changes = changes
 
     def latest(self) -> LiveSet:
         """What the last refresh read (before any: one read, nothing pushed)."""

@@ -127,7 +127,8 @@ class Recalibrator:
         series = [(m, s) for m, s, _ in self.engine.buffered_series()]
         # each model on its own event time (contract §2)
         events = self.policy.check_each(self.engine.now_of, series, self.engine.samples)
-        self.live.refresh()  # a CLI rollback shows from this run on
+        # a CLI rollback shows from this run on; the estimation maps fit the regimes
+        self.live.refresh(self.policy.gauges.change_ts)
         # once a run, so /reliability and the exporter only read (contract §5)
         windows = self.policy.calibrated_windows(self.engine.now_of, series,
                                                  self.engine.samples)

@@ -1,0 +1,320 @@
+"""Label-free estimates of the pending predictions (contract section 2, v5).
+
+Each round of the statistics (``metrics.refresh``) reads the predictions still waiting
+for their label once (``pending_sums``) and keeps, per series and window, two readings
+of them:
+
+- as fine-bin counts of their raw confidence, by decision side (binary: decided
+  positive, ``p >= models.<m>.threshold``, or negative), to be read through an
+  estimation map (``estmap``);
+- through the live calibrator (raw scores without one): the v2-v4 reading, and the
+  fallback when no map can be had.
+
+``Maps`` holds each series' estimation map: the isotonic fit of the fine-bin counts of
+the newest buckets of the largest window until they hold ``estimates.samples``
+labelled samples, refitted only when those counts changed, and kept when the labels
+pause (the series' ``last`` map). ``estimate`` picks the reading, in the contract's
+order: the series' map, the model's ``__all__`` map, the series' last map, the live
+calibrator, the raw scores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calmon.config import EstimatesConfig
+from calmon.engine.estimates import Estimates, ScoreHist, psi
+from calmon.engine.estmap import Fit, Reading, Side, fit_stack, read
+from calmon.engine.records import MULTICLASS, SCORE_KINDS
+from calmon.engine.scoring import raw_probs
+from calmon.engine.windows import BUCKETS, CONF_SCALE, Windows, bin_index
+from calmon.names import ALL
+
+log = logging.getLogger(__name__)
+
+Live = tuple[Any, "np.ndarray | None"]  # (apply, reference) of a live calibrator
+MapKey = tuple[str, str, int]  # (model, segment, class count) a map was fitted for
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One (series, window)'s pending predictions: how many; through the live calibrator
+    (raw without one) their summed confidence c of the decided class, summed P(y=1) and
+    summed c(1 - c), in fixed point (the same whatever order the join keeps them in);
+    and their raw confidences as fine-bin ``Side``s for a map."""
+
+    n: int
+    top: float
+    pos: float
+    var: float
+    sides: tuple[Side, ...]
+
+
+PendingCounts = Mapping[tuple[int, int], Pending]
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The pending rows of one model read once: each row's calibrated confidence of the
+    decided class and P(y=1), raw confidence (fixed point), fine bin and side."""
+
+    rows: np.ndarray
+    top: np.ndarray
+    pos: np.ndarray
+    confq: np.ndarray
+    fbin: np.ndarray
+    flip: np.ndarray  # binary: decided negative (right when y = 0)
+    binary: bool
+
+    def pending(self, at: np.ndarray) -> Pending:
+        top, pos = self.top[at], self.pos[at]
+        return Pending(len(at), _fixed_sum(top), _fixed_sum(pos), _fixed_sum(top * (1.0 - top)),
+                       _sides(self.fbin[at], self.confq[at], self.flip[at], self.binary))
+
+
+def pending_sums(waiting: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                dict[int, Any]],
+                 model_of: np.ndarray, fan_out: Callable[[np.ndarray], tuple[Any, Any]],
+                 names: Sequence[tuple[str, str]], model_index: Mapping[str, int],
+                 calibrator: Callable[[str, str], Live | None],
+                 threshold: Callable[[str], float], windows: Windows,
+                 series_nows: np.ndarray) -> dict[tuple[int, int], Pending]:
+    """``Pending`` of every (series, window) from the join's waiting rows (``waiting``:
+    combo, ts, kind, binary score, {row: K scores}; ``model_of``: each row's model
+    index), the windows sliding on each series' model's now. One pass: each model's
+    rows are read once per calibrator, then summed per series and window."""
+    combo, ts, kind, score, vectors = waiting
+    out: dict[tuple[int, int], Pending] = {}
+    if len(combo) == 0:
+        return out
+    buckets = [np.floor(ts / width).astype(np.int64) for width in windows.widths]
+    sample, sid = fan_out(combo)
+    floors = [windows.current(w, series_nows[sid]) - BUCKETS
+              for w in range(len(windows.widths))]
+    cache: dict[tuple[int, int], _Rows] = {}
+    order = np.argsort(sid, kind="stable")
+    uniq, starts = np.unique(sid[order], return_index=True)
+    for s, part in zip(uniq.tolist(), np.split(order, starts[1:])):
+        name, segment = names[s]
+        live = calibrator(name, segment)
+        rows = sample[part]
+        midx = model_index[name]
+        key = (midx, id(live[0]) if live is not None else 0)
+        hit = cache.get(key)
+        if hit is None:
+            mine = np.flatnonzero(model_of == midx)
+            hit = cache[key] = _read_rows(mine, kind, score, vectors, live, threshold(name),
+                                          windows.layout.fine_bins)
+        at = np.searchsorted(hit.rows, rows)
+        for w, bkt in enumerate(buckets):
+            keep = bkt[rows] > floors[w][part]
+            if keep.any():
+                out[(s, w)] = hit.pending(at[keep])
+    return out
+
+
+def _read_rows(rows: np.ndarray, kind: np.ndarray, score: np.ndarray,
+               vectors: dict[int, Any], live: Live | None, threshold: float,
+               fine_bins: int) -> _Rows:
+    """Rows of one model (one score family: binary or K-class), read raw and through
+    ``live`` (identity without one)."""
+    n = len(rows)
+    top, pos, conf = np.empty(n), np.zeros(n), np.empty(n)
+    flip = np.zeros(n, bool)
+    binary = True
+    # one group per score kind and class count (a model's K can change on a reset)
+    k = kind[rows] * 1_000_000
+    multi = np.flatnonzero(k >= 2_000_000)
+    k[multi] += np.array([len(vectors[i]) for i in rows[multi].tolist()], np.int64)
+    for group in np.unique(k).tolist():
+        code = group // 1_000_000
+        part = np.flatnonzero(k == group)
+        if code < MULTICLASS:
+            raw = score[rows[part]]
+        else:
+            binary = False
+            raw = np.array([vectors[i] for i in rows[part].tolist()], dtype=np.float64)
+        own = raw_probs(raw, code)  # the model's own probabilities: its decision
+        probs = _through(live, raw, code)
+        cal = own if probs is None else probs
+        if own.ndim == 1:
+            decided = own >= threshold
+            top[part] = np.where(decided, cal, 1.0 - cal)
+            pos[part] = cal
+            conf[part] = own
+            flip[part] = ~decided
+        else:
+            top[part] = cal[np.arange(len(cal)), own.argmax(axis=1)]
+            conf[part] = own.max(axis=1)
+    return _Rows(rows, top, pos, np.rint(conf * CONF_SCALE), bin_index(conf, fine_bins),
+                 flip, binary)
+
+
+def _through(live: Live | None, raw: np.ndarray, code: int) -> np.ndarray | None:
+    """The live calibrator's probabilities of these raw scores, or None (no calibrator,
+    or one that fails or answers in the wrong shape: a broken calibrator must not break
+    /metrics)."""
+    if live is None:
+        return None
+    try:
+        probs = np.asarray(live[0](raw, SCORE_KINDS[code]), np.float64)
+        if probs.shape != raw.shape[:1] + (() if code < MULTICLASS else raw.shape[1:]):
+            raise ValueError(f"calibrated shape {probs.shape} for {raw.shape}")
+    except Exception:
+        log.exception("the live calibrator failed on pending scores; raw used")
+        return None
+    return probs
+
+
+def _sides(fbin: np.ndarray, confq: np.ndarray, flip: np.ndarray,
+           binary: bool) -> tuple[Side, ...]:
+    """Fine-bin counts and summed raw confidence of these rows, by side; only the bins
+    they occupy (``estmap.read`` reads non-empty bins only)."""
+    out = []
+    for side in (False, True) if binary else (False,):
+        mine = flip == side
+        if not mine.any():
+            continue
+        _, inv = np.unique(fbin[mine], return_inverse=True)
+        count = np.bincount(inv).astype(np.float64)
+        conf = np.bincount(inv, weights=confq[mine]) / CONF_SCALE  # integers: exact sums
+        out.append(Side(count, conf, side))
+    return tuple(out)
+
+
+def _fixed_sum(x: np.ndarray) -> float:
+    return float(np.rint(x * CONF_SCALE).astype(np.int64).sum()) / CONF_SCALE
+
+
+@dataclass(frozen=True)
+class Map:
+    """A series' estimation map, what it was fitted for and on."""
+
+    key: MapKey
+    fit: Fit
+    newest_ts: float  # the end of the newest bucket behind it (at most the model's now)
+    since: float  # the change it was fitted after (-inf: none)
+    signature: bytes  # of the fine-bin counts it was fitted on
+
+
+class Maps:
+    """Every series' estimation map (``estimates.calibration: labelled``). A series'
+    map is current while its largest window holds ``estimates.min_samples`` labelled
+    samples; the last one fitted is kept after that, and while the series' slot holds
+    the same model, segment and class count."""
+
+    def __init__(self, cfg: EstimatesConfig, windows: Windows) -> None:
+        self.cfg = cfg
+        self.windows = windows
+        self.big = max(range(len(windows.widths)), key=lambda w: windows.widths[w])
+        self._last: dict[int, Map] = {}
+        self._current: set[int] = set()
+        self._fresh: set[int] = set()  # refreshed this round
+
+    def new_round(self) -> None:
+        self._fresh.clear()
+
+    def choose(self, sid: int, key: MapKey, since: float | None, model_sid: int | None,
+               model_since: float | None, nows: np.ndarray) -> tuple[str, Map] | None:
+        """The map the series' estimates read through, with its basis (``series``,
+        ``model``, ``last``), or None (the live calibrator or the raw scores then).
+        ``since``: the start of the series' current regime (a drift's ``change_ts``), of
+        which alone its map is fitted; a map fitted before it is not used."""
+        own = self._refreshed(sid, key, since, float(nows[sid]))
+        if own is not None and sid in self._current:
+            return "series", own
+        if model_sid is not None and model_sid != sid:
+            model = self._refreshed(model_sid, (key[0], ALL, key[2]), model_since,
+                                    float(nows[model_sid]))
+            if model is not None and model_sid in self._current:
+                return "model", model
+        if own is not None and (since is None or own.since >= since):
+            return "last", own  # fitted on the current regime alone
+        return None
+
+    def _refreshed(self, sid: int, key: MapKey, since: float | None, now: float
+                   ) -> Map | None:
+        """The series' map after this round's refit (once a round), None without one
+        fitted for ``key``."""
+        if sid not in self._fresh:
+            self._fresh.add(sid)
+            self._refit(sid, key, since, now)
+        held = self._last.get(sid)
+        return held if held is not None and held.key == key else None
+
+    def _refit(self, sid: int, key: MapKey, since: float | None, now: float) -> None:
+        lay = self.windows.layout
+        w = self._window_since(now, since)
+        vec, newest = self.windows.newest(sid, w, now, self.cfg.samples,
+                                          -math.inf if since is None else since)
+        if vec is None or vec[lay.count:lay.count + lay.bins].sum() < self.cfg.min_samples:
+            self._current.discard(sid)
+            return
+        self._current.add(sid)
+        f = lay.fine_bins
+        fine = vec[lay.fcount:lay.fcorrect + f]  # counts, summed confidences, corrects
+        signature = hashlib.blake2b(fine.tobytes(), digest_size=16).digest()
+        held = self._last.get(sid)
+        after = -math.inf if since is None else since
+        if (held is not None and held.key == key and held.signature == signature
+                and held.since == after):
+            return  # no new labelled sample: the same fit
+        fit = fit_stack(fine[None, :f], fine[None, f:2 * f] / CONF_SCALE, fine[None, 2 * f:])[0]
+        if fit is None:
+            return
+        end = (newest + 1) * self.windows.widths[w]
+        self._last[sid] = Map(key, fit, min(now, end), after, signature)
+
+    def _window_since(self, now: float, since: float | None) -> int:
+        """The window to read a map from: the largest; after a change, the one with the
+        finest buckets that still reaches back to it (a bucket that starts before the
+        change is left out, so the finer, the fewer post-change samples are lost)."""
+        if since is None:
+            return self.big
+        widths = self.windows.widths
+        reach = [w for w in range(len(widths)) if widths[w] * BUCKETS >= now - since]
+        return min(reach, key=lambda w: widths[w]) if reach else self.big
+
+
+def score_psi(scores: ScoreHist, sid: int, w: int, reference: np.ndarray | None,
+              now: float) -> float | None:
+    """PSI of the window's raw confidences against the live calibrator's reference,
+    else the window of the same length just before."""
+    current = scores.counts(sid, w, now)
+    if reference is None or len(reference) != len(current):
+        reference = scores.counts(sid, w, now, previous=True)
+    return psi(current, np.asarray(reference, np.float64))
+
+
+def estimate(pending: Pending | None, score_psi: float | None,
+             chosen: tuple[str, Map] | None, fallback: str, binary: bool,
+             level: float) -> Estimates:
+    """One (series, window)'s estimates: through the chosen map, else ``fallback``
+    (``live`` or ``raw``, whose sums ``pending`` already holds)."""
+    if chosen is not None:
+        basis, m = chosen
+        fit_info: dict[str, Any] = {"estimate_basis": basis,
+                                    "estimate_fit_samples": m.fit.samples,
+                                    "estimate_fit_newest_ts": m.newest_ts}
+        if pending is None:
+            return Estimates(0, None, None, score_psi, **fit_info)
+        r = read(m.fit, list(pending.sides), binary)
+    else:
+        fit_info = {"estimate_basis": fallback}
+        if pending is None:
+            return Estimates(0, None, None, score_psi, **fit_info)
+        # the band of the Poisson-binomial count right, normal approximation: it holds
+        # while the calibrator does (CBPE's assumption), not beyond
+        r = Reading(pending.n, pending.top, pending.pos if binary else None, pending.var, 0.0)
+    lower, upper = r.band(level)
+    return Estimates(r.pending, r.accuracy, r.positive_rate, score_psi,
+                     estimated_accuracy_lower=lower, estimated_accuracy_upper=upper,
+                     estimated_correct=r.correct, estimated_correct_variance=r.variance,
+                     **fit_info)
