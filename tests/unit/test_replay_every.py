@@ -156,6 +156,11 @@ def thirty_days(tmp_path_factory) -> tuple[dict, Path, Path, Path]:
     return (data, *write_files(tmp_path_factory.mktemp("every"), data))
 
 
+@pytest.fixture(scope="module")
+def want(thirty_days) -> dict[tuple[str, str, float], dict]:
+    return expected(thirty_days[0])
+
+
 def run_every(p: Path, lab: Path, cfg: Path) -> list[PeriodRow]:
     rows: list[PeriodRow] = []
     replay_mod.run(config_mod.load(str(cfg)), p, lab,
@@ -163,9 +168,8 @@ def run_every(p: Path, lab: Path, cfg: Path) -> list[PeriodRow]:
     return rows
 
 
-def test_every_day_equals_numpy_on_each_period(thirty_days) -> None:
+def test_every_day_equals_numpy_on_each_period(thirty_days, want) -> None:
     data, p, lab, cfg = thirty_days
-    want = expected(data)
     got = {(r.row.model, r.row.segment, r.start): r for r in run_every(p, lab, cfg)}
     assert set(got) == set(want)  # a row for every period with a prediction, no other
     assert len({k[2] for k in got}) == 30
@@ -198,7 +202,7 @@ def test_memory_holds_only_the_open_periods(tmp_path: Path) -> None:
     periods join.ttl keeps open."""
     peaks = []
     for days in (10, 40):
-        data = make_days(days, per_day=150, seed=5)
+        data = make_days(days, per_day=100, seed=5)
         where = tmp_path / f"d{days}"
         where.mkdir()
         p, lab, cfg_path = write_files(where, data)
@@ -224,7 +228,7 @@ def test_memory_holds_only_the_open_periods(tmp_path: Path) -> None:
     assert peaks[1] < 1.5 * peaks[0], peaks
 
 
-def test_cli_every_json(capsys, thirty_days) -> None:
+def test_cli_every_json(capsys, thirty_days, want) -> None:
     data, p, lab, cfg = thirty_days
     rc = main(["replay", "--predictions", str(p), "--labels", str(lab), "-c", str(cfg),
                "--every", "1d", "--json"])
@@ -234,10 +238,9 @@ def test_cli_every_json(capsys, thirty_days) -> None:
     assert set(doc) == {"rows", "counters", "invalid_reasons"}
     n = sum(len(d["ts"]) for d in data.values())
     assert doc["counters"]["predictions"] == n
-    assert doc["counters"]["joined"] == sum(
-        sum(e["realized"]["samples"] for (m, s, _), e in expected({k: d}).items()
-            if s == "__all__" and e["realized"] is not None) for k, d in data.items())
-    want = expected(data)
+    assert doc["counters"]["joined"] == sum(e["realized"]["samples"]
+                                            for (_, s, _), e in want.items()
+                                            if s == "__all__" and e["realized"] is not None)
     assert len(doc["rows"]) == len(want)
     keys = [(r["model"], r["segment"], r["period_start"]) for r in doc["rows"]]
     assert keys == sorted(keys)
@@ -265,15 +268,14 @@ def test_cli_every_bad_duration_exits_2(capsys, thirty_days, bad: str) -> None:
     assert capsys.readouterr().err.startswith("--every: ")
 
 
-def test_html_draws_the_periods(capsys, thirty_days, tmp_path: Path) -> None:
-    data, p, lab, cfg = thirty_days
+def test_html_draws_the_periods(capsys, thirty_days, want, tmp_path: Path) -> None:
+    _, p, lab, cfg = thirty_days
     out = tmp_path / "r.html"
     rc = main(["replay", "--predictions", str(p), "--labels", str(lab), "-c", str(cfg),
                "--every", "1d", "--html", str(out)])
     assert rc == 0, capsys.readouterr().err
     text = out.read_text()
     assert "By period (every 1d)" in text
-    want = expected(data)
     # one dot per period with a value, on each line of each series' figure
     realized = sum(1 for e in want.values() if e["realized"] is not None)
     estimated = sum(1 for e in want.values() if e["estimated_accuracy"] is not None)
@@ -284,20 +286,22 @@ def test_html_draws_the_periods(capsys, thirty_days, tmp_path: Path) -> None:
     assert text.count('aria-label="ctr / __all__ by period"') == 1
 
 
-def test_every_with_recalibrate(capsys, thirty_days) -> None:
+def test_every_with_recalibrate(capsys, tmp_path: Path) -> None:
     """``--recalibrate`` combines with ``--every``: the events, and the same rows."""
-    data, p, lab, cfg = thirty_days
+    data = make_days(6, seed=8)
+    p, lab, cfg = write_files(tmp_path, data)
+    want = expected(data)
     rc = main(["replay", "--predictions", str(p), "--labels", str(lab), "-c", str(cfg),
                "--every", "1d", "--json", "--recalibrate"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     doc = json.loads(out)
     assert "events" in doc
-    want = expected(data)
-    assert len(doc["rows"]) == len(want)
+    assert len(doc["rows"]) == len(want) == 2 * 3 * 6
     for r in doc["rows"]:
         exp = want[(r["model"], r["segment"], r["period_start"])]
         if exp["realized"] is not None:
-            assert_close(r["accuracy"], exp["realized"]["accuracy"], 1e-9, "accuracy")
+            for name in METRICS:
+                assert_close(r[name], exp["realized"][name], 1e-9, name)
         assert r["pending_samples"] == exp["pending"]
-        assert not math.isnan(r["period_start"])
+        assert r["calibrated_ece"] is None and not math.isnan(r["period_start"])
