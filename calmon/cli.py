@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -18,6 +19,9 @@ from calmon import config as config_mod
 from calmon import secrets
 from calmon.engine.series import ALL
 from calmon.errors import CalmonError, ConfigError, StateError
+
+if TYPE_CHECKING:
+    from calmon.periods import PeriodRow
 
 EXIT_CONFIG = 2
 
@@ -92,10 +96,27 @@ def _print_worst_case(cfg: config_mod.Config) -> None:
         print(f"calmon: {warning} ({where})", file=sys.stderr)
 
 
+def _every(text: str | None) -> tuple[str, float] | None:
+    """``--every``: (as given, seconds), a minute to a year like a window. Raises
+    ConfigError."""
+    if text is None:
+        return None
+    from calmon.config.units import MINUTE, YEAR, parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise ConfigError([f"--every: {e}"]) from None
+    if not MINUTE <= seconds <= YEAR:
+        raise ConfigError([f"--every: must be between 1m and 365d, got {text!r}"])
+    return text.strip(), seconds
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from calmon import hints, replay
 
     cfg = _load_config(args.config)
+    every_of = _every(args.every)
     for p in (args.predictions, args.labels):
         if not Path(p).is_file():
             print(f"calmon replay: no such file: {p}", file=sys.stderr)
@@ -105,21 +126,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     invalid: Counter[tuple[str, str]] = Counter()
     bt = None
+    periods: list[PeriodRow] = []
+    every = None if every_of is None else replay.Every(*every_of, periods.append)
     if args.recalibrate:
         bt = replay.replay_recalibrate(cfg, Path(args.predictions), Path(args.labels),
                                        None if args.output_dir is None else Path(args.output_dir),
-                                       invalid=invalid)
+                                       invalid=invalid, every=every)
         view, engine = bt.view, bt.engine
     else:
-        engine = replay.run(cfg, Path(args.predictions), Path(args.labels), invalid=invalid)
+        engine = replay.run(cfg, Path(args.predictions), Path(args.labels), invalid=invalid,
+                            every=every)
         view = replay.final(engine)
     if args.json:
-        out = replay.to_json(view, cfg.metrics.classwise, bt)
+        out = (replay.to_json(view, cfg.metrics.classwise, bt) if every is None
+               else replay.periods_json(periods, view, bt))
         out["invalid_reasons"] = replay.invalid_reasons(invalid)
         json.dump(out, sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        replay.print_table(view, sys.stdout)
+        if every is None:
+            replay.print_table(view, sys.stdout)
+        else:
+            replay.print_periods(sorted(periods, key=lambda p: (p.row.model, p.row.segment,
+                                                                p.start)),
+                                 view.counters, sys.stdout)
         if bt is not None:
             replay.print_events(bt.events, sys.stdout)
     # the reasons go to stderr (stdout stays the table or the one JSON object)
@@ -130,7 +160,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         write_report(cfg, engine, Path(args.html), None if bt is None else bt.calibrators,
                      events=None if bt is None else bt.events,
-                     title=f"calmon replay of {Path(args.predictions).name}", snapshot=view)
+                     title=f"calmon replay of {Path(args.predictions).name}", snapshot=view,
+                     periods=periods if every is not None else None)
         print(f"calmon replay: report written to {args.html}", file=sys.stderr)
     empty = [(path, topic) for path, topic, key in
              ((args.predictions, "predictions", "predictions"), (args.labels, "labels", "labels"))
@@ -205,7 +236,8 @@ EXAMPLES = {
                      "  calmon check-config -c config.yaml --probe   # and ask the broker"),
     "replay": ("calmon replay --predictions p.jsonl --labels l.jsonl --json\n"
                "  calmon replay --predictions p.jsonl --labels l.jsonl --recalibrate "
-               "--html report.html"),
+               "--html report.html\n"
+               "  calmon replay --predictions p.jsonl --labels l.jsonl --every 1d --json"),
     "calibrators": ("calmon calibrators list -c config.yaml\n"
                     "  calmon calibrators rollback --model ctr --to 3 -c config.yaml\n"
                     "  calmon calibrators keygen                    # a signing key pair"),
@@ -281,6 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--html", default=None, metavar="FILE",
                     help="also write a self-contained HTML report (reliability diagrams, "
                          "confidence histograms, estimated vs realized accuracy)")
+    sp.add_argument("--every", default=None, metavar="DURATION",
+                    help="rows per period of event time (e.g. 1d: days from 00:00 UTC), "
+                         "each with period_start/period_end, pending predictions and "
+                         "estimates as of the period's end")
     with_config(sp)
     sp.set_defaults(func=cmd_replay)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +23,7 @@ from calmon.engine.engine import Engine
 from calmon.engine.records import Kind
 from calmon.engine.rows import Snapshot
 from calmon.engine.snapshot import full_snapshot
+from calmon.periods import PeriodRow, Periods, as_json, with_window
 from calmon.timeline import Timeline, read_lines, timeline
 from calmon.timeline import order_key as order_key  # re-exported: older imports
 
@@ -47,14 +48,42 @@ def _feed(engine: Engine, line: Timeline, start: int, end: int,
         invalid.update(engine.last_delta.invalid)
 
 
+@dataclass(frozen=True)
+class Every:
+    """``--every``: the period's length, as given and in seconds, and where its rows go."""
+
+    name: str
+    seconds: float
+    sink: Callable[[PeriodRow], None]
+
+
+def _periods(engine: Engine, every: Every | None,
+             before_end: Callable[[], object] | None = None) -> Periods | None:
+    return None if every is None else Periods(engine, every.seconds, every.name, every.sink,
+                                              before_end)
+
+
+def _feed_all(engine: Engine, line: Timeline, start: int, end: int,
+              invalid: Counter[tuple[str, str]] | None, periods: Periods | None) -> None:
+    """Records start..end-1; with ``--every``, stopping at each period's end."""
+    if periods is None:
+        _feed(engine, line, start, end, invalid)
+    else:
+        periods.feed(line, start, end, lambda a, b: _feed(engine, line, a, b, invalid))
+
+
 def run(cfg: Config, predictions: Path, labels: Path, *,
-        invalid: Counter[tuple[str, str]] | None = None) -> Engine:
+        invalid: Counter[tuple[str, str]] | None = None, every: Every | None = None) -> Engine:
     """Feed both files through a fresh engine and return it. ``invalid``, when given,
-    receives the count of rejected records by (topic, reason)."""
-    engine = Engine(cfg)
+    receives the count of rejected records by (topic, reason); ``every``: the rows by
+    period go to its sink (``calmon.periods``)."""
+    engine = Engine(cfg if every is None else with_window(cfg, every.seconds, every.name))
+    periods = _periods(engine, every)
     line = read(cfg, predictions, labels)
     for i in range(0, len(line), BATCH):
-        _feed(engine, line, i, min(i + BATCH, len(line)), invalid)
+        _feed_all(engine, line, i, min(i + BATCH, len(line)), invalid, periods)
+    if periods is not None:
+        periods.finish(line)
     return engine
 
 
@@ -125,23 +154,25 @@ def _schedule(t: np.ndarray, interval: float) -> Iterator[tuple[int, int, int]]:
 
 def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
                        output_dir: Path | None = None, *,
-                       invalid: Counter[tuple[str, str]] | None = None) -> Backtest:
+                       invalid: Counter[tuple[str, str]] | None = None,
+                       every: Every | None = None) -> Backtest:
     """The recalibration backtest: the daemon's policy (calmon.recal.policy) checked
     every ``recalibration.interval`` of event time while the files are fed in timestamp
     order. Checks fall on multiples of the interval: a check at time t sees every record
     with ts < t, and its clock is "now" as in the engine (the largest prediction ts
     seen), exactly as the daemon's job reads it. Published calibrators go to
     ``output_dir`` (memory when None) and apply to everything the policy scores after
-    them, as they would live."""
+    them, as they would live. ``every``: rows by period too, each estimated through
+    the calibrators live at its end."""
     from calmon.calibrators.signing import Signer
-    from calmon.recal.live import read_live, regime_starts
+    from calmon.recal.live import LiveSet, read_live, regime_starts
     from calmon.recal.policy import Policy, parse_iso
     from calmon.recal.registry import Registry
 
     if not cfg.recalibration.enabled:
         cfg = dataclasses.replace(cfg, recalibration=dataclasses.replace(
             cfg.recalibration, enabled=True))
-    engine = Engine(cfg)
+    engine = Engine(cfg if every is None else with_window(cfg, every.seconds, every.name))
     policy = Policy(cfg, Registry(output_dir, signer=Signer.from_config(cfg.calibrators)))
     interval = cfg.recalibration.interval
     events: list[Event] = []
@@ -149,21 +180,28 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     def series() -> list[tuple[str, str]]:
         return [(m, s) for m, s, _ in engine.buffered_series()]
 
+    def live_now() -> LiveSet:
+        """What a period's (or the end's) estimates read: the calibrators live now, and
+        each series' current regime for its estimation map, as the daemon's do."""
+        live = read_live(policy.registry)
+        engine.set_calibrators({k: (v[0], v[1]) for k, v in live.served.items()})
+        engine.set_changes(regime_starts(live.changes, policy.gauges.change_ts))
+        return live
+
+    periods = _periods(engine, every, live_now)
     line = read(cfg, predictions, labels)
     for start, end, checks in _schedule(line.t, interval):
-        _feed(engine, line, start, end, invalid)
+        _feed_all(engine, line, start, end, invalid, periods)
         for _ in range(checks):
             events += policy.check_each(engine.now_of, series(), engine.samples)
     if math.isfinite(engine.now):  # one last check
         events += policy.check_each(engine.now_of, series(), engine.samples)
+    if periods is not None:
+        periods.finish(line)
     now = engine.now
     calibrated = (policy.calibrated(engine.now_of, series(), engine.samples)
                   if math.isfinite(now) else [])
-    # the label-free estimates and score PSI of the rows read the calibrators live now
-    live = read_live(policy.registry)
-    engine.set_calibrators({k: (v[0], v[1]) for k, v in live.served.items()})
-    # the estimation maps fit each series' current regime, as the daemon's do
-    engine.set_changes(regime_starts(live.changes, policy.gauges.change_ts))
+    live = live_now()  # the label-free estimates and score PSI of the rows
     cals: dict[tuple[str, str], tuple[Any, float | None]] = {}
     for (m, s), (apply, _, _) in live.served.items():
         doc = policy.registry.live(m, s)
@@ -193,6 +231,17 @@ def to_json(view: Snapshot, classwise: bool = False,
     return out
 
 
+def periods_json(rows: list[PeriodRow], view: Snapshot,
+                 backtest: Backtest | None = None) -> dict[str, Any]:
+    """``--every --json``: the rows by period (model, segment, then period), the
+    counters, and a backtest's events."""
+    out = to_json(Snapshot(view.now, [], view.counters, view.pending, view.pending_labels,
+                           view.series, view.version), False, backtest)
+    out["rows"] = [as_json(p) for p in sorted(
+        rows, key=lambda p: (p.row.model, p.row.segment, p.start))]
+    return out
+
+
 def _plain(value: Any) -> Any:
     """JSON-able and finite (events are printed with allow_nan=False)."""
     if isinstance(value, float):
@@ -204,9 +253,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def print_table(view: Snapshot, out: TextIO) -> None:
-    cols = [("model", "model"), ("segment", "segment"), ("window", "window"),
-            ("samples", "samples"), ("ece", "ece"), ("mce", "mce"), ("ace", "ace"),
+_COLUMNS = [("samples", "samples"), ("ece", "ece"), ("mce", "mce"), ("ace", "ace"),
             ("brier", "brier"), ("nll", "nll"), ("acc", "accuracy"),
             ("conf", "mean_confidence"), ("obs", "observed_rate"),
             ("obs/exp", "observed_over_expected"), ("floor", "noise_floor"),
@@ -214,16 +261,34 @@ def print_table(view: Snapshot, out: TextIO) -> None:
             ("smece", "smece"), ("pending", "pending_samples"),
             ("est_acc", "estimated_accuracy"), ("est_pos", "estimated_positive_rate"),
             ("psi", "score_psi")]
+
+
+def print_table(view: Snapshot, out: TextIO) -> None:
+    cols = [("model", "model"), ("segment", "segment"), ("window", "window"), *_COLUMNS]
+    rows = [{"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row(),
+             **r.estimates.as_row()} for r in view.rows]
+    _print_rows(cols, rows, view.counters, out)
+
+
+def print_periods(rows: list[PeriodRow], counters: dict[str, int], out: TextIO) -> None:
+    """``--every``: one line per model, segment and period (its start, UTC)."""
+    cols = [("model", "model"), ("segment", "segment"), ("period", "period"), *_COLUMNS]
+    table = [{"model": p.row.model, "segment": p.row.segment,
+              "period": datetime.fromtimestamp(p.start, UTC).strftime("%Y-%m-%dT%H:%MZ"),
+              **p.row.stats.as_row(), **p.row.estimates.as_row()} for p in rows]
+    _print_rows(cols, table, counters, out)
+
+
+def _print_rows(cols: list[tuple[str, str]], rows: list[dict[str, Any]],
+                counters: dict[str, int], out: TextIO) -> None:
     table = [[h for h, _ in cols]]
-    for r in view.rows:
-        row = {"model": r.model, "segment": r.segment, "window": r.window, **r.stats.as_row(),
-               **r.estimates.as_row()}
+    for row in rows:
         table.append([_fmt(row[k]) for _, k in cols])
     widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
     for line in table:
         out.write("  ".join(c.ljust(w) if i < 3 else c.rjust(w)
                             for i, (c, w) in enumerate(zip(line, widths))).rstrip() + "\n")
-    c = view.counters
+    c = counters
     out.write("\n" + "  ".join(f"{k}={c.get(k, 0)}" for k in
                                ("predictions", "labels", "joined", "invalid", "expired",
                                 "duplicates")) + "\n")

@@ -31,8 +31,10 @@ from calmon.engine.metrics import bins_from_samples, confidence_and_correct, ece
 from calmon.engine.rows import Row, Snapshot
 from calmon.engine.snapshot import full_snapshot
 from calmon.io.reliability import within_noise
+from calmon.report_periods import periods_section
 
 if TYPE_CHECKING:
+    from calmon.periods import PeriodRow
     from calmon.recal.policy import Event
 
 W, H, PAD = 260, 260, 34  # a diagram's plot area and margin, in px
@@ -56,31 +58,39 @@ class Curve:
 def write_report(cfg: Config, engine: Engine, out: Path,
                  calibrators: dict[tuple[str, str], tuple[Apply, float | None]] | None = None,
                  title: str = "calmon replay", snapshot: Snapshot | None = None,
-                 events: Sequence[Event] | None = None) -> None:
+                 events: Sequence[Event] | None = None,
+                 periods: Sequence[PeriodRow] | None = None) -> None:
     """Write the report of ``engine``'s final state to ``out``. ``calibrators``:
     (model, segment) -> (apply, fitted_at event time) of the calibrators live at the end.
     ``snapshot``: the statistics of that state, as ``replay`` prints them (default:
     read now). ``events``: a backtest's (``replay --recalibrate``), None when the
-    replay ran no policy."""
+    replay ran no policy. ``periods``: the rows of ``replay --every``, drawn over the
+    periods."""
     view = snapshot if snapshot is not None else full_snapshot(engine)
     calibrators = calibrators or {}
     largest = max(cfg.metrics.windows, key=lambda w: w.seconds).name
     rows = [r for r in view.rows if r.window == largest and r.stats.samples > 0]
     models = sorted({r.model for r in rows})
-    parts = [_HEAD.format(title=html.escape(title)),
+    head, legend = _HEAD.format(title=html.escape(title)), _LEGEND
+    if periods is not None:
+        head = head.replace("</style>", _PERIOD_CSS + "</style>")
+        legend = legend[:-len("</div>")] + _PERIOD_KEYS + "</div>"
+    parts = [head,
              f"<h1>{html.escape(title)}</h1>",
              f"<p class=note>Window {html.escape(largest)}; "
              f"{view.counters.get('joined', 0)} joined samples, "
              f"{view.counters.get('invalid', 0)} invalid records. Bins: {cfg.metrics.bins} "
              "equal-width, right-closed. Estimated accuracy assumes the calibrator holds "
              "(exact under covariate shift, wrong under concept shift).</p>",
-             _LEGEND]
+             legend]
     if not models:
         parts.append("<p>No joined samples.</p>")
     for model in models:
         mine = [r for r in rows if r.model == model]
         mine_events = None if events is None else [e for e in events if e.model == model]
         parts.append(_model_section(cfg, engine, model, mine, calibrators, mine_events))
+    if periods is not None:
+        parts.append(periods_section(periods, SERIES_PER_MODEL))
     parts.append("</body></html>\n")
     out.write_text("\n".join(parts), encoding="utf-8")
 
@@ -321,3 +331,10 @@ _LEGEND = "<div class=legend>" + "".join([
     _key('<line x1="11" y1="0" x2="11" y2="14" class=ev-published />',
          "calibrator published"),
 ]) + "</div>"
+# with --every only, so a report without it stays as it was
+_PERIOD_CSS = (".band{fill:#e45756;fill-opacity:.15;stroke:none}\n"
+               ".ecel{fill:none;stroke:#72b7b2;stroke-width:2} .dot{fill:#4c78a8}\n")
+_PERIOD_KEYS = "".join([
+    _key('<rect x="0" y="2" width="22" height="10" class=band />',
+         "the estimate's band (by period)"),
+    _key('<line x1="0" y1="7" x2="22" y2="7" class=ecel />', "ECE (by period)")])

@@ -20,6 +20,7 @@ contract's 1e-9.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,6 +252,19 @@ class BucketTables:
                 if not buckets:
                     del tab[sid]
 
+    def pop(self, w: int, sid: int, idx: int) -> np.ndarray | None:
+        """Remove one bucket of one series and return its vector as float64 (None when
+        it holds nothing): for a table whose buckets are read one by one."""
+        buckets = self._data[w].get(sid)
+        cell = None if buckets is None else buckets.pop(idx, None)
+        if buckets is not None and not buckets:
+            del self._data[w][sid]
+        if cell is None:
+            return None
+        out = np.zeros(self._width)
+        self._accumulate(out, cell)
+        return out
+
     def forget(self, sids: list[int]) -> None:
         """Drop everything kept for these series (a model's class count was reset)."""
         for tab in self._data:
@@ -371,11 +385,15 @@ class Windows(BucketTables):
     def __init__(self, windows: tuple[Window, ...], bins: int, fine_bins: int) -> None:
         self.layout = Layout(bins, fine_bins)
         super().__init__(windows, self.layout.size)
+        # each called with every batch of samples added (replay --every reads them)
+        self.taps: list[Callable[[Samples], None]] = []
 
     def add(self, s: Samples, now: float | np.ndarray) -> None:
         """Add samples; ``now``: one for all, or each sample's own (its model's)."""
         if len(s.sid) == 0:
             return
+        for tap in self.taps:
+            tap(s)
         lay = self.layout
         b = bin_index(s.conf, lay.bins)
         f = bin_index(s.conf, lay.fine_bins)
