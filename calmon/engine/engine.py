@@ -37,15 +37,7 @@ from calmon.engine.join import BatchColumns, Join, Joined
 from calmon.engine.keys import mismatches as key_mismatches
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
 from calmon.engine.rawbatch import RawBatch
-from calmon.engine.records import (
-    MULTICLASS,
-    SCORE_KINDS,
-    Kind,
-    Label,
-    Prediction,
-    Raw,
-    ScoreKind,
-)
+from calmon.engine.records import MULTICLASS, SCORE_KINDS, Kind, Label, Prediction, Raw, ScoreKind
 from calmon.engine.rows import Row as Row  # its old place, for importers
 from calmon.engine.rows import WorstClass
 from calmon.engine.series import ALL, SeriesIndex
@@ -340,7 +332,7 @@ class Engine:
         forgotten. Old-count samples that join later count as joined, and nowhere else:
         the same state whichever of a prediction and its label came first."""
         self.class_counts.reset(midx, classes, self.join.joined_so_far(), self._arrivals,
-                                pm, p_ts)
+                                pm, p_ts, self.models[midx])
         self._stale_classes = True
         self.counters["class_resets"] += 1
         self.last_delta.class_resets[self.models[midx]] += 1
@@ -553,7 +545,7 @@ class Engine:
             self._forget_series(self.index.drop_model(name))
             self.models[m] = ""
             del self._model_idx[name]
-            self.class_counts.set_model(m, 0)
+            self.class_counts.set_model(m, 0, dropped=name)
         self._free_models = sorted(self._free_models + idle, reverse=True)
         self._combo_last[[c for c in range(min(len(self._combo_last), len(self.index.combos)))
                           if not self.index.combos[c][0]]] = -math.inf
@@ -920,6 +912,8 @@ class Engine:
             name, segment = self.index.series[s]
             live = self._calibrator(name, segment)
             rows = sample[part]
+            if not name:  # a dropped model's series: its pending predictions went too
+                continue
             midx = self._model_idx[name]
             key = (midx, id(live[0]) if live is not None else 0)
             hit = cache.get(key)
@@ -1009,7 +1003,8 @@ class Engine:
             out = []
             for sid in sorted(self.buffers.rings):
                 model, segment = self.index.series[sid]
-                out.append((model, segment, self.class_counts.classes[self._model_idx[model]]))
+                if model in self._model_idx:  # a freed series has no model
+                    out.append((model, segment, self.class_counts.classes[self._model_idx[model]]))
             return out
 
     def status(self) -> dict[str, Any]:
