@@ -137,7 +137,8 @@ class Recalibrator:
         calibrated, bins = readings(windows)
         # series without a calibrator: the identity, i.e. exactly the raw window
         done = {(m, s) for m, s, _, _, _ in calibrated}
-        todo = set(series) - done
+        # (a series skipped because it raised has a calibrator: it shows nothing)
+        todo = {k for k in set(series) - done if self.policy.live(*k) is None}
         for row in self.rows():
             if (row.model, row.segment) in todo and row.stats.samples:
                 calibrated.append((row.model, row.segment, row.window, row.stats.ece,
