@@ -137,8 +137,11 @@ class Refresher:
             self._cache, self._estimates, self._pending_sids = {}, {}, set()
             return
         models = {m for m, _ in gone}
-        if models:
-            self._cache = {k: c for k, c in self._cache.items() if c.row.model not in models}
+        if models:  # their series ids may be another model's by now
+            sids = {k[0] for k, c in self._cache.items() if c.row.model in models}
+            self._cache = {k: c for k, c in self._cache.items() if k[0] not in sids}
+            self._estimates = {k: e for k, e in self._estimates.items() if k[0] not in sids}
+            self._pending_sids -= sids
             self._logged = {k for k in self._logged if k[0] not in models}
 
     def _failed(self, model: str, segment: str, what: str) -> None:
