@@ -70,7 +70,7 @@ class Recalibrator:
         self._calibrated: list[tuple[str, str, str, float | None, int]] = []
         self._calibrated_bins: dict[tuple[str, str, str], Bins] = {}
         # output_dir's live calibrators, read by the runs (never by scrapes)
-        self.live = LiveCalibrators(self.registry, engine)
+        self.live = LiveCalibrators(self.registry, engine, aside=self.policy.is_aside)
         self._series: list[tuple[str, str]] = []  # the series the last run evaluated
         self.events: list[Event] = []  # this process's events, newest last (bounded)
         self.overruns = 0  # checks skipped while the previous one still ran
@@ -177,6 +177,7 @@ class Recalibrator:
         if not dropped and not reset:
             return
         self.policy.forget(dropped, reset=reset)
+        self.live.refresh()  # a set-aside calibrator no longer serves the estimates
         models = dropped | reset
         with self._lock:
             self._outcomes = Counter({k: v for k, v in self._outcomes.items()

@@ -248,11 +248,15 @@ class Policy:
             live = self._served(model, ALL)  # a segment falls back to the model's
         return live
 
+    def is_aside(self, key: tuple[str, str], version: int) -> bool:
+        """Whether a class reset set this live version of the series aside."""
+        aside = self.set_aside.get(key)
+        return aside is not None and version <= aside
+
     def _served(self, model: str, segment: str) -> Live | None:
         """The series' own live calibrator, unless a class reset set it aside."""
         live = self.registry.live(model, segment)
-        aside = self.set_aside.get((model, segment))
-        return None if live is None or (aside is not None and live.version <= aside) else live
+        return None if live is None or self.is_aside((model, segment), live.version) else live
 
     def _basis(self, model: str, segment: str) -> tuple[int | None, int | None]:
         own = self._served(model, segment)

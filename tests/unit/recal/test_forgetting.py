@@ -64,6 +64,9 @@ def test_a_class_reset_sets_the_old_calibrator_aside_and_every_run_goes_on(
         assert n == 400 and ece == pytest.approx(ece_np(softmax(z, axis=1), y), abs=1e-9)
     assert recal.policy.live("bin", ALL) is None
     assert recal.policy.live("mc5", ALL) is not None
+    # nor does it serve the label-free estimates or show as the live version
+    assert ("bin", ALL) not in engine.calibrators and ("mc5", ALL) in engine.calibrators
+    assert set(recal.metrics_state().versions) == {("mc5", ALL)}
     assert recal.metrics_state().series_errors == 0
 
 
@@ -103,8 +106,8 @@ def test_one_series_that_raises_is_counted_and_the_others_go_on(
 
 
 def _scrape(engine: Engine, recal: Recalibrator, refresher: Refresher,
-            totals: ProcessTotals | None = None) -> str:
-    snap = refresher.update(full=True)
+            totals: ProcessTotals | None = None, full: bool = True) -> str:
+    snap = refresher.update(full=full)
     collector = CalmonCollector(engine, totals=totals, recal=recal.metrics_state,
                                 snapshot=lambda: snap)
     reg = new_registry()
@@ -121,10 +124,10 @@ def test_a_churn_of_model_names_leaves_nothing_of_the_dropped_ones(tmp_path: Pat
     largest window, 24h, and join.ttl, 7d: each round's models are dropped as idle by
     the next): what the drift series name stays within twice the live models, and
     /metrics and the checkpoint stop growing."""
-    cfg = recal_config(tmp_path, recalibration={"min_samples": 100})
+    cfg = recal_config(tmp_path)
     engine = Engine(cfg)
-    recal = Recalibrator(cfg, engine)
-    refresher = Refresher(engine)
+    refresher = Refresher(engine)  # as the daemon: the loop reads the refresher's rows
+    recal = Recalibrator(cfg, engine, rows=lambda: refresher.latest.rows)
     totals = ProcessTotals()
     totals.follow = dropped_models(engine)
     rng = np.random.default_rng(35)
@@ -133,7 +136,7 @@ def test_a_churn_of_model_names_leaves_nothing_of_the_dropped_ones(tmp_path: Pat
         t0 = BASE_TS + r * 9 * DAY
         s = Stream()
         for k in range(40):  # half of them drift (sharpened logits), half do not
-            s.extend(binary_logit_stream(rng, f"r{r}-m{k}", 60, t0, 1800.0,
+            s.extend(binary_logit_stream(rng, f"r{r}-m{k}", 20, t0, 1800.0,
                                          scale=2.5 if k % 2 else 1.0, prefix=f"r{r}-"))
         engine.last_delta.__init__()  # type: ignore[misc]
         feed(engine, s, chunk=100_000)
@@ -141,7 +144,7 @@ def test_a_churn_of_model_names_leaves_nothing_of_the_dropped_ones(tmp_path: Pat
         recal.run_once()
         live = {m for m in engine.models if m}
         assert len(live) == 40 and all(m.startswith(f"r{r}-") for m in live)
-        text = _scrape(engine, recal, refresher, totals)
+        text = _scrape(engine, recal, refresher, totals, full=False)
         named = {line.split('model="')[1].split('"')[0] for line in _samples(text)
                  if line.startswith("calmon_drift")}
         assert named and len(named) <= 2 * len(live), (r, len(named))
