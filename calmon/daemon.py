@@ -70,7 +70,7 @@ from calmon.io.shape import SECTION as SHAPE_SECTION
 from calmon.io.shape import mismatch, move_aside, of_checkpoint, of_config
 from calmon.io.source import CoPartitionError, KafkaAuthError, Skip
 from calmon.io.statelock import LOCK_NAME, StateLock
-from calmon.io.totals import ProcessTotals
+from calmon.io.totals import ProcessTotals, dropped_models
 from calmon.names import FIT_METHODS
 from calmon.recal.loop import Recalibrator
 from calmon.recal.readmodel import RecalState
@@ -155,6 +155,7 @@ class Daemon:
         self._written: tuple[Any, ...] | None = None  # what the last checkpoint held
         self.totals = ProcessTotals()  # Prometheus _total counters: each feed's delta added
         self._totals_at_checkpoint = ProcessTotals()
+        self.totals.follow = dropped_models(self.engine)  # a dropped model's counters go
         self.stall_after_s = LOOP_STALL_S
         self._beat = time.monotonic()  # the loop's last progress (monotonic, for /healthz)
         self._beat_wall: float | None = None  # the same in Unix time, for the metric

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from calmon.engine.forgotten import DROPPED, RESET, Journal
 from calmon.names import BUCKETS  # the longest window in buckets, as the windows keep it
 
 RESET_GUARD = 10  # admitted predictions in the longest window that make a model live
@@ -37,13 +38,18 @@ class ClassCounts:
         # model -> (joined, arrivals) counts of the batch's events at its last reset: the
         # events before belong to the old class count
         self.marks: dict[int, tuple[int, int]] = {}
+        # models forgotten (dropped, reset): every reader of the engine's state is told
+        self.forgotten = Journal()
 
     def add_model(self, classes: int) -> None:
         self.classes.append(classes)
         self._admits.append({})
 
-    def set_model(self, model: int, classes: int) -> None:
-        """A dropped model's index, reused by a new model."""
+    def set_model(self, model: int, classes: int, dropped: str | None = None) -> None:
+        """A dropped model's index (``dropped``: its name, when it is dropped), reused by
+        a new model."""
+        if dropped is not None:
+            self.forgotten.add(dropped, DROPPED)
         self.classes[model] = classes
         self._admits[model] = {}
 
@@ -69,8 +75,9 @@ class ClassCounts:
         return n >= RESET_GUARD
 
     def reset(self, model: int, classes: int, n_joined: int, arrivals: list[int],
-              models: list[int | None], ts: list[float]) -> None:
+              models: list[int | None], ts: list[float], name: str = "") -> None:
         self._scan(arrivals, models, ts)
+        self.forgotten.add(name, RESET)
         self.classes[model] = classes
         self._admits[model] = {}
         self._batch = {k: v for k, v in self._batch.items() if k[0] != model}
@@ -102,6 +109,7 @@ class ClassCounts:
         return [[c, sorted(a.items())] for c, a in zip(self.classes, self._admits)]
 
     def restore(self, rows: list[list[Any]]) -> None:
+        self.forgotten.restored()
         self.classes = [int(c) for c, _ in rows]
         self._admits = [{int(b): int(n) for b, n in a} for _, a in rows]
         self._batch, self._scanned, self.marks = {}, 0, {}

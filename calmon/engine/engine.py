@@ -37,15 +37,7 @@ from calmon.engine.join import BatchColumns, Join, Joined
 from calmon.engine.keys import mismatches as key_mismatches
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
 from calmon.engine.rawbatch import RawBatch
-from calmon.engine.records import (
-    MULTICLASS,
-    SCORE_KINDS,
-    Kind,
-    Label,
-    Prediction,
-    Raw,
-    ScoreKind,
-)
+from calmon.engine.records import MULTICLASS, SCORE_KINDS, Kind, Label, Prediction, Raw, ScoreKind
 from calmon.engine.rows import Row as Row  # its old place, for importers
 from calmon.engine.rows import WorstClass
 from calmon.engine.scoring import probs_of as _probs
@@ -337,7 +329,7 @@ class Engine:
         forgotten. Old-count samples that join later count as joined, and nowhere else:
         the same state whichever of a prediction and its label came first."""
         self.class_counts.reset(midx, classes, self.join.joined_so_far(), self._arrivals,
-                                pm, p_ts)
+                                pm, p_ts, self.models[midx])
         self._stale_classes = True
         self.counters["class_resets"] += 1
         self.last_delta.class_resets[self.models[midx]] += 1
@@ -550,7 +542,7 @@ class Engine:
             self._forget_series(self.index.drop_model(name))
             self.models[m] = ""
             del self._model_idx[name]
-            self.class_counts.set_model(m, 0)
+            self.class_counts.set_model(m, 0, dropped=name)
         self._free_models = sorted(self._free_models + idle, reverse=True)
         self._combo_last[[c for c in range(min(len(self._combo_last), len(self.index.combos)))
                           if not self.index.combos[c][0]]] = -math.inf
@@ -938,7 +930,8 @@ class Engine:
             out = []
             for sid in sorted(self.buffers.rings):
                 model, segment = self.index.series[sid]
-                out.append((model, segment, self.class_counts.classes[self._model_idx[model]]))
+                if model in self._model_idx:  # a freed series has no model
+                    out.append((model, segment, self.class_counts.classes[self._model_idx[model]]))
             return out
 
     def status(self) -> dict[str, Any]:

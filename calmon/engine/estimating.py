@@ -105,6 +105,8 @@ def pending_sums(waiting: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
         name, segment = names[s]
         live = calibrator(name, segment)
         rows = sample[part]
+        if not name:  # a dropped model's series: its pending predictions went too
+            continue
         midx = model_index[name]
         key = (midx, id(live[0]) if live is not None else 0)
         hit = cache.get(key)

@@ -51,6 +51,7 @@ class Snapshot:
     # the last completed refresh round); None when all of them match the counts
     stale_since: float | None = None
     serial: int = 0  # increases with every snapshot a refresher builds (a cache key)
+    series_errors: int = 0  # series a refresh skipped because computing them raised
 
     def age(self, now: float) -> float:
         """How old the expensive statistics served are at wall time ``now``."""

@@ -23,10 +23,12 @@ caller passes the wall clock.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +38,8 @@ from calmon.engine.estimates import Estimates
 from calmon.engine.metrics import plugin_stats
 from calmon.engine.rows import Row, Snapshot, empty
 from calmon.engine.windows import CONF_SCALE, Layout
+
+log = logging.getLogger(__name__)
 
 SLICE_ROWS = 64  # rows whose expensive statistics one update computes (one stack)
 LOCK_SERIES = 64  # series whose window sums are read per hold of the engine lock
@@ -88,6 +92,9 @@ class Refresher:
         self._started = clock()
         self._serial = 0
         self.latest: Snapshot = empty(self._started)
+        self._forgotten = engine.class_counts.forgotten.cursor()
+        self.errors = 0  # series skipped because computing them raised (counted)
+        self._logged: set[tuple[str, str]] = set()  # each series' first raise is logged
 
     # ------------------------------------------------------------ one update
 
@@ -108,6 +115,7 @@ class Refresher:
             self.due() and version != self._round_version)
         if not expensive and version == self._read_version:
             return self.latest
+        self._forget()
         work = self._read_state()
         dirty = self._dirty(work)
         self._read_sums(work, dirty)
@@ -120,6 +128,29 @@ class Refresher:
                 self._refreshed_at = self._round_started
                 self._round_started = None
         return self._publish(work)
+
+    def _forget(self) -> None:
+        """What the engine forgot (a model dropped, a class count reset) goes from the
+        rows kept here at once, whatever their sums."""
+        gone = self._forgotten.take()
+        if gone is None:  # first read, or the engine was restored: nothing kept holds
+            self._cache, self._estimates, self._pending_sids = {}, {}, set()
+            return
+        models = {m for m, _ in gone}
+        if models:  # their series ids may be another model's by now
+            sids = {k[0] for k, c in self._cache.items() if c.row.model in models}
+            self._cache = {k: c for k, c in self._cache.items() if k[0] not in sids}
+            self._estimates = {k: e for k, e in self._estimates.items() if k[0] not in sids}
+            self._pending_sids -= sids
+            self._logged = {k for k in self._logged if k[0] not in models}
+
+    def _failed(self, model: str, segment: str, what: str) -> None:
+        """One series' statistics raised: counted, logged once per series, skipped."""
+        self.errors += 1
+        if (model, segment) not in self._logged:
+            self._logged.add((model, segment))
+            log.exception("%s of %r/%r raised; skipped (logged once, counted in "
+                          "calmon_series_errors_total)", what, model, segment)
 
     def _read_state(self) -> _Work:
         state = self.engine.read_state(self._read_version)
@@ -153,27 +184,34 @@ class Refresher:
             work.sums.update(zip(part, self.engine.window_sums(part, work.nows)))
 
     def _plugin(self, work: _Work, rows: list[tuple[int, int]]) -> None:
+        for sid, w in rows:
+            try:
+                self._plugin_row(work, sid, w)
+            except Exception:  # one series' trouble never stops the others' numbers
+                self._cache.pop((sid, w), None)
+                self._failed(*work.state.series[sid], "the statistics")
+
+    def _plugin_row(self, work: _Work, sid: int, w: int) -> None:
         m = self.cfg.metrics
         lay = self.engine.layout
         binary = work.state.binary
-        for sid, w in rows:
-            sums = work.sums[(sid, w)]
-            vec = sums.vec if sums.vec is not None else np.zeros(lay.size)
-            cw, worst = sums.classwise_ece, sums.worst_class
-            digest = _digest(vec)
-            old = self._cache.get((sid, w))
-            model, segment = work.state.series[sid]
-            est = self._estimates.get((sid, w), Estimates())
-            if old is not None and old.digest == digest and old.row.classwise_ece == cw:
-                old.cur = self._cur(work, sid, w)
-                continue
-            st = plugin_stats(vec, lay, binary[sid], m.mce_min_samples)
-            c = _Cached(Row(model, segment, m.windows[w].name, binary[sid], st, cw, est,
-                            worst), self._cur(work, sid, w), digest)
-            if old is not None:
-                c.exp_digest, c.expensive = old.exp_digest, old.expensive
-            c.row = self._row(c)
-            self._cache[(sid, w)] = c
+        sums = work.sums[(sid, w)]
+        vec = sums.vec if sums.vec is not None else np.zeros(lay.size)
+        cw, worst = sums.classwise_ece, sums.worst_class
+        digest = _digest(vec)
+        old = self._cache.get((sid, w))
+        model, segment = work.state.series[sid]
+        est = self._estimates.get((sid, w), Estimates())
+        if old is not None and old.digest == digest and old.row.classwise_ece == cw:
+            old.cur = self._cur(work, sid, w)
+            return
+        st = plugin_stats(vec, lay, binary[sid], m.mce_min_samples)
+        c = _Cached(Row(model, segment, m.windows[w].name, binary[sid], st, cw, est,
+                        worst), self._cur(work, sid, w), digest)
+        if old is not None:
+            c.exp_digest, c.expensive = old.exp_digest, old.expensive
+        c.row = self._row(c)
+        self._cache[(sid, w)] = c
 
     def _row(self, c: _Cached) -> Row:
         st = c.row.stats
@@ -190,12 +228,24 @@ class Refresher:
         self._round_started = self.clock()
         self._round_version = work.state.version
         eng = self.engine
-        pending = eng.pending_counts(work.nows)
+        try:
+            pending = eng.pending_counts(work.nows)
+        except Exception:  # the estimates go without the pending predictions this round
+            self._failed("", "", "the pending predictions' estimates")
+            pending = {}
         self._pending_sids = {s for s, _ in pending}
         estimates: dict[tuple[int, int], Estimates] = {}
         shown = work.shown
         for i in range(0, len(shown), LOCK_SERIES):
-            estimates.update(eng.estimates(shown[i:i + LOCK_SERIES], pending, work.nows))
+            part = shown[i:i + LOCK_SERIES]
+            try:
+                estimates.update(eng.estimates(part, pending, work.nows))
+            except Exception:  # the slice again, one series at a time
+                for sid in part:
+                    try:
+                        estimates.update(eng.estimates([sid], pending, work.nows))
+                    except Exception:
+                        self._failed(*work.state.series[sid], "the estimates")
         self._estimates = estimates
         for key, c in self._cache.items():
             est = estimates.get(key, Estimates())
@@ -224,12 +274,29 @@ class Refresher:
                     keys.append(key)
         if not vecs:
             return
-        values = expensive_stats(np.stack(vecs), lay, self.cfg.metrics.interval_level)
-        for key, vec, vals in zip(keys, vecs, zip(*values)):
+        for key, vec, vals in self._stacked(keys, vecs):
             c = self._cache[key]
             c.exp_digest = _digest(vec)
             c.expensive = tuple(float(v) for v in vals)  # type: ignore[assignment]
             c.row = self._row(c)
+
+    def _stacked(self, keys: list[tuple[int, int]], vecs: list[np.ndarray]
+                 ) -> list[tuple[tuple[int, int], np.ndarray, tuple[Any, ...]]]:
+        """The expensive statistics of these rows in one stack; when the stack raises,
+        row by row, skipping (and counting) the rows that raise alone."""
+        level = self.cfg.metrics.interval_level
+        lay = self.engine.layout
+        try:
+            return list(zip(keys, vecs, zip(*expensive_stats(np.stack(vecs), lay, level))))
+        except Exception:
+            out = []
+            for key, vec in zip(keys, vecs):
+                try:
+                    out += list(zip([key], [vec], zip(*expensive_stats(vec[None], lay, level))))
+                except Exception:
+                    c = self._cache[key]
+                    self._failed(c.row.model, c.row.segment, "the expensive statistics")
+            return out
 
     def _publish(self, work: _Work) -> Snapshot:
         rows = []
@@ -237,7 +304,9 @@ class Refresher:
         stale = False
         for sid in work.shown:
             for w in range(work.windows):
-                c = self._cache[(sid, w)]
+                c = self._cache.get((sid, w))
+                if c is None:  # computing it raised: skipped (counted)
+                    continue
                 keep.add((sid, w))
                 rows.append(c.row)
                 stale = stale or bool(c.row.stats.samples and c.exp_digest != c.digest)
@@ -251,7 +320,8 @@ class Refresher:
         self.latest = Snapshot(st.now, rows, dict(st.counters), st.pending, st.pending_labels,
                                list(st.series), st.version,
                                series_held=sum(1 for m, _ in st.series if m),
-                               built_at=self.clock(), stale_since=since, serial=self._serial)
+                               built_at=self.clock(), stale_since=since, serial=self._serial,
+                               series_errors=self.errors)
         return self.latest
 
 

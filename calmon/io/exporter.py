@@ -250,6 +250,7 @@ class CalmonCollector(Collector):
             if age is not None:
                 g.add_metric([], age)
             yield g
+        yield _series_errors(view, recal)
         ts = self.last_checkpoint() if live else None
         g = GaugeMetricFamily("calmon_last_checkpoint_timestamp_seconds",
                               "Unix time of the last checkpoint written")
@@ -457,6 +458,17 @@ def recal_metrics(r: RecalState, policy: ExportPolicy | None = None) -> Iterator
                               "partitions of kafka.joined_topic)")
         g.add_metric([], r.owned_models)
         yield g
+
+
+def _series_errors(view: Snapshot, recal: RecalState | None) -> Metric:
+    """Series a statistics refresh or a recalibration run skipped because computing
+    them raised (each logged once): the others went on."""
+    c = CounterMetricFamily("calmon_series_errors_total",
+                            "Series skipped because computing them raised", labels=("stage",))
+    c.add_metric(["statistics"], view.series_errors)
+    if recal is not None:
+        c.add_metric(["calibrated"], recal.series_errors)
+    return c
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...],

@@ -6,7 +6,7 @@ show."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +16,8 @@ from calmon.recal.refit import apply_or_identity
 from calmon.recal.registry import Registry
 
 Key = tuple[str, str]  # (model, segment)
+# whether a series' live version is set aside (a class reset: it scores the old count)
+Aside = Callable[[Key, int], bool]
 
 
 @dataclass(frozen=True)
@@ -30,13 +32,13 @@ class LiveSet:
         return {k: v[2] for k, v in self.served.items()}
 
 
-def read_live(registry: Registry) -> LiveSet:
+def read_live(registry: Registry, aside: Aside | None = None) -> LiveSet:
     served: dict[Key, tuple[Any, Any, int]] = {}
     temps: dict[Key, float] = {}
     changes: dict[Key, float] = {}
     for key in registry.series():
         live = registry.live(*key)
-        if live is None:
+        if live is None or (aside is not None and aside(key, live.version)):
             continue
         ref = live.doc.get("reference")
         try:
@@ -76,9 +78,11 @@ class LiveCalibrators:
     """The last read of ``output_dir``, and the engine that is handed its calibrators
     whenever a version changed (none: the gauges only)."""
 
-    def __init__(self, registry: Registry, engine: Engineish | None) -> None:
+    def __init__(self, registry: Registry, engine: Engineish | None,
+                 aside: Aside | None = None) -> None:
         self.registry = registry
         self.engine = engine
+        self.aside = aside
         self._latest: LiveSet | None = None
         self._pushed: list[tuple[Key, int]] | None = None
         self._changes: dict[Key, float] | None = None
@@ -87,7 +91,7 @@ class LiveCalibrators:
         """After ``output_dir`` may have changed: read it, push what changed. ``alarms``:
         the change_ts of the series alarming now; with the live calibrators' own, where
         each series' current regime starts (its estimation map fits only that)."""
-        live = read_live(self.registry)
+        live = read_live(self.registry, self.aside)
         self._latest = live
         versions = sorted(live.versions.items())
         if self.engine is None:
@@ -103,5 +107,5 @@ class LiveCalibrators:
     def latest(self) -> LiveSet:
         """What the last refresh read (before any: one read, nothing pushed)."""
         if self._latest is None:
-            self._latest = read_live(self.registry)
+            self._latest = read_live(self.registry, self.aside)
         return self._latest

@@ -24,6 +24,7 @@ from calmon.calibrators import METHODS
 from calmon.calibrators.signing import Signer
 from calmon.config import Config
 from calmon.engine.engine import Engine, Row
+from calmon.engine.forgotten import RESET
 from calmon.engine.metrics import Bins
 from calmon.engine.series import ALL
 from calmon.engine.snapshot import Refresher
@@ -69,11 +70,12 @@ class Recalibrator:
         self._calibrated: list[tuple[str, str, str, float | None, int]] = []
         self._calibrated_bins: dict[tuple[str, str, str], Bins] = {}
         # output_dir's live calibrators, read by the runs (never by scrapes)
-        self.live = LiveCalibrators(self.registry, engine)
+        self.live = LiveCalibrators(self.registry, engine, aside=self.policy.is_aside)
         self._series: list[tuple[str, str]] = []  # the series the last run evaluated
         self.events: list[Event] = []  # this process's events, newest last (bounded)
         self.overruns = 0  # checks skipped while the previous one still ran
         self.checks = 0  # checks completed (/status: a check began after n was read once n + 2)
+        self._forgotten = engine.class_counts.forgotten.cursor()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -124,6 +126,7 @@ class Recalibrator:
     def run_once(self) -> list[Event]:
         if not math.isfinite(self.engine.now):
             return []
+        self._forget()
         series = [(m, s) for m, s, _ in self.engine.buffered_series()]
         # each model on its own event time (contract §2)
         events = self.policy.check_each(self.engine.now_of, series, self.engine.samples)
@@ -135,7 +138,8 @@ class Recalibrator:
         calibrated, bins = readings(windows)
         # series without a calibrator: the identity, i.e. exactly the raw window
         done = {(m, s) for m, s, _, _, _ in calibrated}
-        todo = set(series) - done
+        # (a series skipped because it raised has a calibrator: it shows nothing)
+        todo = {k for k in set(series) - done if self.policy.live(*k) is None}
         for row in self.rows():
             if (row.model, row.segment) in todo and row.stats.samples:
                 calibrated.append((row.model, row.segment, row.window, row.stats.ece,
@@ -154,6 +158,33 @@ class Recalibrator:
         for e in events:
             self._alert(e)
         return events
+
+    def _forget(self) -> None:
+        """Models the engine dropped (idle) or reset (a new class count) since the last
+        run are forgotten here too, at once: detector states, published ECEs, outcome
+        counters, and the live calibrators of a reset model's old class count."""
+        gone = self._forgotten.take()
+        if gone is None:  # first run, or the engine was restored: keep what it holds
+            with self.engine.lock:
+                held = {m for m in self.engine.models if m}
+            with self._lock:
+                known = {k[0] for k in self._outcomes}
+            kept = [*self.policy.states, *self.policy.published_ece]
+            dropped = ({m for m, _ in kept} | known) - held
+            reset: set[str] = set()
+        else:
+            reset = {m for m, why in gone if why == RESET}
+            dropped = {m for m, why in gone if why != RESET}
+        if not dropped and not reset:
+            return
+        self.policy.forget(dropped, reset=reset)
+        self.live.refresh()  # a set-aside calibrator no longer serves the estimates
+        models = dropped | reset
+        with self._lock:
+            self._outcomes = Counter({k: v for k, v in self._outcomes.items()
+                                      if k[0] not in models})
+        log.info("recalibration forgot %d dropped and %d reset model(s)", len(dropped),
+                 len(reset))
 
     def _methods(self) -> tuple[str, ...]:
         """Methods a refit may report: their counters are exported at 0 from the start
@@ -212,7 +243,7 @@ class Recalibrator:
             calibrated_samples=[(m, s, w, n) for m, s, w, _, n in calibrated],
             drift_evidence=dict(g.evidence), drift_change_ts=dict(g.change_ts),
             alerts_failed=self.alerts.failed, series=series, methods=self._methods(),
-            overruns=self.overruns)
+            overruns=self.overruns, series_errors=self.policy.errors)
 
     def calibrated_rows(self) -> list[tuple[str, str, str, float | None, int]]:
         with self._lock:

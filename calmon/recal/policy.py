@@ -173,8 +173,13 @@ class Policy:
         self.registry = registry
         self.states: dict[tuple[str, str], SeriesState] = {}
         self.published_ece: dict[tuple[str, str], float] = {}
+        # (model, segment) -> the live version a class reset set aside: it and older
+        # ones scored the old class count, so they are not served until a newer one
+        self.set_aside: dict[tuple[str, str], int] = {}
+        self.errors = 0  # series whose calibrated windows raised (counted, skipped)
+        self._logged: set[tuple[str, str]] = set()  # each series' first raise is logged
         self.gauges = Gauges()
-        self._snapshot: dict[str, Any] = {"series": [], "published_ece": []}
+        self._snapshot: dict[str, Any] = {"series": [], "published_ece": [], "set_aside": []}
         self._lock = threading.Lock()  # one check at a time
 
     # ------------------------------------------------------------ budget
@@ -238,14 +243,24 @@ class Policy:
         return events
 
     def live(self, model: str, segment: str) -> Live | None:
-        live = self.registry.live(model, segment)
+        live = self._served(model, segment)
         if live is None and segment != ALL:
-            live = self.registry.live(model, ALL)  # a segment falls back to the model's
+            live = self._served(model, ALL)  # a segment falls back to the model's
         return live
 
+    def is_aside(self, key: tuple[str, str], version: int) -> bool:
+        """Whether a class reset set this live version of the series aside."""
+        aside = self.set_aside.get(key)
+        return aside is not None and version <= aside
+
+    def _served(self, model: str, segment: str) -> Live | None:
+        """The series' own live calibrator, unless a class reset set it aside."""
+        live = self.registry.live(model, segment)
+        return None if live is None or self.is_aside((model, segment), live.version) else live
+
     def _basis(self, model: str, segment: str) -> tuple[int | None, int | None]:
-        own = self.registry.live(model, segment)
-        model_live = None if segment == ALL else self.registry.live(model, ALL)
+        own = self._served(model, segment)
+        model_live = None if segment == ALL else self._served(model, ALL)
         return (None if own is None else own.version,
                 None if model_live is None else model_live.version)
 
@@ -383,7 +398,7 @@ class Policy:
                 continue
             st = self.states.get((model, seg))
             local = (st is not None and bool(st.drifting)) or (
-                self.registry.live(model, seg) is not None)
+                self._served(model, seg) is not None)
             slices.setdefault(_slice_of(seg), []).append(local)
         for flags in slices.values():
             if 0 < sum(flags) < len(flags) / 2:
@@ -408,7 +423,7 @@ class Policy:
         st.last_refit = now
         prior = None
         if segment != ALL:
-            model_live = self.registry.live(model, ALL)
+            model_live = self._served(model, ALL)
             form = platt_form(None if model_live is None else model_live.calibrator)
             if form is not None and post.score.ndim == 1:
                 # SHRINK samples' worth of curvature: a sample adds p (1 - p) (the
@@ -465,7 +480,7 @@ class Policy:
         alpha (an e-value: the candidates are fixed before these samples) and the
         detector's mixture finds nothing wrong with it there. The winner (largest ratio)
         is published as a new version (``method: identity`` for none)."""
-        own = self.registry.live(model, segment)
+        own = self._served(model, segment)
         if own is None or len(post) < MIN_ROLLBACK:
             return None
         kind = input_kind(post)
@@ -479,8 +494,8 @@ class Policy:
         for ver in sorted(self.registry.versions(model, segment), reverse=True):
             if len(cands) > ROLLBACK_VERSIONS:
                 break
-            if ver == own.version:
-                continue
+            if ver == own.version or ver <= self.set_aside.get((model, segment), -1):
+                continue  # the live one, or one scoring a class count reset since
             try:
                 earlier = self.registry.read(model, segment, ver)
                 cal = load(earlier)
@@ -553,7 +568,7 @@ class Policy:
         since = -math.inf if change_ts is None else change_ts
         guards = []
         for m, seg in keys:
-            if m != model or seg == ALL or self.registry.live(m, seg) is not None:
+            if m != model or seg == ALL or self._served(m, seg) is not None:
                 continue
             s = samples_of(m, seg, None)
             if s is None or int((s.ts >= since).sum()) < self.rc.min_samples:
@@ -586,15 +601,25 @@ class Policy:
         self._snapshot = {
             "series": [[m, s, st.snapshot()] for (m, s), st in sorted(self.states.items())],
             "published_ece": [[m, s, e] for (m, s), e in sorted(self.published_ece.items())],
+            "set_aside": [[m, s, v] for (m, s), v in sorted(self.set_aside.items())],
         }
 
-    def forget(self, models: Iterable[str]) -> None:
-        """Drop every series state of ``models`` (their recalibration moved elsewhere)."""
-        gone = set(models)
+    def forget(self, models: Iterable[str], *, reset: Iterable[str] = ()) -> None:
+        """Drop every series state of ``models`` (their recalibration moved elsewhere, or
+        the engine dropped them as idle) and of ``reset`` (a new class count), whose
+        live calibrators are set aside too: they scored the old class count."""
+        reset = set(reset)
+        gone = set(models) | reset
         with self._lock:
             self.states = {k: v for k, v in self.states.items() if k[0] not in gone}
             self.published_ece = {k: v for k, v in self.published_ece.items()
                                   if k[0] not in gone}
+            self.set_aside = {k: v for k, v in self.set_aside.items() if k[0] not in gone}
+            self._logged = {k for k in self._logged if k[0] not in gone}
+            for key in self.registry.series() if reset else ():
+                live = self.registry.live(*key) if key[0] in reset else None
+                if live is not None:
+                    self.set_aside[key] = live.version
             self._publish_readers()
 
     def snapshot(self) -> dict[str, Any]:
@@ -611,6 +636,7 @@ class Policy:
                 except (KeyError, TypeError, ValueError, IndexError):
                     continue  # a state of another version: that series starts afresh
             self.published_ece = {(m, s): float(e) for m, s, e in snap.get("published_ece", [])}
+            self.set_aside = {(str(m), str(s)): int(v) for m, s, v in snap.get("set_aside", [])}
             self._publish_readers()
 
     def calibrated(self, now: float | Callable[[str], float],
@@ -636,26 +662,38 @@ class Policy:
             t_now = now_of(model)
             if not math.isfinite(t_now):
                 continue
-            live = self.live(model, segment)
-            if live is None and not identity:
-                continue
-            samples = samples_of(model, segment, None)
-            if samples is None:
-                continue
-            if live is None:
-                fresh = np.ones(len(samples), dtype=bool)
-            else:
-                fitted = parse_iso(live.doc.get("fitted_at"))
-                fresh = samples.ts > (fitted if fitted is not None else math.inf)
-            for w in self.cfg.metrics.windows:
-                mask = fresh & in_window(samples.ts, w.seconds, t_now)
-                n = int(mask.sum())
-                b = None
-                if n:
-                    p, y = target(None if live is None else live.calibrator,
-                                  samples.select(mask))
-                    b = _bins(p, y, self.cfg.metrics.bins)
-                out.append(CalibratedWindow(model, segment, w.name, b, n, live is not None))
+            try:
+                out += self._windows_of(model, segment, t_now, samples_of, identity)
+            except Exception:  # one series' trouble never stops the others' readings
+                self.errors += 1
+                if (model, segment) not in self._logged:
+                    self._logged.add((model, segment))
+                    log.exception("the calibrated windows of %r/%r raised; skipped (logged "
+                                  "once, counted in calmon_series_errors_total)", model, segment)
+        return out
+
+    def _windows_of(self, model: str, segment: str, t_now: float, samples_of: SamplesOf,
+                    identity: bool) -> list[CalibratedWindow]:
+        live = self.live(model, segment)
+        if live is None and not identity:
+            return []
+        samples = samples_of(model, segment, None)
+        if samples is None:
+            return []
+        if live is None:
+            fresh = np.ones(len(samples), dtype=bool)
+        else:
+            fitted = parse_iso(live.doc.get("fitted_at"))
+            fresh = samples.ts > (fitted if fitted is not None else math.inf)
+        out = []
+        for w in self.cfg.metrics.windows:
+            mask = fresh & in_window(samples.ts, w.seconds, t_now)
+            n = int(mask.sum())
+            b = None
+            if n:
+                p, y = target(None if live is None else live.calibrator, samples.select(mask))
+                b = _bins(p, y, self.cfg.metrics.bins)
+            out.append(CalibratedWindow(model, segment, w.name, b, n, live is not None))
         return out
 
 

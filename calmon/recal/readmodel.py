@@ -26,6 +26,8 @@ class RecalState:
     # checks skipped because the previous one was still running (APScheduler's
     # "maximum number of running instances reached"): a metric, not a log line
     overruns: int = 0
+    # series whose calibrated windows raised (skipped, counted): calmon_series_errors_total
+    series_errors: int = 0
     # (model, segment) series the loop evaluates and the methods a refit may report:
     # their recalibration counters are exported at 0 before the first refit, so
     # increase() sees the first one (no "series born" special case in alert rules)
