@@ -455,7 +455,7 @@ class Parser:
             label = int(v)
         else:
             raise _Invalid("bad_label")
-        if label < 0:
+        if not 0 <= label < self.max_classes:  # past it, out of range for any prediction
             raise _Invalid("label_out_of_range")
         path = self._lmodel
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
