@@ -1105,10 +1105,7 @@ class Join:
             self._score[slots[int(i)]] = self._vec_put(np.asarray(vec, np.float64))
         deadline = self._deadlines()
         self._next_deadline = float(deadline.min()) if len(deadline) else INF
-        for lid, label, ts, model, raw, source, d in snap["labels"]:
-            self._labels[lid] = (Label(lid, label, ts, model, raw, source), d)
-            self._next_label_deadline = min(self._next_label_deadline, d)
-            self._undated_labels |= d == INF
+        self._next_label_deadline, self._undated_labels = self._labels.restore(snap["labels"])
         for pid, d in snap["done"]:
             self._done[pid] = d
             self._done_order.append(pid)

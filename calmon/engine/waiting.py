@@ -53,6 +53,10 @@ class WaitingLabels:
 
     def __setitem__(self, lid: str, item: tuple[Label, float]) -> None:
         lab, deadline = item
+        self._put(lid, lab.label, lab.ts, deadline, lab if lab.label >= 2 else None)
+
+    def _put(self, lid: str, label: int, ts: float | None, deadline: float,
+             whole: Label | None) -> None:
         row = self._row.get(lid)
         if row is None:
             if not self._top:
@@ -60,11 +64,11 @@ class WaitingLabels:
             self._top -= 1
             row = self._row[lid] = int(self._free.item(self._top))
         self._rare.pop(row, None)
-        if lab.label >= 2:
-            self._rare[row] = lab
+        if whole is not None:
+            self._rare[row] = whole
         else:
-            self._label[row] = lab.label
-        self._ts[row] = math.nan if lab.ts is None else lab.ts
+            self._label[row] = label
+        self._ts[row] = math.nan if ts is None else ts
         self._deadline[row] = deadline
 
     def get(self, lid: str) -> tuple[Label, float]:
@@ -125,16 +129,35 @@ class WaitingLabels:
 
     # ------------------------------------------------------------ checkpoints
 
-    def snapshot(self) -> list[list[Any]]:
-        """[[id, label, ts, model, raw, source, deadline], ...] in arrival order."""
-        out = []
-        for lid, row in self._row.items():
-            lab = self._rare.get(row)
-            ts = self._ts.item(row)
-            d = self._deadline.item(row)
-            if lab is None:
-                out.append([lid, self._label.item(row), None if ts != ts else ts,
-                            None, None, "", d])
-            else:
-                out.append([lid, lab.label, lab.ts, lab.model, lab.raw, lab.source, d])
-        return out
+    def snapshot(self) -> dict[str, Any]:
+        """Columns in arrival order (ids, label, ts, deadline) and the labels kept whole
+        as [position, label, ts, model, raw, source]: a checkpoint holds no object per
+        label either."""
+        rows = np.fromiter(self._row.values(), np.int64, len(self._row))
+        rare = [[i, lab.label, lab.ts, lab.model, lab.raw, lab.source]
+                for i, row in enumerate(rows.tolist()) if (lab := self._rare.get(row))]
+        return {"ids": list(self._row), "label": self._label[rows], "ts": self._ts[rows],
+                "deadline": self._deadline[rows], "rare": rare}
+
+    def restore(self, snap: Any) -> tuple[float, bool]:
+        """From ``snapshot`` (or the list of [id, label, ts, model, raw, source,
+        deadline] checkpoints held before); returns the next deadline and whether a
+        label is undated. Raises on a malformed section (the checkpoint is unusable)."""
+        if isinstance(snap, list):  # before issue 35
+            for lid, label, ts, model, raw, source, d in snap:
+                lab = Label(lid, int(label), ts, model, raw, source)
+                self[lid] = (lab, float(d))
+        else:
+            ids, ts, d = snap["ids"], np.asarray(snap["ts"], np.float64), snap["deadline"]
+            label = np.asarray(snap["label"], np.int64)
+            if not len(ids) == len(label) == len(ts) == len(d) or not set(
+                    label.tolist()) <= {0, 1} or not all(type(i) is str for i in ids):
+                raise ValueError("join.labels: columns of different lengths or kinds")
+            whole = {int(i): Label(ids[int(i)], int(lab), t, model, raw, source)
+                     for i, lab, t, model, raw, source in snap["rare"]}
+            for i, (lid, lab, t, dl) in enumerate(zip(ids, label.tolist(), ts.tolist(),
+                                                      np.asarray(d, float).tolist())):
+                w = whole.get(i)
+                self._put(lid, lab if w is None else w.label, None if t != t else t, dl, w)
+        deadlines = self._deadline[np.fromiter(self._row.values(), np.int64, len(self._row))]
+        return (float(deadlines.min()) if len(deadlines) else INF), bool((deadlines == INF).any())
