@@ -90,7 +90,7 @@ REASONS = (
 # the kinds below MULTICLASS (ScoreKind.PROBS) are binary (scored on P(y=1))
 MULTICLASS = int(ScoreKind.PROBS)  # a plain int: compared once per record on the hot path
 PROBS_TOLERANCE = 1e-3
-LABEL_RAW_CAP = 4096  # bytes of a label record kept while it waits for its prediction
+LABEL_RAW_CAP = 512  # bytes of a label record kept while it waits for its prediction
 # event times calmon accepts: what datetime can represent (years 1..9999), so window
 # buckets never overflow and ts + ttl stays distinct from ts
 TS_MIN, TS_MAX = -62135596800.0, 253402300799.0

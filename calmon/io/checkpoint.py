@@ -79,16 +79,16 @@ class Checkpoint:
 
 
 def _walk_out(x: Any, arrays: list[np.ndarray]) -> Any:
+    """The document to write: arrays replaced by references, dicts by lists of pairs.
+    Bytes stay: ``_b64`` turns them into text as the JSON is written, a slice at a time."""
     if isinstance(x, np.ndarray):
         arrays.append(x)
         return {"__nd__": len(arrays) - 1}
-    if isinstance(x, bytes | bytearray):
-        return {"__b64__": base64.b64encode(bytes(x)).decode("ascii")}
     if isinstance(x, dict):
         return {"__map__": [[_walk_out(k, arrays), _walk_out(v, arrays)]
                             for k, v in x.items()]}
     if isinstance(x, list | tuple):
-        if all(type(v) in _PLAIN for v in x):  # ids, pairs: nothing to replace
+        if all(type(v) in _LEAF for v in x):  # ids, pairs: nothing to replace
             return x
         return [_walk_out(v, arrays) for v in x]
     if isinstance(x, np.generic):
@@ -97,6 +97,14 @@ def _walk_out(x: Any, arrays: list[np.ndarray]) -> Any:
 
 
 _PLAIN = frozenset((str, int, float, bool, type(None)))
+_LEAF = _PLAIN | {bytes, bytearray}
+
+
+def _b64(x: Any) -> Any:
+    """``json.dumps``' default: bytes as ``{"__b64__": ...}``."""
+    if isinstance(x, bytes | bytearray):
+        return {"__b64__": base64.b64encode(bytes(x)).decode("ascii")}
+    raise TypeError(f"a checkpoint holds no {type(x).__name__}")
 
 
 def _walk_in(x: Any, arrays: list[np.ndarray], used: set[int] | None = None,
@@ -186,9 +194,9 @@ def _json_pieces(x: Any) -> Iterator[str]:
     elif isinstance(x, list) and len(x) > _SLICE:
         yield "["
         for i in range(0, len(x), _SLICE):
-            yield ("," if i else "") + json.dumps(x[i:i + _SLICE], separators=(",", ":"))[1:-1]
+            yield ("," if i else "") + _dumps(x[i:i + _SLICE])[1:-1]
         yield "]"
-    elif isinstance(x, list) and not all(type(v) in _PLAIN for v in x):
+    elif isinstance(x, list) and not all(type(v) in _LEAF for v in x):
         yield "["
         for i, v in enumerate(x):
             if i:
@@ -196,7 +204,11 @@ def _json_pieces(x: Any) -> Iterator[str]:
             yield from _json_pieces(v)
         yield "]"
     else:
-        yield json.dumps(x, separators=(",", ":"))
+        yield _dumps(x)
+
+
+def _dumps(x: Any) -> str:
+    return json.dumps(x, separators=(",", ":"), default=_b64)
 
 
 def _array_specs(specs: Any, data_len: int) -> list[tuple[np.dtype[Any], tuple[int, ...], int]]:

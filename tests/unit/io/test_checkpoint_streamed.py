@@ -4,6 +4,7 @@ restores."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import struct
@@ -15,9 +16,28 @@ import numpy as np
 
 from calmon.engine.engine import Engine
 from calmon.engine.snapshot import full_snapshot
-from calmon.io.checkpoint import _HEADER, FORMAT_VERSION, MAGIC, CheckpointStore, _walk_out
+from calmon.io.checkpoint import _HEADER, FORMAT_VERSION, MAGIC, CheckpointStore
 from tests.unit.engine.test_windows import state_key
 from tests.unit.io.checkpoint_fixture import POSITIONS, WRITTEN_AT, batches, config
+
+
+def _walk_out(x: Any, arrays: list[np.ndarray]) -> Any:
+    """The previous writer's document walk: bytes as base64 at once."""
+    if isinstance(x, np.ndarray):
+        arrays.append(x)
+        return {"__nd__": len(arrays) - 1}
+    if isinstance(x, bytes | bytearray):
+        return {"__b64__": base64.b64encode(bytes(x)).decode("ascii")}
+    if isinstance(x, dict):
+        return {"__map__": [[_walk_out(k, arrays), _walk_out(v, arrays)]
+                            for k, v in x.items()]}
+    if isinstance(x, list | tuple):
+        if all(type(v) in (str, int, float, bool, type(None)) for v in x):
+            return x
+        return [_walk_out(v, arrays) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
 
 
 def _previous_file(doc: dict[str, Any]) -> bytes:
@@ -51,7 +71,7 @@ def _fed() -> Engine:
 def test_a_checkpoint_of_the_previous_writer_restores_and_the_new_one_is_the_same_file(
         tmp_path: Path) -> None:
     e = _fed()
-    state = {"engine": e.snapshot()}
+    state = {"engine": e.snapshot(), "extra": {b"k": [b"\x00raw", (1, b"")], 3: b"v"}}
     doc = {"state": state, "written_at": WRITTEN_AT,
            "positions": [[t, p, o] for (t, p), o in sorted(POSITIONS.items())]}
     old = _previous_file(doc)
@@ -69,13 +89,15 @@ def test_a_checkpoint_of_the_previous_writer_restores_and_the_new_one_is_the_sam
 
 def _large_state() -> dict[str, Any]:
     """Arrays (bucket tables) and long lists of ids (pending predictions, waiting labels,
-    joined ids), ~90 MB written."""
+    joined ids, labels kept whole with their bytes), ~100 MB written."""
     ids = [f"{i:0256d}" for i in range(100_000)]
     return {"engine": {"tables": np.arange(5_000_000, dtype=np.int64),
                        "scores": np.ones((1000, 500)),
                        "ids": ids,
                        "labels": [[f"L{i:0255d}", 1, 1.7e9 + i, None, None, "", 1.8e9]
-                                  for i in range(50_000)]}}
+                                  for i in range(50_000)],
+                       "whole": [[i, 2, 1.7e9, "m", b"r" * 500, "labels/0/1"]
+                                 for i in range(20_000)]}}
 
 
 def test_a_checkpoint_write_holds_at_most_one_copy_of_the_state(tmp_path: Path) -> None:
@@ -99,3 +121,4 @@ def test_a_checkpoint_write_holds_at_most_one_copy_of_the_state(tmp_path: Path) 
     assert np.array_equal(ckpt.state["engine"]["tables"], state["engine"]["tables"])
     assert ckpt.state["engine"]["ids"] == state["engine"]["ids"]
     assert ckpt.state["engine"]["labels"] == state["engine"]["labels"]
+    assert ckpt.state["engine"]["whole"] == state["engine"]["whole"]
