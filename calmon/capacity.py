@@ -113,12 +113,12 @@ def worst_case(cfg: Config) -> WorstCase:
     slots = cfg.join.max_pending
     raw = min(LABEL_RAW_CAP, cfg.kafka.max_record_bytes) if k > 2 else 0
     whole = WHOLE_LABEL + lim.max_name_bytes + raw if k > 2 else 0
-    mem_pending = slots * (PENDING + 8 * k + ids)
-    mem_labels = slots * (WAITING_LABEL + ids + whole)
-    mem_remembered = slots * (REMEMBERED + ids)
+    # each map held, and copied (ids shared) into the snapshot a checkpoint is written from
+    mem_pending = slots * (PENDING + SNAP_PENDING + 16 * k + ids)
+    mem_labels = slots * (WAITING_LABEL + SNAP_LABEL + ids + whole
+                          + (SNAP_WHOLE if k > 2 else 0))
+    mem_remembered = slots * (REMEMBERED + SNAP_REMEMBERED + ids)
     ckpt_join = slots * (3 * ids + 8 * k + 64 + raw * 4 // 3)
-    snap_join = slots * (SNAP_PENDING + 8 * k + SNAP_LABEL + (SNAP_WHOLE if k > 2 else 0)
-                         + SNAP_REMEMBERED)
     # v5: each series' estimation map (kept with the state), and the pending predictions
     # as fine-bin counts by decision side: bounded by the pending slots fanned out to
     # their series and windows, and by every series' buckets held dense
@@ -138,7 +138,7 @@ def worst_case(cfg: Config) -> WorstCase:
         # down): the owner's buffers of all of them, beside its own engine's
         parts["owner_buffers"] = mem_buffers
     arrays = ckpt_series + maps + pending_hist + mem_buffers + parts.get("owner_buffers", 0)
-    parts["checkpoint write"] = arrays + snap_join
+    parts["checkpoint write"] = arrays  # the snapshot's copy of the arrays
     return WorstCase(per_model, models, series, sum(parts.values()), arrays + ckpt_join,
                      parts, exported_series(cfg, series))
 

@@ -1,6 +1,7 @@
 """Run in a fresh process by test_capacity_measured: fill one of the join's bounded maps
-to its bound (``join.max_pending``) with ids of ``limits.max_id_bytes`` and print, as
-JSON, the RSS growth and the items held.
+to its bound (``join.max_pending``) with ids of ``limits.max_id_bytes``, take the
+snapshot a checkpoint is written from, and print, as JSON, the RSS growth and the items
+held.
 
     python -m tests.unit.join_child pending|labels|whole|joined N
 """
@@ -65,8 +66,10 @@ def main(what: str, n: int) -> None:
     before = status("self", "VmRSS") * KIB
     for lo in range(0, n, BATCH):
         e.feed(batch(what, lo, min(n, lo + BATCH)))
+    snapshot = e.join.snapshot()  # what a checkpoint write holds beside the state
     gc.collect()
     grown = status("self", "VmRSS") * KIB - before
+    del snapshot
     held = {"pending": e.join.pending, "labels": e.join.pending_labels,
             "whole": e.join.pending_labels, "joined": len(e.join._done)}[what]
     print(json.dumps({"grown": grown, "held": held}))
