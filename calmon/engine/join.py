@@ -437,7 +437,7 @@ class Join:
         if done:
             odd_p |= np.fromiter(map(done.__contains__, p_id), bool, n_p)
         if labels:
-            odd_p |= np.fromiter(map(labels.__contains__, p_id), bool, n_p)
+            odd_p |= np.fromiter(map(labels.has, p_id), bool, n_p)
         paired = pair >= 0
         pp = pair[paired]
         old_ts = self._ts[np.where(paired, 0, old)]  # old >= 0 wherever it is read

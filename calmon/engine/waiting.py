@@ -37,6 +37,7 @@ class WaitingLabels:
         self._free = np.arange(rows - 1, -1, -1, dtype=np.int64)  # a stack of free rows
         self._top = rows  # free rows: _free[:_top]
         self._rare: dict[int, Label] = {}  # row -> the whole label, for labels >= 2
+        self.has = self._row.__contains__  # ``in``, at C speed for a map over a batch
 
     def __len__(self) -> int:
         return len(self._row)
