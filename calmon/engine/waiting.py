@@ -67,8 +67,7 @@ class WaitingLabels:
         self._rare.pop(row, None)
         if whole is not None:
             self._rare[row] = whole
-        else:
-            self._label[row] = label
+        self._label[row] = label if whole is None else 0  # 0: nothing of a row's last use
         self._ts[row] = math.nan if ts is None else ts
         self._deadline[row] = deadline
 
