@@ -24,9 +24,21 @@ BASE = 200 * MiB  # the daemon and its consumer process, idle, with two polls in
 CELL_OVERHEAD = 250  # a small held bucket beyond its int64 entries: header, dict slot
 DENSE_SLACK = 4096  # a full (dense) bucket beyond its entries, allocator slack included
 SERIES_OVERHEAD = 4096  # a series' bucket dicts, its index entries, its view rows
-PENDING = 115  # a pending binary prediction, beyond its id (bench/engine.py)
-WAITING_LABEL = 200  # a label waiting for its prediction, beyond its id
-REMEMBERED = 100  # a joined id remembered for duplicates, beyond the id
+# the join's three maps, per item beyond its id, measured at their bound filled in-process
+# (tests/unit/test_capacity_measured.py: 200,000 items with 256-byte ids)
+PENDING = 240  # a pending binary prediction (+ 8K for a K-class one's scores)
+WAITING_LABEL = 190  # a label 0/1 waiting for its prediction (engine/waiting.py columns)
+# a label of 2 or more (limits.max_classes over 2) is kept whole for a dead letter: its
+# object, source and model hint, beyond the record's bytes (at most LABEL_RAW_CAP)
+WHOLE_LABEL = 330
+LABEL_RAW_CAP = 512  # as calmon.engine.records.LABEL_RAW_CAP
+REMEMBERED = 180  # a joined id remembered for duplicates
+# a checkpoint write holds one copy of the state, the snapshot (the file is written from
+# it, streamed): the series' arrays as written, and per join item beyond shared ids
+SNAP_PENDING = 100  # + 8K for a K-class one's scores
+SNAP_LABEL = 50
+SNAP_WHOLE = 160  # more for a label kept whole (its bytes are shared, base64 a slice at a time)
+SNAP_REMEMBERED = 80
 RING_ROW = 3 * 8  # a recalibration buffer row beyond its scores: ts, label, kind
 # v5: a series' estimation map: per fine bin at most its point, value, block, and the
 # block's value and count (float64), beyond a fixed part
@@ -99,9 +111,14 @@ def worst_case(cfg: Config) -> WorstCase:
     k = lim.max_classes
     ids = lim.max_id_bytes
     slots = cfg.join.max_pending
-    mem_join = slots * (PENDING + 8 * k + ids) + slots * (WAITING_LABEL + ids) + slots * (
-        REMEMBERED + ids)
-    ckpt_join = slots * (3 * ids + 8 * k + 64)
+    raw = min(LABEL_RAW_CAP, cfg.kafka.max_record_bytes) if k > 2 else 0
+    whole = WHOLE_LABEL + lim.max_name_bytes + raw if k > 2 else 0
+    # each map held, and copied (ids shared) into the snapshot a checkpoint is written from
+    mem_pending = slots * (PENDING + SNAP_PENDING + 16 * k + ids)
+    mem_labels = slots * (WAITING_LABEL + SNAP_LABEL + ids + whole
+                          + (SNAP_WHOLE if k > 2 else 0))
+    mem_remembered = slots * (REMEMBERED + SNAP_REMEMBERED + ids)
+    ckpt_join = slots * (3 * ids + 8 * k + 64 + raw * 4 // 3)
     # v5: each series' estimation map (kept with the state), and the pending predictions
     # as fine-bin counts by decision side: bounded by the pending slots fanned out to
     # their series and windows, and by every series' buckets held dense
@@ -112,16 +129,18 @@ def worst_case(cfg: Config) -> WorstCase:
     rc = cfg.recalibration
     rings = (series if rc.per_segment else models) if rc.enabled else 0
     mem_buffers = rings * rc.buffer * (RING_ROW + 8 * k)
-    parts = {"series": mem_series, "join": mem_join, "buffers": mem_buffers,
+    parts = {"series": mem_series, "pending": mem_pending, "waiting labels": mem_labels,
+             "joined ids": mem_remembered, "buffers": mem_buffers,
              "estimates": maps + pending_hist, "base": BASE}
     inst = cfg.kafka.instance
     if rc.enabled and inst is not None and inst.count > 1:
         # scaled out, an instance may own every model's recalibration (the others
         # down): the owner's buffers of all of them, beside its own engine's
         parts["owner_buffers"] = mem_buffers
-    return WorstCase(per_model, models, series, sum(parts.values()),
-                     ckpt_series + ckpt_join + maps + pending_hist + mem_buffers
-                     + parts.get("owner_buffers", 0), parts, exported_series(cfg, series))
+    arrays = ckpt_series + maps + pending_hist + mem_buffers + parts.get("owner_buffers", 0)
+    parts["checkpoint write"] = arrays  # the snapshot's copy of the arrays
+    return WorstCase(per_model, models, series, sum(parts.values()), arrays + ckpt_join,
+                     parts, exported_series(cfg, series))
 
 
 def cgroup_limit(files: tuple[str, ...] = CGROUP_FILES) -> int | None:

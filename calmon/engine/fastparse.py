@@ -114,7 +114,7 @@ class BatchParser:
         lf = fields.for_labels()  # the labels topic's own paths (fields.labels)
         label: dict[str, tuple[str, _Leaf]] = {
             "id": (lf.id, _Leaf("id", id_t, True)),
-            "label": (lf.label, _Leaf("label", Annotated[int, Meta(ge=0, le=2**63 - 1)] | bool,
+            "label": (lf.label, _Leaf("label", Annotated[int, Meta(ge=0, le=max_k - 1)] | bool,
                                           True)),
             "model": (lf.model, _Leaf("model", str | None, False)),
             "ts": (lf.ts, _Leaf("ts", ts_t, False)),

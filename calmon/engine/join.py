@@ -56,6 +56,7 @@ from calmon.config import JoinConfig
 from calmon.engine.idindex import IdIndex
 from calmon.engine.parsed import LABEL, PRED, Parsed
 from calmon.engine.records import MULTICLASS, Label
+from calmon.engine.waiting import WaitingLabels
 
 NAN, INF = math.nan, math.inf  # plain floats: no numpy attribute lookups per record
 ROW_SHIFT = 2**20  # a K-class slot's score column holds row * ROW_SHIFT + K
@@ -173,8 +174,7 @@ class Join:
         self._mats: dict[int, np.ndarray] = {}  # K -> one row per pending K-class score
         self._mat_free: dict[int, list[int]] = {}
         self._next_deadline = INF
-        # labels waiting for their prediction: id -> (label, deadline)
-        self._labels: dict[str, tuple[Label, float]] = {}
+        self._labels = WaitingLabels()  # labels waiting for their prediction (waiting.py)
         self._next_label_deadline = INF
         self._undated_labels = False  # labels waiting for the first prediction to start a clock
         # ids already joined, so a late second label is a duplicate: id -> deadline
@@ -437,7 +437,7 @@ class Join:
         if done:
             odd_p |= np.fromiter(map(done.__contains__, p_id), bool, n_p)
         if labels:
-            odd_p |= np.fromiter(map(labels.__contains__, p_id), bool, n_p)
+            odd_p |= np.fromiter(map(labels.has, p_id), bool, n_p)
         paired = pair >= 0
         pp = pair[paired]
         old_ts = self._ts[np.where(paired, 0, old)]  # old >= 0 wherever it is read
@@ -710,9 +710,7 @@ class Join:
     def _date_labels(self, now: float) -> None:
         """Labels that came with no ts before any prediction: their label_ttl runs from
         the first prediction's time, whichever batch it comes in."""
-        for lid, (lab, deadline) in list(self._labels.items()):
-            if deadline == INF:
-                self._labels[lid] = (lab, now + self.label_ttl)
+        self._labels.date(now + self.label_ttl)
         self._next_label_deadline = min(self._next_label_deadline, now + self.label_ttl)
         self._undated_labels = False
 
@@ -727,8 +725,8 @@ class Join:
         if done is not None and done > now:
             ev.duplicate_labels += 1
             return
-        waiting = self._labels.get(lid)
-        if waiting is not None and waiting[1] > now:
+        waiting = self._labels.deadline(lid)
+        if waiting is not None and waiting > now:
             ev.duplicate_labels += 1
             return
         if waiting is not None:
@@ -1030,17 +1028,10 @@ class Join:
             self._next_deadline = float(deadline.min()) if len(deadline) else INF
         now = self.clock
         if now >= self._next_label_deadline or (self._undated_labels and now > -INF):
-            nxt = INF
-            for lid, (lab, deadline_) in list(self._labels.items()):
-                if deadline_ == INF and now > -INF:
-                    deadline_ = now + self.label_ttl
-                    self._labels[lid] = (lab, deadline_)
-                if deadline_ <= now:
-                    del self._labels[lid]
-                    self.events.labels_expired += 1
-                else:
-                    nxt = min(nxt, deadline_)
-            self._next_label_deadline = nxt
+            if now > -INF:
+                self._labels.date(now + self.label_ttl)
+            gone, self._next_label_deadline = self._labels.expire(now)
+            self.events.labels_expired += gone
             self._undated_labels = False
         while self._done_order:
             pid = self._done_order[0]
@@ -1088,8 +1079,7 @@ class Join:
             "label_ts": np.array([NAN if h is None else h[1] for h in held], np.float64),
             "vectors": {i: self._vec_of(s).copy() for i, s in enumerate(slots.tolist())
                         if kind[i] >= MULTICLASS},
-            "labels": [[lid, lab.label, lab.ts, lab.model, lab.raw, lab.source, d]
-                       for lid, (lab, d) in self._labels.items()],
+            "labels": self._labels.snapshot(),
             "done": [[pid, self._done[pid]] for pid in self._done_order if pid in self._done],
         }
 
@@ -1115,10 +1105,7 @@ class Join:
             self._score[slots[int(i)]] = self._vec_put(np.asarray(vec, np.float64))
         deadline = self._deadlines()
         self._next_deadline = float(deadline.min()) if len(deadline) else INF
-        for lid, label, ts, model, raw, source, d in snap["labels"]:
-            self._labels[lid] = (Label(lid, label, ts, model, raw, source), d)
-            self._next_label_deadline = min(self._next_label_deadline, d)
-            self._undated_labels |= d == INF
+        self._next_label_deadline, self._undated_labels = self._labels.restore(snap["labels"])
         for pid, d in snap["done"]:
             self._done[pid] = d
             self._done_order.append(pid)

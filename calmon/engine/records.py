@@ -90,7 +90,7 @@ REASONS = (
 # the kinds below MULTICLASS (ScoreKind.PROBS) are binary (scored on P(y=1))
 MULTICLASS = int(ScoreKind.PROBS)  # a plain int: compared once per record on the hot path
 PROBS_TOLERANCE = 1e-3
-LABEL_RAW_CAP = 4096  # bytes of a label record kept while it waits for its prediction
+LABEL_RAW_CAP = 512  # bytes of a label record kept while it waits for its prediction
 # event times calmon accepts: what datetime can represent (years 1..9999), so window
 # buckets never overflow and ts + ttl stays distinct from ts
 TS_MIN, TS_MAX = -62135596800.0, 253402300799.0
@@ -455,7 +455,7 @@ class Parser:
             label = int(v)
         else:
             raise _Invalid("bad_label")
-        if label < 0:
+        if not 0 <= label < self.max_classes:  # past it, out of range for any prediction
             raise _Invalid("label_out_of_range")
         path = self._lmodel
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)

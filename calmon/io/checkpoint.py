@@ -22,8 +22,10 @@ then the decoded document is checked section by section (``check_document``); no
 pickle, so a state file never executes code. Format 1 (JSON header then an ``.npz``,
 dense bucket vectors) is still read.
 
-Each save writes a temp file, fsyncs it, renames it into place and fsyncs the
-directory; the two newest good checkpoints are kept, so a torn or corrupt newest file
+Each save writes a temp file, streamed (the meta JSON a slice of a long list at a time,
+each array from its own buffer, the header filled in last from the file read back), so
+a write holds no second copy of the state; it fsyncs the file, renames it into place
+and fsyncs the directory; the two newest good checkpoints are kept, so a torn or corrupt newest file
 falls back to the one before it.
 """
 
@@ -39,15 +41,15 @@ import os
 import re
 import struct
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from calmon.errors import StateError
-from calmon.files import atomic_write
+from calmon.files import fsync_dir
 from calmon.io.shape import of_checkpoint
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ _DTYPES = frozenset(np.dtype(t).str for t in (
     "<i8", "<i4", "<i2", "i1", "<u8", "<u4", "<u2", "u1", "<f8", "<f4", "?"))
 _MAX_NDIM = 4
 _MAX_DEPTH = 64  # nesting of the document; the engine's is under 10
+_SLICE = 4096  # list items per json.dumps when the meta is written
+_READ = 2**20  # bytes read back at a time for the digest
 
 
 @dataclass(frozen=True)
@@ -75,16 +79,16 @@ class Checkpoint:
 
 
 def _walk_out(x: Any, arrays: list[np.ndarray]) -> Any:
+    """The document to write: arrays replaced by references, dicts by lists of pairs.
+    Bytes stay: ``_b64`` turns them into text as the JSON is written, a slice at a time."""
     if isinstance(x, np.ndarray):
         arrays.append(x)
         return {"__nd__": len(arrays) - 1}
-    if isinstance(x, bytes | bytearray):
-        return {"__b64__": base64.b64encode(bytes(x)).decode("ascii")}
     if isinstance(x, dict):
         return {"__map__": [[_walk_out(k, arrays), _walk_out(v, arrays)]
                             for k, v in x.items()]}
     if isinstance(x, list | tuple):
-        if all(type(v) in _PLAIN for v in x):  # ids, pairs: nothing to replace
+        if all(type(v) in _LEAF for v in x):  # ids, pairs: nothing to replace
             return x
         return [_walk_out(v, arrays) for v in x]
     if isinstance(x, np.generic):
@@ -93,6 +97,14 @@ def _walk_out(x: Any, arrays: list[np.ndarray]) -> Any:
 
 
 _PLAIN = frozenset((str, int, float, bool, type(None)))
+_LEAF = _PLAIN | {bytes, bytearray}
+
+
+def _b64(x: Any) -> Any:
+    """``json.dumps``' default: bytes as ``{"__b64__": ...}``."""
+    if isinstance(x, bytes | bytearray):
+        return {"__b64__": base64.b64encode(bytes(x)).decode("ascii")}
+    raise TypeError(f"a checkpoint holds no {type(x).__name__}")
 
 
 def _walk_in(x: Any, arrays: list[np.ndarray], used: set[int] | None = None,
@@ -129,27 +141,74 @@ def _key(k: Any) -> Any:
 
 def encode(obj: dict[str, Any]) -> bytes:
     """A payload of the current format (``FORMAT_VERSION``)."""
+    buf = io.BytesIO()
+    _write_payload(buf, obj)
+    return buf.getvalue()
+
+
+def _write_payload(f: BinaryIO, obj: dict[str, Any]) -> None:
+    """Write ``obj``'s payload at ``f``'s position, streamed: the meta JSON in pieces and
+    each array from its own buffer, so the write holds no second copy of the state. The
+    meta's length, first in the payload, is filled in once the meta is written."""
     arrays: list[np.ndarray] = []
     doc = _walk_out(obj, arrays)
     specs = []
-    parts: list[bytes | memoryview] = []
     offset = 0
     for a in arrays:
-        a = np.ascontiguousarray(a)
-        if a.dtype.str not in _DTYPES:
-            a = a.astype(a.dtype.newbyteorder("<"))
-            if a.dtype.str not in _DTYPES:
-                raise TypeError(f"a checkpoint holds plain numeric arrays, not {a.dtype}")
-        specs.append([a.dtype.str, list(a.shape), offset])
-        data = a.reshape(-1).data.cast("B") if a.size else b""
-        parts.append(data)
-        pad = -len(data) % _ALIGN
-        if pad:
-            parts.append(b"\0" * pad)
-        offset += len(data) + pad
-    meta = json.dumps({"arrays": specs, "doc": doc}, separators=(",", ":")).encode("utf-8")
-    meta += b" " * (-(8 + len(meta)) % _ALIGN)  # the data starts aligned
-    return b"".join([struct.pack(">Q", len(meta)), meta, *parts])
+        specs.append([_dtype(a).str, list(a.shape), offset])
+        offset += a.nbytes + -a.nbytes % _ALIGN
+    start = f.tell()
+    f.write(b"\0" * 8)
+    n = 0
+    for piece in _json_pieces({"arrays": specs, "doc": doc}):
+        n += f.write(piece.encode("ascii"))  # json escapes all but ASCII
+    n += f.write(b" " * (-(8 + n) % _ALIGN))  # the data starts aligned
+    for a in arrays:
+        a = np.ascontiguousarray(a, _dtype(a))  # a copy only where it is not plain already
+        if a.size:
+            f.write(a.reshape(-1).data.cast("B"))
+        f.write(b"\0" * (-a.nbytes % _ALIGN))
+    end = f.tell()
+    f.seek(start)
+    f.write(struct.pack(">Q", n))
+    f.seek(end)
+
+
+def _dtype(a: np.ndarray) -> np.dtype[Any]:
+    """The dtype ``a`` is written as: its own, little-endian, a plain one."""
+    dtype = a.dtype if a.dtype.str in _DTYPES else a.dtype.newbyteorder("<")
+    if dtype.str not in _DTYPES:
+        raise TypeError(f"a checkpoint holds plain numeric arrays, not {a.dtype}")
+    return dtype
+
+
+def _json_pieces(x: Any) -> Iterator[str]:
+    """``json.dumps(x)`` (compact, ASCII) in pieces: long lists (ids, waiting labels) a
+    slice at a time, so the meta is never one string."""
+    if isinstance(x, dict):
+        yield "{"
+        for i, (k, v) in enumerate(x.items()):
+            yield ("," if i else "") + json.dumps(k) + ":"
+            yield from _json_pieces(v)
+        yield "}"
+    elif isinstance(x, list) and len(x) > _SLICE:
+        yield "["
+        for i in range(0, len(x), _SLICE):
+            yield ("," if i else "") + _dumps(x[i:i + _SLICE])[1:-1]
+        yield "]"
+    elif isinstance(x, list) and not all(type(v) in _LEAF for v in x):
+        yield "["
+        for i, v in enumerate(x):
+            if i:
+                yield ","
+            yield from _json_pieces(v)
+        yield "]"
+    else:
+        yield _dumps(x)
+
+
+def _dumps(x: Any) -> str:
+    return json.dumps(x, separators=(",", ":"), default=_b64)
 
 
 def _array_specs(specs: Any, data_len: int) -> list[tuple[np.dtype[Any], tuple[int, ...], int]]:
@@ -267,6 +326,30 @@ def check_document(doc: Any) -> None:
     of_checkpoint(doc["state"])  # the instance section, when there is one
 
 
+def _write_file(path: Path, doc: dict[str, Any]) -> None:
+    """``path`` whole or not at all (a temp file, fsynced, renamed; ``files.atomic_write``
+    for a file written in pieces): the header first as a placeholder, the payload
+    streamed, then the payload read back for its digest and the header filled in."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w+b") as f:
+            f.write(b"\0" * _HEADER.size)
+            _write_payload(f, doc)
+            length = f.tell() - _HEADER.size
+            f.seek(_HEADER.size)
+            digest = hashlib.sha256()
+            while chunk := f.read(_READ):
+                digest.update(chunk)
+            f.seek(0)
+            f.write(_HEADER.pack(MAGIC, FORMAT_VERSION, length, digest.digest()))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
 class CheckpointStore:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
@@ -291,11 +374,8 @@ class CheckpointStore:
         seq = files[-1][0] + 1 if files else 1
         doc = {"state": state, "written_at": written_at,
                "positions": [[t, p, o] for (t, p), o in sorted(positions.items())]}
-        payload = encode(doc)
-        blob = _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload),
-                            hashlib.sha256(payload).digest()) + payload
         final = self.dir / f"ckpt-{seq:012d}.calmon"
-        atomic_write(final, blob)
+        _write_file(final, doc)
         for _, old in files[: max(0, len(files) + 1 - KEEP)]:
             old.unlink(missing_ok=True)
         return final

@@ -109,7 +109,12 @@ def normalised_join(snap: dict[str, Any], now: float) -> dict[str, Any]:
     # are garbage, collected whenever the sweep gets to them
     # (an id may be listed twice: joined again after its first entry expired)
     done = sorted({(pid, d) for pid, d in snap["done"] if d > now})
-    return {"pending": pending, "labels": sorted(plain(snap["labels"])), "done": done}
+    labels = snap["labels"]  # columns (engine/waiting.py): rows of [id, label, ts, deadline]
+    rows = [[lid, *plain([labels[f][i] for f in ("label", "ts", "deadline")])]
+            for i, lid in enumerate(labels["ids"])]
+    for i, *whole in labels["rare"]:
+        rows[i] += plain(whole)
+    return {"pending": pending, "labels": sorted(rows), "done": done}
 
 
 def normalised(engine: Engine) -> dict[str, Any]:
