@@ -47,8 +47,11 @@ class InputEnds:
         if self._consumer is None:
             self._consumer = KafkaConsumer(enable_auto_commit=False, **self.settings)
         c = self._consumer
-        if tp.partition not in (c.partitions_for_topic(tp.topic) or ()):
-            return 0
+        parts = c.partitions_for_topic(tp.topic)
+        if parts is None:  # not known (yet) to this client: no bound
+            raise LookupError(f"no metadata for {tp.topic}")
+        if tp.partition not in parts:
+            return 0  # no such partition: nothing was read from it
         end = c.end_offsets([tp])[tp]
         begin = c.beginning_offsets([tp])[tp]
         if end <= begin:
