@@ -125,7 +125,7 @@ class BatchChecks:
             raise Refused("bad_key", f"model {b.model!r} does not hash to partition "
                                      f"{partition} (a record replayed onto another one)")
 
-    def source(self, b: JoinedBatch, end: Callable[[str, int], int | None]) -> None:
+    def source(self, b: JoinedBatch, end: Callable[[str, int, int], int | None]) -> None:
         """Each source range lies on an input partition the sender reads, and ends at
         most at that partition's end (``end``: None when it cannot be told)."""
         if not 0 <= b.sender < self.count:
@@ -136,7 +136,7 @@ class BatchChecks:
                                             f"{b.sender}")
             if not 0 <= lo <= hi:
                 raise Refused("bad_source", f"range [{lo}, {hi}) of {topic}/{part}")
-            top = end(topic, part)
+            top = end(topic, part, hi)
             if top is not None and hi > top:
                 raise Refused("bad_source", f"offset {hi} of {topic}/{part} is past its "
                                             f"end {top}")

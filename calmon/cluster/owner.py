@@ -38,7 +38,8 @@ class Place:
 
     key: bytes | None  # its Kafka key
     partitions: int | None  # the joined topic's partition count (None: not known yet)
-    end: Callable[[str, int], int | None]  # an input partition's end offset, if known
+    # an input partition's end offset as far as it bounds a claimed one (None: unknown)
+    end: Callable[[str, int, int], int | None]
 
 
 class Owner:

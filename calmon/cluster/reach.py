@@ -30,20 +30,22 @@ class InputEnds:
         self._asked: dict[tuple[str, int], float] = {}  # monotonic time of the answer
         self.round = 0.0  # monotonic start of the owner's current poll
 
-    def end(self, topic: str, partition: int) -> int | None:
+    def end(self, topic: str, partition: int, claimed: int) -> int | None:
+        """The end of ``topic/partition`` as far as it bounds ``claimed``; None when
+        the broker cannot say."""
         key = (topic, partition)
         known = self._ends.get(key)
-        if key in self._asked and self._asked[key] >= self.round:
+        if known is not None and (claimed <= known or self._asked[key] >= self.round):
             return known  # asked after this poll began: what it says bounds the batch
         try:
-            self._ends[key] = self._ask(TopicPartition(topic, partition))
+            self._ends[key] = self._ask(TopicPartition(topic, partition), claimed)
         except Exception as e:  # a broker hiccup: no bound rather than a wrong one
             log.debug("end offset of %s/%d: %s", topic, partition, e)
             return None
         self._asked[key] = time.monotonic()
         return self._ends[key]
 
-    def _ask(self, tp: TopicPartition) -> int:
+    def _ask(self, tp: TopicPartition, claimed: int) -> int:
         if self._consumer is None:
             self._consumer = KafkaConsumer(enable_auto_commit=False, **self.settings)
         c = self._consumer
@@ -52,10 +54,9 @@ class InputEnds:
             raise LookupError(f"no metadata for {tp.topic}")
         if tp.partition not in parts:
             return 0  # no such partition: nothing was read from it
-        end = c.end_offsets([tp])[tp]
-        begin = c.beginning_offsets([tp])[tp]
-        if end <= begin:
-            return int(end)
+        end = int(c.end_offsets([tp])[tp])
+        if claimed <= end or end <= int(c.beginning_offsets([tp])[tp]):
+            return end  # the broker's answer bounds it (the usual case: no read)
         c.assign([tp])
         c.seek(tp, end - 1)
         deadline, got = time.monotonic() + READ_LAST_S, False
@@ -64,7 +65,7 @@ class InputEnds:
                 got = True
             elif got:
                 break
-        return int(max(end, c.position(tp)))
+        return max(end, int(c.position(tp)))
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -143,7 +143,7 @@ ENDS = {("preds", 0): 100, ("labels", 0): 100, ("preds", 2): 50}
 
 
 def place(key: bytes | None = b"ctr", partitions: int | None = None) -> Place:
-    return Place(key, partitions, lambda t, p: ENDS.get((t, p), 0))
+    return Place(key, partitions, lambda t, p, _claimed: ENDS.get((t, p), 0))
 
 
 def murmur_partition(key: bytes, n: int) -> int:
