@@ -89,6 +89,17 @@ class BatchChecks:
             seen.add(s.segment)
             self.series(s)
 
+    def names_ok(self, model: str, segment: str) -> bool:
+        """Whether a (model, segment) a checkpoint holds is one the checks admit (a
+        checkpoint written before them may hold any)."""
+        try:
+            _name(model, self.max_name, "bad_model")
+            if segment != ALL:
+                _name(segment, self.max_segment, "bad_segment")
+        except Refused:
+            return False
+        return True
+
     def series(self, s: Series) -> None:
         if s.segment != ALL:
             _name(s.segment, self.max_segment, "bad_segment")

@@ -27,6 +27,7 @@ from typing import Any
 from calmon.cluster.batch import BatchError, JoinedBatch, decode
 from calmon.cluster.checks import BatchChecks, Refused, new_models
 from calmon.engine.buffer import Ring, SampleSet
+from calmon.names import ALL
 from calmon.recal.policy import CalibratedWindow, Event, Policy
 
 log = logging.getLogger(__name__)
@@ -204,8 +205,15 @@ class Owner:
 
     def restore(self, snap: Mapping[str, Any]) -> None:
         with self.lock:
+            # series a checkpoint of an older release took from a malformed batch
+            # are dropped, not served: a restart recovers from one
             self.rings = {(str(m), str(s)): Ring.restore(self.capacity, r)
-                          for m, s, r in snap.get("rings", [])}
+                          for m, s, r in snap.get("rings", [])
+                          if self.checks.names_ok(str(m), str(s))}
+            dropped = len(snap.get("rings", [])) - len(self.rings)
+            if dropped:
+                log.warning("dropping %d series of the checkpoint whose names the batch "
+                            "checks refuse", dropped)
             # [m, t, p, to] before parts were numbered (part 0)
             self.seen = {(str(e[0]), str(e[1]), int(e[2])):
                          (int(e[3]), int(e[4]) if len(e) > 4 else 0)
@@ -213,7 +221,8 @@ class Owner:
             self.nows = {str(m): float(t) for m, t in snap.get("nows", [])}
             # in place: the publisher holds this very mapping (model -> its producer)
             self.partition_of.clear()
-            self.partition_of.update({str(m): int(p) for m, p in snap.get("partition_of", [])})
+            self.partition_of.update({str(m): int(p) for m, p in snap.get("partition_of", [])
+                                      if self.checks.names_ok(str(m), ALL)})
             self.offsets = {int(p): int(o) for p, o in snap.get("offsets", [])}
             if isinstance(snap.get("policy"), dict):
                 self.policy.restore(snap["policy"])

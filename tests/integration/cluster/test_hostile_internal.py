@@ -6,6 +6,7 @@ Kafka record still reaches the owner."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -120,3 +121,26 @@ def test_a_catch_up_larger_than_a_record_reaches_the_owner(
         wait_until(owner_holds, 60, "both models' samples at the owner")
         owner = d.status()["recalibration_owner"]
         assert owner["bad_batches"] == 0 and owner["pending_batches"] == 0
+
+
+def test_the_input_end_bounds_a_claimed_source_offset(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]]) -> None:
+    """What an owner takes as the end of an input partition: every offset a sender
+    read (the true end, though some brokers answer less), never an offset of 2**62."""
+    from calmon.cluster.reach import InputEnds
+    from tests.conftest import FAST_CLIENT
+    from tests.hostile_batches import send_one_batch
+
+    (topic,) = kafka_topics(count=1, partitions=2)
+    offsets = send_one_batch(kafka_bootstrap, topic, 0, [b"a"] * 30)
+    offsets += send_one_batch(kafka_bootstrap, topic, 0, [b"b"] * 20)
+    true_end = max(offsets) + 1  # 50: what a consumer's position reaches
+    ends = InputEnds({"bootstrap_servers": kafka_bootstrap, **FAST_CLIENT})
+    try:
+        assert ends.end(topic, 0, true_end) == true_end
+        ends.round = time.monotonic()  # a new poll: the end is asked again
+        assert ends.end(topic, 0, 2**62) == true_end
+        assert ends.end(topic, 1, 5) == 0  # nothing was ever written there
+        assert ends.end(topic, 7, 5) == 0  # no such partition
+    finally:
+        ends.close()

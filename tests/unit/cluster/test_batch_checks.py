@@ -226,3 +226,18 @@ def test_a_refused_name_never_reaches_metrics() -> None:
     reg.register(Collector())  # type: ignore[arg-type]
     text = generate_latest(reg).decode()
     assert 'model="ctr"' in text and "\\ud800" not in text
+
+
+def test_a_checkpoint_holding_a_malformed_series_restores_without_it() -> None:
+    """A checkpoint an older release wrote after taking a malformed batch: the restart
+    drops that series (a restart recovers) and keeps the others."""
+    o = owner()
+    assert o.admit(0, 0, GOOD) is True
+    snap = o.snapshot()
+    bad = ["ct\ud800r", ALL, snap["rings"][0][2]]
+    snap = {**snap, "rings": [*snap["rings"], bad],
+            "partition_of": [*snap["partition_of"], ["ct\ud800r", 0]]}
+    again = owner()
+    again.restore(snap)
+    assert again.models() == ["ctr"] and again.series_of() == [("ctr", ALL)]
+    assert again.sample_count("ctr") == 4
