@@ -19,7 +19,7 @@ import pytest
 from calmon import config as config_mod
 from calmon.calibrators.signing import Signer, keygen
 from calmon.cluster.service import Cluster
-from tests.daemon_helpers import CalmonDaemon, Producer, wait_until, write_config
+from tests.daemon_helpers import CalmonDaemon, Producer, series, wait_until, write_config
 from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, records_of
 from tests.recal_helpers import BASE_TS, binary_logit_stream
 
@@ -121,6 +121,12 @@ def test_a_catch_up_larger_than_a_record_reaches_the_owner(
         wait_until(owner_holds, 60, "both models' samples at the owner")
         owner = d.status()["recalibration_owner"]
         assert owner["bad_batches"] == 0 and owner["pending_batches"] == 0
+        # the internal topics' refusals are exported under their names, from 0
+        invalid = series(d.scrape(), "calmon_invalid_records_total", "topic", "reason")
+        for reason in ("bad_batch", "not_utf8", "bad_source", "bad_key", "bad_signature"):
+            assert invalid[(joined_topic, reason)] == 0
+        for reason in ("not_json", "bad_document", "bad_signature", "bad_key"):
+            assert invalid[(cal_topic, reason)] == 0
 
 
 def test_the_input_end_bounds_a_claimed_source_offset(

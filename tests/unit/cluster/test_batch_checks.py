@@ -241,3 +241,32 @@ def test_a_checkpoint_holding_a_malformed_series_restores_without_it() -> None:
     again.restore(snap)
     assert again.models() == ["ctr"] and again.series_of() == [("ctr", ALL)]
     assert again.sample_count("ctr") == 4
+
+
+def test_the_running_owner_counts_dead_letters_and_skips_a_refused_record(
+        tmp_path: Any) -> None:
+    from types import SimpleNamespace
+
+    from calmon.cluster.service import Cluster
+
+    cfg = config_mod.from_dict({
+        "kafka": {"instance": {"index": 0, "count": 2}, "joined_topic": "j",
+                  "calibrators_topic": "c", "predictions_topic": "preds"},
+        "recalibration": {"output_dir": str(tmp_path / "cal")}})
+    dead: list[tuple[bytes | None, str, str]] = []
+    c = Cluster(cfg, None, lambda v, r, s: dead.append((v, r, s)))
+    ends = SimpleNamespace(end=lambda t, p, claimed: 100)
+
+    def record(offset: int, key: bytes | None, value: bytes) -> Any:
+        return SimpleNamespace(topic="j", partition=0, offset=offset, key=key, value=value,
+                               headers=[])
+
+    hostile = encode(batch("ct\x9br"))
+    c._record(record(5, b"ct\x9br", hostile), ends)
+    c._record(record(6, b"other", GOOD), ends)  # a batch under another model's key
+    c._record(record(7, b"ctr", GOOD), ends)
+    assert dead == [(hostile, "bad_model", "j/0/5"), (GOOD, "bad_key", "j/0/6")]
+    invalid = c.invalid()
+    assert invalid[("j", "bad_model")] == 1 and invalid[("j", "bad_key")] == 1
+    assert invalid[("c", "bad_document")] == 0  # every reason of both topics, from 0
+    assert c.owner.models() == ["ctr"] and c.owner.offsets == {0: 8}
