@@ -417,6 +417,7 @@ class Cluster:
         broker or the calibrators topic is not there yet, the partitions are paused,
         neither read nor checked, and taken over at a later attempt (``waiting``)."""
         t0 = time.monotonic()
+        self._joined_partitions = None  # asked again: partitions may have been added
         tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         try:
             for p in sorted(parts):

@@ -105,3 +105,17 @@ def test_the_sender_sends_a_catch_up_in_records_the_producer_takes() -> None:
     assert sender.flush(lambda batch: all(o.accept(0, i, v) for i, (_k, v) in
                                           enumerate(batch)))
     assert o.sample_count("big") == 120_000
+
+
+def test_the_budget_follows_the_producers_max_request_size() -> None:
+    from calmon.cluster.kafka import record_budget
+
+    small = config_mod.from_dict({"kafka": {"client": {"max_request_size": 300_000}}})
+    assert record_budget(small.kafka) == 300_000 - 16 * 1024
+    default = config_mod.from_dict({})
+    assert record_budget(default.kafka) == DEFAULT_MAX_BYTES == (1 << 20) - 16 * 1024
+    rng = np.random.default_rng(5)
+    b = JoinedBatch("ctr", T0, 0, {("predictions", 0): (0, 30_000)},
+                    [Series(ALL, 0, 30_000, samples(rng, 30_000))])
+    parts = split(b, record_budget(small.kafka))
+    assert len(parts) == 3 and all(len(encode(p)) <= 300_000 - 16 * 1024 for p in parts)
