@@ -14,6 +14,7 @@ offset of 2**62 would mark every later batch of the model as a copy).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
@@ -38,6 +39,24 @@ JOINED_REASONS: Final = (
 NAME_CONTROL = str.maketrans("", "", "".join(
     [chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7f, 0xa0)] + ["\u2028",
                                                                            "\u2029"]))
+
+
+LOG_INTERVAL_S = 60.0
+
+
+class LogOnce:
+    """Whether a refusal is logged: at most once per reason a minute (contract §1), so a
+    flood of hostile records is counted, not written out line by line."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def __call__(self, reason: str) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(reason, -math.inf) < LOG_INTERVAL_S:
+            return False
+        self._last[reason] = now
+        return True
 
 
 class Refused(ValueError):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calmon.cluster.batch import BatchError, JoinedBatch, decode
-from calmon.cluster.checks import BatchChecks, Refused, new_models
+from calmon.cluster.checks import BatchChecks, LogOnce, Refused, new_models
 from calmon.engine.buffer import Ring, SampleSet
 from calmon.names import ALL
 from calmon.recal.policy import CalibratedWindow, Event, Policy
@@ -59,6 +59,7 @@ class Owner:
         self.duplicates = 0  # batches dropped as re-sent
         self.bad = 0  # records refused (not joined batches, or failing a check)
         self.refused: Counter[str] = Counter()  # reason -> records refused
+        self._log_due = LogOnce()
         self.lock = threading.RLock()  # the owner's thread vs. checkpoints and readers
 
     # ------------------------------------------------------------ input
@@ -97,8 +98,10 @@ class Owner:
     def _refuse(self, partition: int, offset: int, reason: str, why: str) -> None:
         self.bad += 1
         self.refused[reason] += 1
-        log.warning("skipping joined-topic record %d/%d (%s): %s", partition, offset,
-                    reason, why[:300])
+        if self._log_due(reason):
+            log.warning("skipping joined-topic record %d/%d (%s): %s; counted in "
+                        "calmon_invalid_records_total, not logged again for this reason "
+                        "for a minute", partition, offset, reason, why[:300])
 
     def take(self, b: JoinedBatch) -> bool:
         with self.lock:

@@ -29,7 +29,7 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
 from calmon.calibrators.signing import Signer
 from calmon.cluster.admin import apply_rollback, decode_request
-from calmon.cluster.checks import JOINED_REASONS
+from calmon.cluster.checks import JOINED_REASONS, LogOnce
 from calmon.cluster.documents import CALIBRATOR_REASONS, trusted_keys
 from calmon.cluster.kafka import (
     READ_BACK_TIMEOUT_S,
@@ -86,6 +86,7 @@ class Cluster:
         self.keys = trusted_keys(cfg.calibrators)
         self.dead_letter = dead_letter
         self.cal_refused: Counter[str] = Counter()  # calibrators-topic records refused
+        self._log_due = LogOnce()
         self._joined_partitions: int | None = None
         self.publisher = Publisher(kc, kc.calibrators_topic, kc.group_id)
         self.registry = Registry(cfg.recalibration.output_dir, self.publisher,
@@ -294,8 +295,11 @@ class Cluster:
         """A calibrators-topic record that is no document to serve: nothing written."""
         with self.owner.lock:
             self.cal_refused[reason] += 1
-        log.warning("skipping %s record %d/%d (%s): %s", r.topic, r.partition, r.offset,
-                    reason, why[:300])
+        if self._log_due(reason):
+            log.warning("skipping %s record %d/%d (%s): %s; nothing of it is written; "
+                        "counted in calmon_invalid_records_total, not logged again for "
+                        "this reason for a minute", r.topic, r.partition, r.offset, reason,
+                        why[:300])
         if self.dead_letter is not None:
             self.dead_letter(r.value, reason, f"{r.topic}/{r.partition}/{r.offset}")
 
