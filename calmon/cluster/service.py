@@ -150,7 +150,7 @@ class Cluster:
                                "now": self.owner.nows.get(m)}
                            for m in self.owner.models(owned)},
                 "duplicates": self.owner.duplicates, "bad_batches": self.owner.bad,
-                "refused": {r: n for r, n in self.invalid().items() if n},
+                "refused": _nested(self.invalid()),
                 "pending_batches": len(self.sender.pending), "checks": self.checks}
 
     def metrics_state(self) -> RecalState:
@@ -466,6 +466,15 @@ class Cluster:
             return
         self.lag = {(self.topic, tp.partition): max(0, end - self.owner.offsets.get(
             tp.partition, 0)) for tp, end in ends.items()}
+
+
+def _nested(counts: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    """{topic: {reason: n}} of the non-zero counts (JSON has no tuple keys)."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, reason), n in sorted(counts.items()):
+        if n:
+            out.setdefault(topic, {})[reason] = n
+    return out
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -270,3 +270,5 @@ def test_the_running_owner_counts_dead_letters_and_skips_a_refused_record(
     assert invalid[("j", "bad_model")] == 1 and invalid[("j", "bad_key")] == 1
     assert invalid[("c", "bad_document")] == 0  # every reason of both topics, from 0
     assert c.owner.models() == ["ctr"] and c.owner.offsets == {0: 8}
+    status = json.loads(json.dumps(c.status()))  # what /status serves
+    assert status["refused"] == {"j": {"bad_model": 1, "bad_key": 1}}
