@@ -27,7 +27,7 @@ class InputEnds:
         self.settings = settings
         self._consumer: KafkaConsumer | None = None
         self._ends: dict[tuple[str, int], int] = {}
-        self._asked: dict[tuple[str, int], float] = {}  # monotonic time of the answer
+        self._read: dict[tuple[str, int], float] = {}  # monotonic time of the last read
         self.round = 0.0  # monotonic start of the owner's current poll
 
     def end(self, topic: str, partition: int, claimed: int) -> int | None:
@@ -35,17 +35,21 @@ class InputEnds:
         the broker cannot say."""
         key = (topic, partition)
         known = self._ends.get(key)
-        if known is not None and (claimed <= known or self._asked[key] >= self.round):
-            return known  # asked after this poll began: what it says bounds the batch
+        if known is not None and (claimed <= known or self._read.get(key, 0.0) >= self.round):
+            return known  # read to its true end after this poll began: it bounds the batch
         try:
-            self._ends[key] = self._ask(TopicPartition(topic, partition), claimed)
+            end, read = self._ask(TopicPartition(topic, partition), claimed)
         except Exception as e:  # a broker hiccup: no bound rather than a wrong one
             log.debug("end offset of %s/%d: %s", topic, partition, e)
             return None
-        self._asked[key] = time.monotonic()
-        return self._ends[key]
+        self._ends[key] = end
+        if read:
+            self._read[key] = time.monotonic()
+        return end
 
-    def _ask(self, tp: TopicPartition, claimed: int) -> int:
+    def _ask(self, tp: TopicPartition, claimed: int) -> tuple[int, bool]:
+        """The end, and whether it was read to the true end (not only the broker's
+        answer, which may fall short)."""
         if self._consumer is None:
             self._consumer = KafkaConsumer(enable_auto_commit=False, **self.settings)
         c = self._consumer
@@ -53,10 +57,12 @@ class InputEnds:
         if parts is None:  # not known (yet) to this client: no bound
             raise LookupError(f"no metadata for {tp.topic}")
         if tp.partition not in parts:
-            return 0  # no such partition: nothing was read from it
+            return 0, True  # no such partition: nothing was read from it
         end = int(c.end_offsets([tp])[tp])
-        if claimed <= end or end <= int(c.beginning_offsets([tp])[tp]):
-            return end  # the broker's answer bounds it (the usual case: no read)
+        if claimed <= end:
+            return end, False  # the broker's answer bounds it (the usual case: no read)
+        if end <= int(c.beginning_offsets([tp])[tp]):
+            return end, True  # empty
         c.assign([tp])
         c.seek(tp, end - 1)
         deadline, got = time.monotonic() + READ_LAST_S, False
@@ -65,7 +71,9 @@ class InputEnds:
                 got = True
             elif got:
                 break
-        return max(end, int(c.position(tp)))
+        if not got:  # the last batch did not come: no bound rather than a short one
+            raise TimeoutError(f"the last batch of {tp.topic}/{tp.partition} did not come")
+        return max(end, int(c.position(tp))), True
 
     def close(self) -> None:
         if self._consumer is not None:
