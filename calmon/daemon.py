@@ -171,7 +171,7 @@ class Daemon:
         if (cfg.recalibration.enabled and inst is not None and inst.count > 1
                 and cfg.kafka.joined_topic is not None
                 and cfg.kafka.calibrators_topic is not None):
-            self.cluster = Cluster(cfg, self.engine)
+            self.cluster = Cluster(cfg, self.engine, self.dead_letters.send)
         elif cfg.recalibration.enabled:
             topic = cfg.kafka.calibrators_topic
             publish = None if topic is None else CalibratorPublisher(self.outbox, topic)

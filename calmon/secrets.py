@@ -41,7 +41,8 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
 _KEY_VALUE = re.compile(
     r"(?P<key>['\"]?[A-Za-z_][A-Za-z0-9_.-]*['\"]?)(?P<sep>\s*[:=]\s*)"
     r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s,;{}\[\]&()'\"]+)")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+# C0, DEL and C1 (NEL, CSI, ...: terminals act on them too) and the Unicode separators
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MIN_SECRET_LEN = 4  # shorter registered values would mask ordinary words
 
 _registered: set[str] = set()

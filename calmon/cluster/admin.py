@@ -20,12 +20,14 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from calmon.calibrators import load
 from calmon.calibrators.signing import Signer
+from calmon.cluster.documents import trusted_keys
 from calmon.cluster.kafka import (
     SIGNATURE_HEADER,
     _consumer_settings,
-    _document,
     _producer_settings,
+    documents_of,
     materialise,
+    signed_bytes,
 )
 from calmon.config import Config
 from calmon.errors import CalibratorError
@@ -41,9 +43,11 @@ def scaled_out(cfg: Config) -> bool:
 
 
 def history(cfg: Config, timeout_s: float = 30.0) -> list[tuple[dict[str, Any], bytes]]:
-    """Every committed document of the calibrators topic, oldest first per partition."""
+    """Every committed document of the calibrators topic, oldest first per partition
+    (valid ones, signed when signing is on: what an owner takes into ``output_dir``)."""
     topic = cfg.kafka.calibrators_topic
     assert topic is not None
+    keys = trusted_keys(cfg.calibrators)
     c = KafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                       **_consumer_settings(cfg.kafka))
     try:
@@ -61,10 +65,7 @@ def history(cfg: Config, timeout_s: float = 30.0) -> list[tuple[dict[str, Any], 
             if time.monotonic() > deadline:
                 raise CalibratorError(f"reading {topic} did not finish in {timeout_s:.0f}s")
             for recs in c.poll(timeout_ms=300).values():
-                for r in recs:
-                    doc = _document(r.value)
-                    if doc is not None:
-                        out.append((doc, bytes(r.value)))
+                out += documents_of(recs, keys, None)
         return out
     finally:
         c.close()
@@ -124,7 +125,8 @@ def rollback(cfg: Config, model: str, segment: str, to: int,
     rid = uuid.uuid4().hex
     value = encode_request(model, segment, to, rid)
     signer = Signer.from_config(cfg.calibrators)
-    headers = None if signer is None else [(SIGNATURE_HEADER, signer.sign_bytes(value).encode())]
+    headers = None if signer is None else [
+        (SIGNATURE_HEADER, signer.sign_bytes(signed_bytes(model.encode(), value)).encode())]
     p = KafkaProducer(acks="all", **_producer_settings(cfg.kafka))
     try:
         p.send(str(cfg.kafka.joined_topic), key=model.encode(), value=value,

@@ -14,22 +14,27 @@
   took over, never trusting a high-water mark.
 - ``materialise``: the topic's documents as ``output_dir``'s files (a local view: what
   the registry numbers versions from), phantom versions of a fenced publish removed.
+  Only records that ``documents.document`` takes (valid, and signed when signing is on)
+  ever get there; the rest are handed to a ``Refuse`` callback.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import struct
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import InvalidProducerEpochError, ProducerFencedError
 
-from calmon.calibrators.signing import Signer
+from calmon.calibrators.signing import KeyRing, Signer
+from calmon.cluster.checks import Refused
+from calmon.cluster.documents import MARKER_PREFIX, document
 from calmon.config import KafkaConfig
 from calmon.errors import NotOwnerError, describe
 from calmon.files import atomic_write
@@ -38,8 +43,12 @@ from calmon.recal.registry import Registry
 
 log = logging.getLogger(__name__)
 
-MARKER_PREFIX = "__calmon_marker__/"
 READ_BACK_TIMEOUT_S = 60.0
+BROKER_MAX_MESSAGE = 1_048_588  # Kafka's default message.max.bytes
+RECORD_OVERHEAD = 16 << 10  # a record's key, headers (the signature) and batch framing
+
+# (record, reason, why): a refused record of calibrators_topic, counted by the caller
+Refuse = Callable[[Any, str, str], None]
 
 
 def _producer_settings(cfg: KafkaConfig) -> dict[str, Any]:
@@ -53,6 +62,22 @@ def _consumer_settings(cfg: KafkaConfig) -> dict[str, Any]:
 
 
 SIGNATURE_HEADER = "calmon-signature"
+_KEY_LEN = struct.Struct(">I")
+
+
+def signed_bytes(key: bytes | None, value: bytes) -> bytes:
+    """What a joined-topic record's signature covers: its key and its value, so a
+    signed batch cannot be replayed under another key (and so onto another partition)."""
+    k = key or b""
+    return _KEY_LEN.pack(len(k)) + k + value
+
+
+def record_budget(cfg: KafkaConfig) -> int:
+    """The largest joined batch one record carries: the producer's ``max_request_size``
+    (``kafka.client``, default 1 MiB) and the broker's default ``message.max.bytes``,
+    less a record's own overhead."""
+    size = int(_producer_settings(cfg).get("max_request_size", 1 << 20))
+    return max(64 << 10, min(size, BROKER_MAX_MESSAGE) - RECORD_OVERHEAD)
 
 
 class JoinedProducer:
@@ -74,7 +99,7 @@ class JoinedProducer:
                 self._producer = KafkaProducer(acks="all", **_producer_settings(self.cfg))
             futures = [self._producer.send(self.topic, key=k, value=v, headers=(
                 None if self.signer is None else
-                [(SIGNATURE_HEADER, self.signer.sign_bytes(v).encode())]))
+                [(SIGNATURE_HEADER, self.signer.sign_bytes(signed_bytes(k, v)).encode())]))
                 for k, v in batches]
             self._producer.flush(timeout=self.timeout_s)
             for f in futures:
@@ -179,10 +204,11 @@ class Publisher:
 
 
 def read_back(publisher: Publisher, partition: int, *,
-              timeout_s: float = READ_BACK_TIMEOUT_S) -> list[tuple[dict[str, Any], bytes]]:
+              timeout_s: float = READ_BACK_TIMEOUT_S, keys: KeyRing | None = None,
+              refuse: Refuse | None = None) -> list[tuple[dict[str, Any], bytes]]:
     """Every committed calibrator document of ``calibrators_topic`` (parsed, and its
     bytes) up to a marker this owner wrote to each of its partitions (raises
-    TimeoutError when they never show)."""
+    TimeoutError when they never show); other records go to ``refuse``."""
     cfg, topic = publisher.cfg, publisher.topic
     consumer = KafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                              **_consumer_settings(cfg))
@@ -215,24 +241,27 @@ def read_back(publisher: Publisher, partition: int, *,
                     if r.key == key and r.value == value:
                         waiting.discard(tp.partition)
                         continue
-                    doc = _document(r.value)
-                    if doc is not None:
-                        docs.append((doc, bytes(r.value)))
+                    docs += documents_of([r], keys, refuse)
         return docs
     finally:
         consumer.close()
 
 
-def _document(value: bytes | None) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(value or b"")
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or "model" not in doc or "segment" not in doc:
-        return None  # a marker, or not a document at all
-    if not isinstance(doc.get("version"), int) or isinstance(doc.get("version"), bool):
-        return None
-    return doc
+def documents_of(records: Iterable[Any], keys: KeyRing | None,
+                 refuse: Refuse | None) -> list[tuple[dict[str, Any], bytes]]:
+    """The documents among ``records`` of the calibrators topic (and their bytes); each
+    refused record handed to ``refuse`` (markers and tombstones are neither)."""
+    out = []
+    for r in records:
+        try:
+            doc = document(r.key, r.value, keys)
+        except Refused as e:
+            if refuse is not None:
+                refuse(r, e.reason, str(e))
+            continue
+        if doc is not None:
+            out.append((doc, bytes(r.value)))
+    return out
 
 
 def materialise(registry: Registry, docs: list[tuple[dict[str, Any], bytes]], *,

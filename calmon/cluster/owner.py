@@ -8,6 +8,10 @@ acknowledgement) are dropped by source offset: per (model, input partition) the 
 keeps the end of the input range it has taken, and a batch that advances none is a copy.
 The rings, the dedup marks, the clocks, the policy and the joined-topic offsets they
 reflect are one snapshot, checkpointed together.
+
+Nothing of a batch is taken before all of it passed ``cluster.checks``: its fields (as
+an input record's), and, given a ``Place`` (the running owner), its key, partition and
+source range; a refused one is counted by reason (``refused``) and skipped.
 """
 
 from __future__ import annotations
@@ -15,61 +19,100 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from calmon.cluster.batch import BatchError, JoinedBatch, decode
+from calmon.cluster.checks import BatchChecks, LogOnce, Refused, new_models
 from calmon.engine.buffer import Ring, SampleSet
+from calmon.names import ALL
 from calmon.recal.policy import CalibratedWindow, Event, Policy
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a joined-topic record came from, for the checks of its place."""
+
+    key: bytes | None  # its Kafka key
+    partitions: int | None  # the joined topic's partition count (None: not known yet)
+    # an input partition's end offset as far as it bounds a claimed one (None: unknown)
+    end: Callable[[str, int, int], int | None]
 
 
 class Owner:
     def __init__(self, policy: Policy, capacity: int) -> None:
         self.policy = policy
         self.capacity = capacity
+        self.checks = BatchChecks(policy.cfg)
         self.rings: dict[tuple[str, str], Ring] = {}
-        self.seen: dict[tuple[str, str, int], int] = {}  # (model, topic, partition) -> to
+        # (model, topic, partition) -> (to, part): the newest source range taken, and
+        # the last part of it (a batch cut in parts shares its range)
+        self.seen: dict[tuple[str, str, int], tuple[int, int]] = {}
         self.nows: dict[str, float] = {}  # model -> largest event time reported
         self.partition_of: dict[str, int] = {}  # model -> its joined-topic partition
         self.offsets: dict[int, int] = {}  # joined-topic partition -> next offset
         self.accepted = 0  # samples taken (process-local counters)
         self.duplicates = 0  # batches dropped as re-sent
-        self.bad = 0  # records that are not joined batches
+        self.bad = 0  # records refused (not joined batches, or failing a check)
+        self.refused: Counter[str] = Counter()  # reason -> records refused
+        self._log_due = LogOnce()
         self.lock = threading.RLock()  # the owner's thread vs. checkpoints and readers
 
     # ------------------------------------------------------------ input
 
-    def accept(self, partition: int, offset: int, value: bytes | None) -> bool:
-        """One joined-topic record; False when it was a copy or not a batch."""
+    def accept(self, partition: int, offset: int, value: bytes | None,
+               place: Place | None = None) -> bool:
+        """One joined-topic record; False when it was a copy or refused."""
+        return self.admit(partition, offset, value, place) is True
+
+    def admit(self, partition: int, offset: int, value: bytes | None,
+              place: Place | None = None) -> bool | str:
+        """True when taken, False for a copy, else the reason it was refused."""
         with self.lock:
             self.offsets[partition] = max(self.offsets.get(partition, 0), offset + 1)
             try:
                 b = decode(value or b"")
-            except BatchError as e:
-                self.bad += 1
-                log.warning("skipping joined-topic record %d/%d: %s", partition, offset, e)
-                return False
+                self.checks.fields(b)
+                if place is not None:
+                    self.checks.place(b, place.key, partition, place.partitions)
+                    self.checks.source(b, place.end)
+                new_models(b, self.partition_of, len(self.rings), self.checks,
+                           lambda m, s: (m, s) in self.rings)
+            except (BatchError, Refused) as e:
+                self._refuse(partition, offset, e.reason, str(e))
+                return e.reason
             self.partition_of[b.model] = partition
             return self.take(b)
 
-    def reject(self, partition: int, offset: int, why: str) -> None:
+    def reject(self, partition: int, offset: int, why: str,
+               reason: str = "bad_signature") -> None:
         """A record refused before decoding (an unauthentic batch): counted, skipped."""
         with self.lock:
             self.offsets[partition] = max(self.offsets.get(partition, 0), offset + 1)
-            self.bad += 1
-        log.warning("skipping joined-topic record %d/%d: %s", partition, offset, why)
+            self._refuse(partition, offset, reason, why)
+
+    def _refuse(self, partition: int, offset: int, reason: str, why: str) -> None:
+        self.bad += 1
+        self.refused[reason] += 1
+        if self._log_due(reason):
+            log.warning("skipping joined-topic record %d/%d (%s): %s; counted in "
+                        "calmon_invalid_records_total, not logged again for this reason "
+                        "for a minute", partition, offset, reason, why[:300])
 
     def take(self, b: JoinedBatch) -> bool:
         with self.lock:
-            marks = [(tp, to) for tp, (_f, to) in b.source.items()
-                     if to > self.seen.get((b.model, *tp), -1)]
+            part = b.part[0]
+            marks = [(tp, (to, part)) for tp, (_f, to) in b.source.items()
+                     if (to, part) > self.seen.get((b.model, *tp), (-1, 0))]
             if b.source and not marks:
                 self.duplicates += 1
                 return False
-            for tp, to in marks:
-                self.seen[(b.model, *tp)] = to
+            for tp, mark in marks:
+                self.seen[(b.model, *tp)] = mark
             if math.isfinite(b.now):
                 self.nows[b.model] = max(self.nows.get(b.model, -math.inf), b.now)
             for s in b.series:
@@ -156,7 +199,7 @@ class Owner:
         with self.lock:
             return {
                 "rings": [[m, s, r.snapshot()] for (m, s), r in sorted(self.rings.items())],
-                "seen": [[m, t, p, o] for (m, t, p), o in sorted(self.seen.items())],
+                "seen": [[m, t, p, o, i] for (m, t, p), (o, i) in sorted(self.seen.items())],
                 "nows": [[m, t] for m, t in sorted(self.nows.items()) if math.isfinite(t)],
                 "partition_of": [[m, p] for m, p in sorted(self.partition_of.items())],
                 "offsets": [[p, o] for p, o in sorted(self.offsets.items())],
@@ -165,13 +208,24 @@ class Owner:
 
     def restore(self, snap: Mapping[str, Any]) -> None:
         with self.lock:
+            # series a checkpoint of an older release took from a malformed batch
+            # are dropped, not served: a restart recovers from one
             self.rings = {(str(m), str(s)): Ring.restore(self.capacity, r)
-                          for m, s, r in snap.get("rings", [])}
-            self.seen = {(str(m), str(t), int(p)): int(o) for m, t, p, o in snap.get("seen", [])}
+                          for m, s, r in snap.get("rings", [])
+                          if self.checks.names_ok(str(m), str(s))}
+            dropped = len(snap.get("rings", [])) - len(self.rings)
+            if dropped:
+                log.warning("dropping %d series of the checkpoint whose names the batch "
+                            "checks refuse", dropped)
+            # [m, t, p, to] before parts were numbered (part 0)
+            self.seen = {(str(e[0]), str(e[1]), int(e[2])):
+                         (int(e[3]), int(e[4]) if len(e) > 4 else 0)
+                         for e in snap.get("seen", [])}
             self.nows = {str(m): float(t) for m, t in snap.get("nows", [])}
             # in place: the publisher holds this very mapping (model -> its producer)
             self.partition_of.clear()
-            self.partition_of.update({str(m): int(p) for m, p in snap.get("partition_of", [])})
+            self.partition_of.update({str(m): int(p) for m, p in snap.get("partition_of", [])
+                                      if self.checks.names_ok(str(m), ALL)})
             self.offsets = {int(p): int(o) for p, o in snap.get("offsets", [])}
             if isinstance(snap.get("policy"), dict):
                 self.policy.restore(snap["policy"])

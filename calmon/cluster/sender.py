@@ -10,7 +10,9 @@ by its source offsets (``owner.Owner.accept``). A batch is only forgotten once t
 broker acknowledged it. While the broker does not acknowledge, a model's older pending
 batches are dropped once its newer ones hold ``capacity`` samples of every series (what
 the owner's ring keeps), so an outage of ``joined_topic`` never grows the checkpoint
-past about the size of the engine's own rings.
+past about the size of the engine's own rings. A batch larger than ``max_bytes`` (what
+one Kafka record may hold: the producer's ``max_request_size`` and the broker's limit)
+is cut in parts (``batch.split``), so a catch-up never stops the joined topic.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from calmon.cluster.batch import JoinedBatch, Series, decode, encode
+from calmon.cluster.batch import JoinedBatch, Series, decode, encode, split
 from calmon.engine.buffer import SampleSet
 
 
@@ -31,16 +33,21 @@ class SampleSource(Protocol):
     def now_of(self, model: str) -> float: ...
 
 
+DEFAULT_MAX_BYTES = (1 << 20) - (16 << 10)  # 1 MiB records, less the record's own overhead
+
 # (key: the model's UTF-8 name, value: an encoded batch) -> True once acknowledged
 Send = Callable[[list[tuple[bytes, bytes]]], bool]
 
 
 class JoinedSender:
-    def __init__(self, index: int, capacity: int | None = None) -> None:
+    def __init__(self, index: int, capacity: int | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         """``capacity``: the samples a series' batch keeps while unacknowledged
-        (``recalibration.buffer``; None keeps all)."""
+        (``recalibration.buffer``; None keeps all); ``max_bytes``: the largest batch
+        (encoded) one record carries."""
         self.index = index
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self.sent: dict[tuple[str, str], int] = {}  # series -> its ring total already taken
         self.since: dict[tuple[str, int], int] = {}  # input positions at the last collect
         self.pending: list[tuple[bytes, bytes]] = []  # batches not yet acknowledged
@@ -69,7 +76,7 @@ class JoinedSender:
         self.since = now_pos
         for model, series in sorted(by_model.items()):
             b = JoinedBatch(model, engine.now_of(model), self.index, source, series)
-            self.pending.append((model.encode(), encode(b)))
+            self.pending += [(model.encode(), encode(p)) for p in split(b, self.max_bytes)]
         if self.capacity is not None and len(self.pending) > len(by_model):
             self._bound()
         return len(by_model)
@@ -110,7 +117,7 @@ class JoinedSender:
                 b = batches[i]
                 v = encode(JoinedBatch(b.model, b.now, b.sender, b.source, [
                     Series(s.segment, s.classes, s.added + more.get(s.segment, 0), s.samples)
-                    for s in b.series]))
+                    for s in b.series], b.part))
             pending.append((k, v))
         self.pending = pending
 

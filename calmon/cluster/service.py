@@ -9,6 +9,11 @@ the broker fences the former owner), reads ``calibrators_topic`` back to its own
 into ``output_dir``, and seeks to the offsets its checkpoint holds, or to the start of
 the partition when it never owned it (the topic's retention holds the buffer).
 Readers get immutable values published by that thread.
+
+A record of either internal topic that fails its checks (``cluster.checks`` for joined
+batches, ``cluster.documents`` for calibrators) is counted under the topic's own name in
+``calmon_invalid_records_total``, dead-lettered when ``kafka.dead_letter_topic`` is set,
+and skipped: no such record stops the owner or reaches ``output_dir``.
 """
 
 from __future__ import annotations
@@ -17,23 +22,29 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
-from calmon.calibrators.signing import KeyRing, Signer, keyring
+from calmon.calibrators.signing import Signer
 from calmon.cluster.admin import apply_rollback, decode_request
+from calmon.cluster.checks import JOINED_REASONS, LogOnce
+from calmon.cluster.documents import CALIBRATOR_REASONS, trusted_keys
 from calmon.cluster.kafka import (
     READ_BACK_TIMEOUT_S,
     SIGNATURE_HEADER,
     JoinedProducer,
     Publisher,
     _consumer_settings,
-    _document,
+    documents_of,
     materialise,
     read_back,
+    record_budget,
+    signed_bytes,
 )
-from calmon.cluster.owner import Owner
+from calmon.cluster.owner import Owner, Place
+from calmon.cluster.reach import InputEnds
 from calmon.cluster.sender import JoinedSender, SampleSource
 from calmon.config import Config
 from calmon.engine.metrics import Bins
@@ -50,25 +61,33 @@ log = logging.getLogger(__name__)
 POLL_MS = 500
 LAG_EVERY_S = 5.0
 
+# (value, reason, "topic/partition/offset"): a refused record to the dead-letter topic
+DeadLetter = Callable[[bytes | None, str, str], None]
+
 
 class Cluster:
-    def __init__(self, cfg: Config, engine: Engineish | None = None) -> None:
+    def __init__(self, cfg: Config, engine: Engineish | None = None,
+                 dead_letter: DeadLetter | None = None) -> None:
         """``engine``: handed every live calibrator of the topic (whoever owns it), for
-        its label-free estimates and score PSI, as the in-process loop does."""
+        its label-free estimates and score PSI, as the in-process loop does;
+        ``dead_letter``: where refused records of the internal topics go."""
         kc = cfg.kafka
         assert kc.joined_topic is not None and kc.calibrators_topic is not None
         self.cfg = cfg
         self.topic = kc.joined_topic
         self.group = f"{kc.group_id}-recal"
         self.sender = JoinedSender(kc.instance.index if kc.instance is not None else 0,
-                                   cfg.recalibration.buffer)
+                                   cfg.recalibration.buffer, record_budget(kc))
         signer = Signer.from_config(cfg.calibrators)
         self.producer = JoinedProducer(kc, self.topic, signer=signer)
-        # joined batches are refit material: with a signing key, only signed ones count
-        # (verified with calibrators.verify_keys, else with the instances' shared key)
-        self.keys = keyring(cfg.calibrators.verify_keys) or (
-            None if signer is None else KeyRing.of([{"id": signer.key_id,
-                                                     "public_key": signer.public_key}]))
+        # joined batches are refit material and documents are served: with a signing
+        # key, only signed ones count (verified with calibrators.verify_keys, else with
+        # the instances' shared key)
+        self.keys = trusted_keys(cfg.calibrators)
+        self.dead_letter = dead_letter
+        self.cal_refused: Counter[str] = Counter()  # calibrators-topic records refused
+        self._log_due = LogOnce()
+        self._joined_partitions: int | None = None
         self.publisher = Publisher(kc, kc.calibrators_topic, kc.group_id)
         self.registry = Registry(cfg.recalibration.output_dir, self.publisher,
                                  signer=Signer.from_config(cfg.calibrators),
@@ -116,7 +135,8 @@ class Cluster:
 
     def restore_sender(self, snap: dict[str, Any] | None) -> None:
         """A roll-back of the engine: the sender's marks go back with it."""
-        self.sender = JoinedSender(self.sender.index, self.sender.capacity)
+        self.sender = JoinedSender(self.sender.index, self.sender.capacity,
+                                   self.sender.max_bytes)
         if snap is not None and isinstance(snap.get("sender"), dict):
             self.sender.restore(snap["sender"])
 
@@ -130,6 +150,7 @@ class Cluster:
                                "now": self.owner.nows.get(m)}
                            for m in self.owner.models(owned)},
                 "duplicates": self.owner.duplicates, "bad_batches": self.owner.bad,
+                "refused": _nested(self.invalid()),
                 "pending_batches": len(self.sender.pending), "checks": self.checks}
 
     def metrics_state(self) -> RecalState:
@@ -151,7 +172,17 @@ class Cluster:
             calibrated_samples=[(m, s, w, n) for m, s, w, _, n in cal],
             series=series,
             methods=FIT_METHODS if method == "auto" else (method,),
-            alerts_failed=self.alerts.failed, owned_models=len(owned))
+            alerts_failed=self.alerts.failed, owned_models=len(owned),
+            invalid=self.invalid())
+
+    def invalid(self) -> dict[tuple[str, str], int]:
+        """Refused records of the internal topics by (topic, reason), every reason
+        present from the start (so rate() alerts work)."""
+        with self.owner.lock:
+            joined, cal = dict(self.owner.refused), dict(self.cal_refused)
+        cal_topic = str(self.cfg.kafka.calibrators_topic)
+        return {**{(self.topic, r): joined.get(r, 0) for r in JOINED_REASONS},
+                **{(cal_topic, r): cal.get(r, 0) for r in CALIBRATOR_REASONS}}
 
     def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
         """The /reliability page's calibrated diagram of an owned model's series, as of
@@ -207,21 +238,19 @@ class Cluster:
         next_check = time.monotonic() + min(interval, 15.0)
         next_lag = 0.0
         follow = self._follower(settings)
+        ends = InputEnds(settings)
         self.live.refresh()  # what is on disk already serves the estimates
         try:
             while not self._stop.is_set():
+                ends.round = time.monotonic()
                 for tp, recs in consumer.poll(timeout_ms=POLL_MS).items():
                     if tp.partition not in self.owned:
                         continue
+                    if self._joined_partitions is None:
+                        self._joined_partitions = len(
+                            consumer.partitions_for_topic(self.topic) or ()) or None
                     for r in recs:
-                        why = self._unauthentic(r.value, r.headers)
-                        req = decode_request(r.value) if why is None else None
-                        if why is not None:
-                            self.owner.reject(tp.partition, r.offset, why)
-                        elif req is not None:
-                            self._rollback(tp.partition, r.offset, req)
-                        else:
-                            self.owner.accept(tp.partition, r.offset, r.value)
+                        self._record(r, ends)
                     self.changes += 1  # a checkpoint is due (no new data: none)
                 if time.monotonic() >= next_check or self._wake.is_set():
                     self._wake.clear()
@@ -239,6 +268,40 @@ class Cluster:
             self.waiting = set()
             consumer.close()
             follow.close()
+            ends.close()
+
+    def _record(self, r: Any, ends: InputEnds) -> None:
+        """One record of an owned joined-topic partition: a rollback request, a batch,
+        or a refused record (counted, dead-lettered)."""
+        why = self._unauthentic(r.key, r.value, r.headers)
+        req = decode_request(r.value) if why is None else None
+        if why is not None:
+            self.owner.reject(r.partition, r.offset, why)
+            got: bool | str = "bad_signature"
+        elif req is not None:
+            if req["model"].encode() == r.key:
+                self._rollback(r.partition, r.offset, req)
+                return
+            self.owner.reject(r.partition, r.offset, "a rollback request keyed by "
+                              "another model", "bad_key")
+            got = "bad_key"
+        else:
+            got = self.owner.admit(r.partition, r.offset, r.value, Place(
+                r.key, self._joined_partitions, ends.end))
+        if isinstance(got, str) and self.dead_letter is not None:
+            self.dead_letter(r.value, got, f"{r.topic}/{r.partition}/{r.offset}")
+
+    def _refuse_document(self, r: Any, reason: str, why: str) -> None:
+        """A calibrators-topic record that is no document to serve: nothing written."""
+        with self.owner.lock:
+            self.cal_refused[reason] += 1
+        if self._log_due(reason):
+            log.warning("skipping %s record %d/%d (%s): %s; nothing of it is written; "
+                        "counted in calmon_invalid_records_total, not logged again for "
+                        "this reason for a minute", r.topic, r.partition, r.offset, reason,
+                        why[:300])
+        if self.dead_letter is not None:
+            self.dead_letter(r.value, reason, f"{r.topic}/{r.partition}/{r.offset}")
 
     def _follower(self, settings: dict[str, Any]) -> KafkaConsumer:
         """A reader of every committed document of the calibrators topic, from the
@@ -262,10 +325,7 @@ class Cluster:
             if not follow.assignment():  # the topic was not there at the start
                 self._follow_from_start(follow)
             for recs in follow.poll(timeout_ms=0, max_records=10_000).values():
-                for r in recs:
-                    doc = _document(r.value)
-                    if doc is not None:
-                        docs.append((doc, bytes(r.value)))
+                docs += documents_of(recs, self.keys, self._refuse_document)
         except Exception as e:  # best effort: the next round reads on
             log.debug("following %s: %s", self.publisher.topic, e)
         if docs:
@@ -312,13 +372,14 @@ class Cluster:
         self.alerts.send(name, {"model": e.model, "segment": e.segment,
                                 "method": str(f.get("method"))}, ann, "info")
 
-    def _unauthentic(self, value: bytes | None, headers: Any) -> str | None:
+    def _unauthentic(self, key: bytes | None, value: bytes | None,
+                     headers: Any) -> str | None:
         if self.keys is None:
             return None
         sig = next((v for k, v in headers or () if k == SIGNATURE_HEADER), None)
         try:
-            self.keys.verify_bytes(value or b"", None if sig is None else
-                                   bytes(sig).decode("ascii", "replace"))
+            self.keys.verify_bytes(signed_bytes(key, value or b""), None if sig is None
+                                   else bytes(sig).decode("ascii", "replace"))
         except CalibratorError as e:
             return f"joined batch refused: {e}"
         return None
@@ -360,6 +421,7 @@ class Cluster:
         broker or the calibrators topic is not there yet, the partitions are paused,
         neither read nor checked, and taken over at a later attempt (``waiting``)."""
         t0 = time.monotonic()
+        self._joined_partitions = None  # asked again: partitions may have been added
         tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         try:
             for p in sorted(parts):
@@ -367,8 +429,9 @@ class Cluster:
             # one read-back covers them all: every fenced writer is done by now. Within
             # half the poll interval, so a slow broker does not cost the membership
             limit = consumer.config["max_poll_interval_ms"] / 2000.0
-            materialise(self.registry, read_back(self.publisher, min(parts),
-                                                 timeout_s=min(READ_BACK_TIMEOUT_S, limit)))
+            materialise(self.registry, read_back(
+                self.publisher, min(parts), timeout_s=min(READ_BACK_TIMEOUT_S, limit),
+                keys=self.keys))  # refusals: counted once, by the follower
             self.live.refresh()
         except Exception as e:
             consumer.pause(*tps)
@@ -403,6 +466,15 @@ class Cluster:
             return
         self.lag = {(self.topic, tp.partition): max(0, end - self.owner.offsets.get(
             tp.partition, 0)) for tp, end in ends.items()}
+
+
+def _nested(counts: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    """{topic: {reason: n}} of the non-zero counts (JSON has no tuple keys)."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, reason), n in sorted(counts.items()):
+        if n:
+            out.setdefault(topic, {})[reason] = n
+    return out
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -239,7 +239,7 @@ class CalmonCollector(Collector):
         if self.windows:
             yield from window_metrics(view, self.policy)
         yield from self._bins(totals, self.policy)
-        yield from self._flow(view, totals)
+        yield from self._flow(view, totals, {} if recal is None else recal.invalid)
         if recal is not None:
             yield from recal_metrics(recal, self.policy)
         if self.statistics_age is not None:
@@ -303,7 +303,8 @@ class CalmonCollector(Collector):
         yield from (n, conf, corr)
 
     @staticmethod
-    def _flow(view: Snapshot, t: ProcessTotals) -> Iterator[Metric]:
+    def _flow(view: Snapshot, t: ProcessTotals,
+              internal: Mapping[tuple[str, str], int]) -> Iterator[Metric]:
         for name, doc, counts in (
             ("calmon_predictions_total", "Valid predictions received", t.predictions),
             ("calmon_labels_total", "Valid labels received (model empty when not yet known)",
@@ -343,6 +344,8 @@ class CalmonCollector(Collector):
         for topic in ("predictions", "labels"):
             for reason in REASONS:  # all present from the start, so rate() alerts work
                 fam.add_metric([topic, reason], t.invalid.get((topic, reason), 0))
+        for (topic, reason), n in sorted(internal.items()):  # scaled out: joined, calibrators
+            fam.add_metric([topic, reason], n)
         yield fam
         yield GaugeMetricFamily("calmon_join_pending", "Predictions waiting for labels",
                                 value=view.pending)

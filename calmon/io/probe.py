@@ -10,7 +10,9 @@ the daemon would (its parser, its wall-clock ceiling, the Kafka timestamp where
 daemon reads it, the ``fields.ts`` fallback, and for the rest each reason with the
 ``fields.*`` key to fix. A probe fails (exit 1) when the broker cannot be reached, a
 topic is missing, the input topics' partition counts differ where they must not, or
-most of a topic's sample does not parse.
+most of a topic's sample does not parse. A record batch that cannot be read (corrupt,
+an unknown codec, a bomb) is read past as the daemon reads past it (``batch_guard``)
+and reported as one sampled batch under its reason, not as a broker failure.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from calmon import hints
 from calmon.config import Config
 from calmon.engine.records import BINARY_KINDS, Kind, Label, Parser, Prediction, Raw, Reject
 from calmon.errors import describe
-from calmon.io import start
+from calmon.io import batch_guard, start
 from calmon.io.checkpoint import CheckpointStore
 from calmon.io.topics import owned_partitions
 
@@ -47,6 +49,7 @@ class TopicReport:
     shown: Prediction | Label | None = None  # the first parsed record
     shown_at: str = ""
     shown_kafka_ts: bool = False  # the shown record's ts is its Kafka timestamp
+    skipped: list[str] = field(default_factory=list)  # batches that cannot be read
 
 
 @dataclass
@@ -200,8 +203,10 @@ def _true_ends(consumer: Any, tps: list[Any], timeout_s: float = 10.0) -> dict[A
     deadline = time.monotonic() + timeout_s
     seen: set[Any] = set()
     while time.monotonic() < deadline:
-        polled = consumer.poll(timeout_ms=300, max_records=100_000)
+        polled, skips = _guarded_poll(consumer, 300, 100_000)
         seen.update(tp for tp, recs in polled.items() if recs)
+        skipped = {(s.topic, s.partition) for s in skips}  # read past: their end is known
+        seen.update(tp for tp in live if (tp.topic, tp.partition) in skipped)
         if not polled and seen >= set(live):
             break
     return {tp: max(end[tp], consumer.position(tp)) if tp in seen else end[tp] for tp in tps}
@@ -225,7 +230,11 @@ def _sample(cfg: Config, consumer: Any, topic_partition: type, tr: TopicReport, 
     while tr.sampled < sample and time.monotonic() < deadline:
         if all(c.position(tp) >= end[tp] for tp in tps):
             break
-        polled = c.poll(timeout_ms=500, max_records=sample)
+        polled, skips = _guarded_poll(c, 500, sample)
+        for skip in skips:  # a batch the daemon reads past too: counted once, by reason
+            tr.sampled += 1
+            tr.reasons[skip.reason] += 1
+            tr.skipped.append(f"{skip.topic}/{skip.partition}/{skip.first}: {skip.detail}")
         for records in polled.values():
             for r in records:
                 if tr.sampled >= sample:
@@ -258,6 +267,23 @@ def _sample(cfg: Config, consumer: Any, topic_partition: type, tr: TopicReport, 
     for reason, n in tr.reasons.most_common():
         h = hints.hint(cfg, tr.role, reason)
         rep.note(f"  {n} x {reason}" + (f": {h}" if h else ""))
+    for where in tr.skipped[:3]:
+        rep.note(f"  a record batch that cannot be read, at {where} (the daemon counts "
+                 "and skips it)")
+
+
+def _guarded_poll(consumer: Any, timeout_ms: int, max_records: int) -> tuple[Any, list[Any]]:
+    """One poll as the daemon's source polls: a batch that cannot be read is skipped
+    and returned (``batch_guard``), never raised as if the broker had failed."""
+    batch_guard.install()
+    batch_guard.begin()
+    try:
+        polled = consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+    finally:
+        skips, deferred = batch_guard.end()
+    for tp, offset in deferred.items():  # read again, first, in the next poll
+        consumer.seek(tp, offset)
+    return polled, skips
 
 
 def _ts_fallback(tr: TopicReport, key: str, path: str, rep: ProbeReport) -> None:

@@ -36,3 +36,6 @@ class RecalState:
     # scaled out (contract §7): models whose recalibration this instance owns; None
     # when one process recalibrates everything (no gauge then)
     owned_models: int | None = None
+    # scaled out: refused records of the internal topics, by (topic name, reason), for
+    # calmon_invalid_records_total
+    invalid: dict[tuple[str, str], int] = field(default_factory=dict)

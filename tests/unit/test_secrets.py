@@ -123,6 +123,15 @@ def test_log_message_cannot_forge_a_line() -> None:
     assert "\\n2026-01-01" in out and "\\x1b" in out and "\r" not in out
 
 
+def test_c1_controls_are_escaped_too() -> None:
+    """NEL (U+0085) ends a line for some log viewers and CSI (U+009B) starts a terminal
+    sequence like ESC [: names from the trusted topics may hold them (issue 35)."""
+    out = _formatted("refusing calibrator %s", "m\x85forged line \x9b31m red \x9f")
+    assert all(c not in out for c in "\x85\x9b\x9f")
+    assert "\\x85forged line \\x9b31m red \\x9f" in out
+    assert secrets.escape_control("caf\u00e9 \u00a0") == "caf\u00e9 \u00a0"  # not controls
+
+
 def test_every_log_line_of_the_cli_is_masked(tmp_path: Path) -> None:
     """``setup_logging`` (what ``calmon run`` calls) installs the masking formatter, and a
     password from ``${KAFKA_PASSWORD}`` is masked wherever a library prints it."""

@@ -136,9 +136,22 @@ def owner_alarmed(daemons: list[CalmonDaemon]) -> tuple[int] | None:
     return (view[0],) if logged else None
 
 
-def joined_batches(rng: np.random.Generator) -> list[tuple[bytes, bytes]]:
+def input_backlog(bootstrap: str, kafka_topics: Callable[..., list[str]]) -> str:
+    """A predictions topic of 2 partitions holding 3,000 records each: what the senders
+    of ``joined_batches`` read (an owner refuses source offsets past a partition's end)."""
+    from tests.daemon_helpers import Producer
+
+    (topic,) = kafka_topics(count=1, partitions=2)
+    with Producer(bootstrap) as p:
+        p.send([(topic, None, b"{}", part) for part in (0, 1) for _ in range(3000)])
+    return topic
+
+
+def joined_batches(rng: np.random.Generator, predictions: str = "predictions"
+                   ) -> list[tuple[bytes, bytes]]:
     """Two senders' joined batches of ``ctr``: 40 calibrated minutes, then (after a
-    gap longer than the 1h window) 40 minutes of logits sharpened 2.5x; 3,000 each."""
+    gap longer than the 1h window) 40 minutes of logits sharpened 2.5x; 3,000 each
+    (from partition ``sender`` of ``predictions``, see ``input_backlog``)."""
     out = []
     for sender in (0, 1):
         for half, (t0, scale) in enumerate(((BASE_TS, 1.0), (BASE_TS + 7200.0, 2.5))):
@@ -147,7 +160,7 @@ def joined_batches(rng: np.random.Generator) -> list[tuple[bytes, bytes]]:
             z = rng.normal(0.0, 1.5, n)
             y = (rng.random(n) < 1.0 / (1.0 + np.exp(-z))).astype(np.int32)
             x = SampleSet(ts, y, np.full(n, int(ScoreKind.LOGIT), np.int8), scale * z, 0)
-            source = {("predictions", sender): (half * n, (half + 1) * n)}
+            source = {(predictions, sender): (half * n, (half + 1) * n)}
             b = JoinedBatch("ctr", float(ts.max()), sender, source, [Series(ALL, 0, n, x)])
             out.append((b"ctr", encode(b)))
     return out

@@ -28,7 +28,13 @@ from calmon.cluster.service import Cluster
 from calmon.engine.series import ALL
 from calmon.errors import NotOwnerError
 from tests.daemon_helpers import wait_until
-from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, documents, joined_batches
+from tests.integration.cluster.fleet import (
+    GROUP_CLIENT,
+    RECAL,
+    documents,
+    input_backlog,
+    joined_batches,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +44,7 @@ def test_a_paused_former_owner_is_fenced_by_the_broker(
     (joined_topic,) = kafka_topics(count=1, partitions=1)
     (cal_topic,) = kafka_topics(count=1, partitions=1)
     group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+    preds = input_backlog(kafka_bootstrap, kafka_topics)
 
     def cfg(i: int) -> config_mod.Config:
         # client ids order the members (the range assignor gives partition 0 to the
@@ -45,6 +52,7 @@ def test_a_paused_former_owner_is_fenced_by_the_broker(
         client = {**GROUP_CLIENT, "client_id": f"{'ab'[i]}-{group}"}
         return config_mod.from_dict({
             "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group,
+                      "predictions_topic": preds,
                       "instance": {"index": i, "count": 2}, "joined_topic": joined_topic,
                       "calibrators_topic": cal_topic, "client": client},
             "metrics": {"windows": ["1h", "24h"]},
@@ -77,7 +85,7 @@ def test_a_paused_former_owner_is_fenced_by_the_broker(
         wait_until(lambda: (a.owned == frozenset({0}) and not b.owned) or None, 120,
                    "A owning partition 0")
         producer = JoinedProducer(cfg(0).kafka, joined_topic)
-        assert producer.send(joined_batches(np.random.default_rng(26)))
+        assert producer.send(joined_batches(np.random.default_rng(26), preds))
         producer.close()
         wait_until(decided.is_set, 120, "A's decision to publish ctr")
         assert a.owned == frozenset({0}) and b.owned == frozenset()

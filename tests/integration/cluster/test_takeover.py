@@ -19,7 +19,13 @@ from calmon.cluster.service import Cluster
 from calmon.engine.series import ALL
 from tests.conftest import create_topics, unique_topic
 from tests.daemon_helpers import wait_until
-from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, documents, joined_batches
+from tests.integration.cluster.fleet import (
+    GROUP_CLIENT,
+    RECAL,
+    documents,
+    input_backlog,
+    joined_batches,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +35,17 @@ def test_partitions_wait_paused_until_the_calibrators_topic_is_there(
     (joined_topic,) = kafka_topics(count=1, partitions=1)
     cal_topic = unique_topic("calmon-test")  # not created yet
     group = f"calmon-test-{uuid.uuid4().hex[:8]}"
+    preds = input_backlog(kafka_bootstrap, kafka_topics)
     cfg = config_mod.from_dict({
         "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group,
+                  "predictions_topic": preds,
                   "instance": {"index": 0, "count": 2}, "joined_topic": joined_topic,
                   "calibrators_topic": cal_topic, "client": GROUP_CLIENT},
         "metrics": {"windows": ["1h", "24h"]},
         "recalibration": {**RECAL, "output_dir": str(tmp_path / "calibrators")},
         "state": {"dir": str(tmp_path / "state")}})
     producer = JoinedProducer(cfg.kafka, joined_topic)
-    assert producer.send(joined_batches(np.random.default_rng(7)))
+    assert producer.send(joined_batches(np.random.default_rng(7), preds))
     producer.close()
 
     cluster = Cluster(cfg)

@@ -281,3 +281,29 @@ def test_the_daemons_sources_say_where_they_start(caplog, tmp_path: Path,
     assert any(f"the predictions topic {preds!r} holds 20 records and this run reads none"
                in m and "a new kafka.group_id" in m for m in said), said
     assert not any(f"the labels topic {labels!r} holds" in m for m in said), said
+
+
+# a batch that cannot be decoded only reaches a consumer through a broker that stores
+# it unchecked; Apache Kafka refuses it at produce (io/test_compressed_batches.py)
+@pytest.mark.brokers("tansu")
+def test_a_corrupt_batch_is_reported_as_such_and_the_labels_topic_still_probed(
+        capsys, tmp_path: Path, kafka_bootstrap: str) -> None:
+    """A record batch that cannot be read among the newest records (issue 35): the probe
+    reads past it as the daemon does, names it, and goes on to the labels topic; before,
+    it reported a broker failure and never sampled the labels."""
+    from tests.hostile_batches import gzip_payload, send_one_batch
+
+    preds, labels = unique_topic(), unique_topic()
+    create_topics(kafka_bootstrap, [preds, labels], partitions=1)
+    _produce(kafka_bootstrap, preds, [json.dumps({"id": f"r{i}", "model": "m", "ts": 1.7e9,
+                                                  "prob": 0.2}).encode() for i in range(20)])
+    with gzip_payload(b"garbage, not gzip" * 4):
+        send_one_batch(kafka_bootstrap, preds, 0, [b"y" * 400] * 3, compression_type="gzip")
+    _produce(kafka_bootstrap, labels, [json.dumps({"id": f"r{i}", "label": 1}).encode()
+                                       for i in range(20)])
+    rc, out = _probe(capsys, _config(tmp_path, kafka_bootstrap, preds, labels))
+    assert "FAIL broker" not in out, out
+    assert f"# ok   predictions topic {preds!r}: 20 of 21 sampled records parse" in out, out
+    assert "1 x bad_batch" in out and f"cannot be read, at {preds}/0/20" in out
+    assert f"# ok   labels topic {labels!r}: 20 of 20 sampled records parse" in out, out
+    assert rc == 0, out

@@ -186,7 +186,7 @@ def test_calibrated_streams_over_three_instances_alarm_at_most_at_alpha() -> Non
     fraction whose detector alarms within four days stays within alpha (0.2), up to
     the binomial noise of 120 draws."""
     alpha, n_models = 0.2, 120
-    cfg = config_mod.from_dict({"recalibration": {
+    cfg = config_mod.from_dict({"limits": {"max_models": n_models}, "recalibration": {
         "min_samples": 10**7, "buffer": 5000, "alpha": alpha, "interval": "6h",
         "window": "24h"}})
     owner = owner_of(cfg)
