@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import struct
 import subprocess
@@ -75,9 +76,30 @@ def resolve_binary(notice: Callable[[str], None] | None = None) -> str:
 
 
 def free_port() -> int:
+    """A port free now, for a server started next. Taken below the ephemeral range where
+    there is room: a port bound to 0 comes from that range, where any outgoing
+    connection (a client's to the broker, say) may take it before the server binds it."""
+    low = _ephemeral_low()
+    for _ in range(50):
+        port = random.randrange(10_000, low) if low > 11_000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of this machine's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:

@@ -275,7 +275,11 @@ def test_a_wrong_password_flood_leaves_scrapes_and_ingest_alone(tmp_path: Path) 
           f"{share:.0%} of {len(scrapes['flood'])}; ingest {rate['flood']:,.0f}/s vs "
           f"{rate['calm']:,.0f}/s without ({ratio:.2f}x); {checked} passwords checked, "
           f"{refused} refused; the attackers got {codes}")
-    assert codes.get("401", 0) > 0 and checked > 0 and refused > 0  # the flood was real
+    # the flood was real: the attackers sent, the server checked and answered 401 (on a
+    # busy machine the lowest-priority bcrypt thread may answer after "off" cut the
+    # connection: the attacker then records "cut", the server's count still says 401)
+    assert sum(codes.values()) > 0 and checked > 0 and refused > 0
+    assert set(codes) <= {"401", "cut"}, codes  # never let in, never answered otherwise
     assert scrapes["calm"].count(200) == len(scrapes["calm"]), scrapes["calm"]
     assert share >= 0.9, scrapes["flood"]
     assert ratio >= 0.8, rate
