@@ -959,6 +959,7 @@ class Engine:
                 "join": self.join.snapshot(),
                 "windows": self.windows.pack(),
                 "scores": self.scores.pack(),
+                "maps": self.maps.snapshot(),  # v5: the estimation maps
                 "buffers": None if self.buffers is None else self.buffers.snapshot(),
                 "classwise": None if self.classwise is None else {
                     "windows": self.classwise.pack(),
@@ -1004,6 +1005,7 @@ class Engine:
             self.join.restore(snap["join"])
             self.windows.restore(snap["windows"])
             self.scores.restore(snap.get("scores") or [])
+            self.maps.restore(snap.get("maps") or [], len(self.index.series))
             if self.buffers is not None and snap.get("buffers"):
                 self.buffers.restore(snap["buffers"])
             if self.classwise is not None and snap.get("classwise"):

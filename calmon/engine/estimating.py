@@ -223,6 +223,38 @@ class Maps:
     def new_round(self) -> None:
         self._fresh.clear()
 
+    def snapshot(self) -> list[list[Any]]:
+        """Every series' last map, for the checkpoint: a pause in the labels longer than
+        the largest window keeps it across a restart too."""
+        return [[sid, *m.key, m.fit.x, m.fit.y, m.fit.block, m.fit.weight, m.newest_ts,
+                 None if math.isinf(m.since) else m.since, m.signature.hex()]
+                for sid, m in sorted(self._last.items())]
+
+    def restore(self, rows: list[Any], series: int) -> None:
+        """The maps of ``snapshot``, checked (a checksum-valid checkpoint may still be
+        crafted): raises ValueError on anything a fit could not have produced."""
+        out: dict[int, Map] = {}
+        for row in rows:
+            sid, model, segment, classes, x, y, block, weight, newest, since, sig = row
+            x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+            block, weight = np.asarray(block, np.int64), np.asarray(weight, np.float64)
+            n = len(x)
+            if not (isinstance(sid, int) and 0 <= sid < series and isinstance(model, str)
+                    and isinstance(segment, str) and isinstance(classes, int)):
+                raise ValueError(f"maps: a bad series entry {sid!r}")
+            if not (n and y.shape == block.shape == (n,) and x.ndim == 1 and weight.ndim == 1
+                    and np.isfinite(x).all() and (np.diff(x) >= 0).all()
+                    and ((y >= 0) & (y <= 1)).all() and (np.diff(y) >= 0).all()
+                    and block[0] == 0 and ((np.diff(block) == 0) | (np.diff(block) == 1)).all()
+                    and len(weight) == block[-1] + 1 and (weight > 0).all()
+                    and np.isfinite(weight).all()):
+                raise ValueError(f"maps: series {sid}'s map is not an isotonic fit")
+            out[sid] = Map((model, segment, classes), Fit(x, y, block, weight), float(newest),
+                           -math.inf if since is None else float(since), bytes.fromhex(sig))
+        self._last = out
+        self._current.clear()
+        self._fresh.clear()
+
     def choose(self, sid: int, key: MapKey, since: float | None, model_sid: int | None,
                model_since: float | None, nows: np.ndarray) -> tuple[str, Map] | None:
         """The map the series' estimates read through, with its basis (``series``,

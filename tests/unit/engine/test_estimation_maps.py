@@ -201,3 +201,33 @@ def test_reliability_shows_each_estimate_with_its_band_and_basis() -> None:
     band = f"[{got.estimated_accuracy_lower:.3f}, {got.estimated_accuracy_upper:.3f}]"
     assert (f"estimated {got.estimated_accuracy:.3f} {band} for 300 predictions awaiting "
             "labels, read through its estimation map of 1,500 labelled samples") in body
+
+
+def test_the_last_map_is_kept_with_the_state(tmp_path) -> None:
+    from calmon.io.checkpoint import CheckpointStore
+
+    rng = np.random.default_rng(12)
+    cfg = from_dict(config())
+    engine = Engine(cfg)
+    p, y, _, raws = labelled_binary(rng, 2000, T0, 50 * 60, "a")
+    engine.feed(raws)
+    assert estimates(engine).estimate_basis == "series"  # a refresh fits the map
+    # labels pause past the largest window: only the last map is left
+    later, lraws = pending_binary(rng, 300, T0 + 48 * HOUR, HOUR, "z")
+    engine.feed(lraws)
+    before = estimates(engine, window="1h")
+    assert before.estimate_basis == "last"
+    store = CheckpointStore(tmp_path)
+    store.save(engine.snapshot(), {}, 0.0)
+    loaded = store.load()
+    assert loaded is not None
+    restored = Engine(cfg)
+    restored.restore(loaded.state)
+    after = estimates(restored, window="1h")
+    assert after == before  # the same map, fit and band
+    assert_reference(after, fine_sums(p, y), later, (later < 0.5).astype(int))
+    # a crafted map is refused, not served
+    bad = loaded.state
+    bad["maps"][0][5] = np.array(bad["maps"][0][5])[::-1]  # values no longer increase
+    with pytest.raises(ValueError, match="not an isotonic fit"):
+        Engine(cfg).restore(bad)
