@@ -47,10 +47,10 @@ from typing import Any, Protocol
 
 from prometheus_client.registry import CollectorRegistry
 
-from calmon import hints
 from calmon.cluster.service import Cluster
+from calmon.commit import Commit
 from calmon.config import Config
-from calmon.engine.engine import TOPICS, Engine
+from calmon.engine.engine import Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.engine.snapshot import Refresher
@@ -66,7 +66,7 @@ from calmon.io.http import HttpServer, Page
 from calmon.io.kafka_source import Batch, KafkaSourceError, consumer_lag
 from calmon.io.outbox import Outbox
 from calmon.io.reading import ReadWatch
-from calmon.io.shape import SECTION as SHAPE_SECTION
+from calmon.io.recordlog import RecordLog
 from calmon.io.shape import mismatch, move_aside, of_checkpoint, of_config
 from calmon.io.source import CoPartitionError, KafkaAuthError, Skip
 from calmon.io.statelock import LOCK_NAME, StateLock
@@ -82,7 +82,6 @@ MAX_RECORDS = 5000
 ASSIGN_TIMEOUT_S = 5.0
 STALL_LOG_INTERVAL_S = 60.0
 REFUSED_RETRY_S = 10.0  # topics that stopped co-partitioning: a new consumer process each
-INVALID_LOG_INTERVAL_S = 60.0  # an invalid record is logged at most once per reason per minute
 # /healthz fails when the running loop has not come round for this long. An iteration
 # is at most a poll, one batch and a checkpoint; a (re)assign may block for about
 # ASSIGN_TIMEOUT_S + 30 s (consumer process start), so stay well above that.
@@ -146,15 +145,11 @@ class Daemon:
         self.restored = False  # state came from a checkpoint: its positions are the truth
         self._ever_assigned = False
         self._refused: str | None = None  # why the last assignment was refused
-        self._keys_logged: dict[str, float] = {}  # topic -> monotonic time last logged
+        self.said = RecordLog(cfg)  # invalid records and key mismatches, once a minute
         self._stop = threading.Event()
         self._signals = 0
         self._install_signals = install_signals
-        # (topic, reason) -> monotonic time last logged
-        self._invalid_logged: dict[tuple[str, str], float] = {}
-        self._written: tuple[Any, ...] | None = None  # what the last checkpoint held
         self.totals = ProcessTotals()  # Prometheus _total counters: each feed's delta added
-        self._totals_at_checkpoint = ProcessTotals()
         self.totals.follow = dropped_models(self.engine)  # a dropped model's counters go
         self.stall_after_s = LOOP_STALL_S
         self._beat = time.monotonic()  # the loop's last progress (monotonic, for /healthz)
@@ -177,6 +172,16 @@ class Daemon:
             publish = None if topic is None else CalibratorPublisher(self.outbox, topic)
             self.recal = Recalibrator(cfg, self.engine, publish,
                                       rows=lambda: self.refresher.latest.rows)
+        # the checkpoint's participants, saved, restored and rolled back together
+        self.commit = Commit(cfg, self.store, self.engine, self.totals, self.dead_letters,
+                             self.recal, self.cluster)
+        self.registry = registry if registry is not None else new_registry()
+        self.exposition, self.pages = self._readers(cfg)
+        self.http: HttpServer | None = None
+
+    def _readers(self, cfg: Config) -> tuple[Exposition, dict[str, Page]]:
+        """What readers render: the /metrics collectors (registered into ``registry``)
+        and the pages."""
         windows = WindowCollector(lambda: self.refresher.latest, cfg)
         collector = CalmonCollector(
             self.engine, lambda: self.last_checkpoint, self._recal_state,
@@ -185,21 +190,20 @@ class Daemon:
             snapshot=lambda: self.refresher.latest, windows=False,
             statistics_age=self.statistics_age)
         others = [collector, *standard_collectors()]  # process_*, python_info
-        self.registry = registry if registry is not None else new_registry()
         for c in (windows, *others):  # a family registered twice is refused here
             self.registry.register(c)
-        self.exposition = Exposition(windows, lambda: self.refresher.latest.serial, others)
+        exposition = Exposition(windows, lambda: self.refresher.latest.serial, others)
         # the calibrated diagrams: the loop's, or scaled out the owner's (its models only,
         # on every instance's samples)
         cal_bins = (self.recal.calibrated_bins if self.recal is not None else
                     self.cluster.calibrated_bins if self.cluster is not None else None)
-        self.pages: dict[str, Page] = {
+        pages: dict[str, Page] = {
             "/": landing.page,
             "/reliability": reliability.Page(
                 cfg, lambda: self.refresher.latest, cal_bins,
                 calibrated_note=("all instances' buffered samples, on the owner"
                                  if self.cluster is not None else "buffered samples"))}
-        self.http: HttpServer | None = None
+        return exposition, pages
 
     # ------------------------------------------------------------ readers
 
@@ -386,12 +390,9 @@ class Daemon:
 
     def _restore(self) -> None:
         moved: list[dict[str, int]] = []
-        empty_engine = self.engine.snapshot()  # what a refused checkpoint leaves behind
-        empty_recal = self.recal.snapshot() if self.recal is not None else None
 
         def use(ckpt: Checkpoint) -> None:
-            """Restore from ``ckpt``; whatever it raises (hostile content that got past
-            the checksum and the decoder's checks) leaves the empty state, and the
+            """Restore from ``ckpt``; whatever it raises leaves the empty state, and the
             store takes the checkpoint for corrupt (``state.on_corrupt`` decides)."""
             saved = of_checkpoint(ckpt.state)
             problem = mismatch(saved, of_config(self.cfg.kafka.instance), str(self.store.dir))
@@ -400,17 +401,7 @@ class Daemon:
                     raise StateError(problem)
                 moved.append(saved)
                 return
-            try:
-                self.engine.restore(ckpt.state["engine"])
-                if self.recal is not None and "recal" in ckpt.state:
-                    self.recal.restore(ckpt.state["recal"])
-                if self.cluster is not None and isinstance(ckpt.state.get("cluster"), dict):
-                    self.cluster.restore(ckpt.state["cluster"])
-            except Exception:
-                self.engine.restore(empty_engine)
-                if self.recal is not None and empty_recal is not None:
-                    self.recal.restore(empty_recal)
-                raise
+            self.commit.restore(ckpt)
 
         ckpt = self.store.load(self.cfg.state.on_corrupt, use=use)
         if moved:
@@ -511,7 +502,7 @@ class Daemon:
                     rejected = self.engine.feed(records, self._not_after())
                     self.totals.add(self.engine.last_delta)
                     if self.engine.last_delta.key_mismatch:
-                        self._log_keys(self.engine.last_delta.key_mismatch)
+                        self.said.keys(self.engine.last_delta.key_mismatch)
             except Exception:
                 log.exception("the engine raised on a batch of %d records; rolling back to "
                               "the last checkpoint to find the record", len(records))
@@ -535,7 +526,7 @@ class Daemon:
                     self._roll_back()
                     return False
         for rej in rejected:
-            self._log_invalid(rej.kind, rej.reason, rej.source)
+            self.said.invalid(rej.kind, rej.reason, rej.source)
         for s in skipped or ():
             if not s.reason:  # moved past offsets of a batch counted before
                 continue
@@ -546,7 +537,7 @@ class Daemon:
             self.totals.add(self.engine.last_delta)
             rejected.append(rej)
             span = f" to {s.next_offset - 1}" if s.next_offset - s.first > 1 else ""
-            self._log_invalid(kind, s.reason, f"{at}{span} ({s.detail})")
+            self.said.invalid(kind, s.reason, f"{at}{span} ({s.detail})")
         for rej in rejected:
             self.dead_letters.send(rej.value, rej.reason, rej.source)
         return True
@@ -561,85 +552,21 @@ class Daemon:
     def _roll_back(self) -> None:
         """Back to the newest checkpoint (or the empty state), process counters
         included, and read again from its offsets: a half-applied batch is never kept."""
-        ckpt = self.store.load(self.cfg.state.on_corrupt)
-        empty = Engine(self.cfg)
-        self.engine.restore(ckpt.state["engine"] if ckpt is not None else empty.snapshot())
-        self.totals.restore(self._totals_at_checkpoint)
-        if self.recal is not None and ckpt is not None and "recal" in ckpt.state:
-            self.recal.restore(ckpt.state["recal"])
-        if self.cluster is not None:  # what was sent goes back with the engine
-            self.cluster.restore_sender(None if ckpt is None else ckpt.state.get("cluster"))
+        ckpt = self.commit.roll_back()
         self.positions = dict(ckpt.positions) if ckpt is not None else {}
         self._publish()
         self.restored = ckpt is not None or self.restored
         self.assigned = False  # the loop assigns again at these positions
-        self._written = None
-
-    def _log_keys(self, mismatches: Mapping[str, int]) -> None:
-        now = time.monotonic()
-        for topic, n in mismatches.items():
-            last = self._keys_logged.get(topic)
-            if n and (last is None or now - last >= INVALID_LOG_INTERVAL_S):
-                self._keys_logged[topic] = now
-                log.warning("%d records on the %s topic have a Kafka key that is not their "
-                            "id: they may not co-partition with the other topic (key both "
-                            "topics by the id's bytes with one partitioner, README \"Scaling "
-                            "out\"); counted in calmon_key_mismatch_total", n, topic)
-
-    def _log_invalid(self, kind: Kind, reason: str, source: str) -> None:
-        """The first invalid record per (topic, reason) a minute, with what to fix: a
-        wrong ``fields:`` mapping of one topic must not hide behind the other's."""
-        now = time.monotonic()
-        topic = TOPICS[kind]
-        last = self._invalid_logged.get((topic, reason))
-        if last is None or now - last >= INVALID_LOG_INTERVAL_S:
-            self._invalid_logged[(topic, reason)] = now
-            tip = hints.hint(self.cfg, topic, reason)
-            log.warning("invalid %s record (%s) at %s%s; counted in "
-                        "calmon_invalid_records_total, not logged again for this topic and "
-                        "reason for %.0fs", topic[:-1], reason, source,
-                        f": {tip}" if tip else "", INVALID_LOG_INTERVAL_S)
 
     def checkpoint(self) -> None:
-        """Between two batches: (1) flush dead letters, so nothing counted is lost past the
-        offsets; (2) snapshot the state with the positions it reflects; (3) write it
-        atomically; (4) commit the same offsets to the group (lag monitoring; a run without a
+        """Between two batches: the commit protocol's steps 1-3 (``calmon.commit``), then
+        (4) the same offsets committed to the group (lag monitoring; a run without a
         checkpoint starts from them)."""
-        recal = self.recal.snapshot() if self.recal is not None else None
-        mark = (self.engine.version, tuple(sorted(self.positions.items())), repr(recal),
-                None if self.cluster is None else self.cluster.changes)
-        if self.cluster is not None:
-            self.cluster.flush()  # what an earlier checkpoint holds and is not acknowledged
-        if mark == self._written:
-            return  # nothing new since the last checkpoint: no write, no fsync
-        if not self.dead_letters.flush(timeout=5.0):  # 1
-            # a dead letter counted in this state is still in flight: writing now could move
-            # the offsets past it and lose it; retry at the next interval (the producer
-            # settles every record within delivery_timeout_ms, delivered or counted failed)
-            log.warning("checkpoint postponed: dead letters not yet delivered")
+        written = self.commit.save(self.positions)
+        if written is None:
             return
-        state: dict[str, Any] = {"engine": self.engine.snapshot(),  # 2
-                                 SHAPE_SECTION: of_config(self.cfg.kafka.instance)}
-        totals = self.totals.copy()  # what a roll-back to this checkpoint restores
-        if recal is not None:
-            state["recal"] = recal
-        if self.cluster is not None:
-            # the joined samples since the last checkpoint, as batches kept in this one
-            # (an outbox): produced once it is written, sent again from it after a crash
-            self.cluster.collect(self.engine, self.positions)
-            state["cluster"] = self.cluster.snapshot()
-        now = time.time()
-        try:
-            self.store.save(state, self.positions, now)  # 3
-        except OSError as e:
-            log.error("checkpoint failed, will retry: %s", e)
-            return
-        self.last_checkpoint = now
+        self.last_checkpoint = written
         self.checkpoint_positions = MappingProxyType(dict(self.positions))
-        self._written = mark
-        self._totals_at_checkpoint = totals
-        if self.cluster is not None:
-            self.cluster.flush()
         if self.assigned and self.positions:
             self.source.commit(self.positions)  # 4
 

@@ -14,7 +14,6 @@ MAX_FUNCTION_LINES = 80
 # its file fits (the test below says when); the list is meant to end empty.
 ALLOWED = frozenset({
     "engine/engine.py", "engine/join.py", "recal/policy.py",
-    "daemon.py",
 })
 
 
