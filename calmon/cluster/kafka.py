@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import InvalidProducerEpochError, ProducerFencedError
+from kafka.errors import InvalidProducerEpochError, KafkaError, ProducerFencedError
 
 from calmon.calibrators.signing import KeyRing, Signer
 from calmon.cluster.checks import Refused
@@ -129,9 +129,13 @@ def _fenced(producer: KafkaProducer, e: BaseException) -> bool:
     manager = getattr(producer, "_transaction_manager", None)
     try:
         last = manager.last_error() if manager is not None else None
-    except Exception:  # another kafka-python: the bare error stays a failure
-        return False
-    return isinstance(last, FENCED) or (isinstance(last, type) and issubclass(last, FENCED))
+    except Exception:  # another kafka-python: read the message below
+        last = None
+    if isinstance(last, FENCED) or (isinstance(last, type) and issubclass(last, FENCED)):
+        return True
+    # the manager may have moved on (its error reset by the background sender) by the
+    # time the bare error is read: the error's own words still name the fence
+    return type(e) is KafkaError and any(f.__name__ in str(e) for f in FENCED)
 
 
 class Publisher:
