@@ -37,40 +37,43 @@ import math
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
-from calmon.calibrators import Calibrator, CalibratorError, load
-from calmon.calibrators.identity import IdentityCalibrator
+from calmon.calibrators import Calibrator
 from calmon.calibrators.scores import to_logits
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import (
-    Bins,
     bins_from_samples,
     confidence_and_correct,
-    ece,
 )
 from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
 from calmon.errors import NotOwnerError, describe
+
+# CalibratedRow, CalibratedWindow, parse_iso, readings and target are re-exported
+from calmon.recal.calibrated import CalibratedRow as CalibratedRow
+from calmon.recal.calibrated import CalibratedWindow as CalibratedWindow
+from calmon.recal.calibrated import SamplesOf, calibrated_windows, iso, scored
+from calmon.recal.calibrated import parse_iso as parse_iso
+from calmon.recal.calibrated import readings as readings
+from calmon.recal.calibrated import target as target
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
 from calmon.recal.refit import (
     Prior,
     Refit,
     apply_or_identity,
-    evaluate,
     input_kind,
     per_sample_nll,
     platt_form,
-    reference_counts,
     refit,
     scores_as,
     significantly_better,
 )
 from calmon.recal.registry import Live, Registry
+from calmon.recal.rollback import best_rollback, rollback_document
 from calmon.recal.said import evidence
 from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide, worst_class_ece
 
@@ -78,37 +81,8 @@ log = logging.getLogger(__name__)
 
 FIRST_FEED = 10_000  # samples a series' detector starts on (bounds the first check's cost)
 MIN_READ = 200  # the triggers read at least this many post-change samples
-ROLLBACK_VERSIONS = 5  # earlier versions a rollback may go back to (newest first)
 MIN_ROLLBACK = 50  # post-change samples a rollback needs at least
 SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in samples
-# (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
-# series' ring, with the ring's running total; None when the series has no ring.
-SamplesOf = Callable[[str, str, int | None], SampleSet | None]
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_iso(value: Any) -> float | None:
-    try:
-        return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
-
-
-def target(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
-    """(p, y) the detector tests: calibrated P(y=1) and y, or top-label confidence and
-    correctness, after ``cal`` (identity when None)."""
-    return confidence_and_correct(*scored(cal, samples))
-
-
-def scored(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
-    """(calibrated probabilities, integer labels) of the samples after ``cal``."""
-    kind = input_kind(samples)
-    probs = apply_or_identity(cal, scores_as(samples, kind), kind)
-    return probs, samples.label.astype(np.int64)
 
 
 @dataclass
@@ -366,7 +340,7 @@ class Policy:
         p, y = confidence_and_correct(probs, labels)
         classwise = (worst_class_ece(probs, labels, self.cfg.metrics.bins, self.rc.alpha)[0]
                      if self.cfg.metrics.classwise and probs.ndim == 2 else None)
-        reading = Reading(_bins(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
+        reading = Reading(bins_from_samples(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
                           self._baseline(model, segment, live), classwise)
         return decide(self.rc, reading), post
 
@@ -458,67 +432,19 @@ class Policy:
 
     def _rollback(self, now: float, model: str, segment: str, st: SeriesState,
                   post: SampleSet, samples_of: SamplesOf) -> Event | None:
-        """Undo a stale calibrator: the identity and the last ``ROLLBACK_VERSIONS``
-        earlier versions of this series are candidates whenever its live calibrator is
-        tested (the detector alarmed on it). A candidate wins on the post-change samples
-        when its likelihood ratio over the live calibrator reaches len(candidates) /
-        alpha (an e-value: the candidates are fixed before these samples) and the
-        detector's mixture finds nothing wrong with it there. The winner (largest ratio)
-        is published as a new version (``method: identity`` for none)."""
+        """Undo a stale calibrator: the winner among the identity and earlier versions
+        (calmon.recal.rollback.best_rollback), published as a new version (``method:
+        identity`` for none)."""
         own = self.registry.live(model, segment)
         if own is None or len(post) < MIN_ROLLBACK:
             return None
-        kind = input_kind(post)
-        x = scores_as(post, kind)
-        labels = post.label.astype(np.int64)
-        live_probs = apply_or_identity(own.calibrator, x, kind)
-        nll_live = per_sample_nll(live_probs, labels)
-        cands: list[tuple[int | None, Calibrator, dict[str, Any] | None]] = []
-        if own.doc.get("method") != "identity":
-            cands.append((None, IdentityCalibrator(kind), None))
-        for ver in sorted(self.registry.versions(model, segment), reverse=True):
-            if len(cands) > ROLLBACK_VERSIONS:
-                break
-            if ver == own.version:
-                continue
-            try:
-                earlier = self.registry.read(model, segment, ver)
-                cal = load(earlier)
-            except (CalibratorError, OSError):
-                continue
-            if earlier.get("method") == "identity" or (
-                    earlier.get("method"), earlier.get("params")) == (
-                    own.doc.get("method"), own.doc.get("params")):
-                continue
-            cands.append((ver, cal, earlier))
-        if not cands:
-            return None
-        need = math.log(len(cands) / self.rc.alpha)
-        best: tuple[float, int | None, Calibrator, dict[str, Any] | None, Any] | None = None
-        for v, cal, doc in cands:
-            probs = apply_or_identity(cal, x, kind)
-            gain = float((nll_live - per_sample_nll(probs, labels)).sum())
-            if gain < need or (best is not None and gain <= best[0]):
-                continue
-            check = Detector.new(None, self._spacing())
-            p, y = confidence_and_correct(probs, labels)
-            check.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels), ts=post.ts)
-            if not check.alarmed:
-                best = (gain, v, cal, doc, probs)
+        best = best_rollback(own, self.registry, model, segment, post, self.rc.alpha,
+                             self._spacing(), self.log_threshold())
         if best is None:
             return None
-        gain, version, cal, old, probs = best
-        bins = self.cfg.metrics.bins
-        before, after = evaluate(live_probs, labels, bins), evaluate(probs, labels, bins)
-        fit = {"samples": 0, "holdout_samples": len(post), "holdout_before": before.as_dict(),
-               "holdout_after": after.as_dict()}
-        meta = {"fitted_at": iso(math.ceil(now)), "trigger": "rollback", "rollback_of": version,
-                "change_ts": st.change_ts, "fit": fit}
-        if old is None:
-            doc = cal.to_json(model=model, segment=segment,
-                              reference=reference_counts(x, kind, bins), **meta)
-        else:
-            doc = {k: v for k, v in old.items() if k not in ("version", "signature")} | meta
+        doc, before, after = rollback_document(model, segment, iso(math.ceil(now)),
+                                               st.change_ts, best, post, self.cfg.metrics.bins)
+        gain, version = best[0], best[1]
         doc = self.registry.publish(doc)
         self.published_ece[(model, segment)] = after.ece_debiased or 0.0
         self._restart(now, model, segment, post, samples_of)
@@ -625,68 +551,10 @@ class Policy:
     def calibrated_windows(self, now: float | Callable[[str], float],
                            series: Iterable[tuple[str, str]], samples_of: SamplesOf, *,
                            identity: bool = False) -> list[CalibratedWindow]:
-        """Per series and window (ending at ``now``, or at ``now(model)``), the bins of
-        the buffered samples after the live calibrator, predicted after its
-        ``fitted_at`` only. With ``identity``, a series without a calibrator is scored
-        as given on every buffered sample of the window (what its calibrated ECE is);
-        otherwise it is left out."""
-        now_of = now if callable(now) else (lambda _model, t=now: t)
-        out: list[CalibratedWindow] = []
-        for model, segment in sorted(set(series)):
-            t_now = now_of(model)
-            if not math.isfinite(t_now):
-                continue
-            live = self.live(model, segment)
-            if live is None and not identity:
-                continue
-            samples = samples_of(model, segment, None)
-            if samples is None:
-                continue
-            if live is None:
-                fresh = np.ones(len(samples), dtype=bool)
-            else:
-                fitted = parse_iso(live.doc.get("fitted_at"))
-                fresh = samples.ts > (fitted if fitted is not None else math.inf)
-            for w in self.cfg.metrics.windows:
-                mask = fresh & in_window(samples.ts, w.seconds, t_now)
-                n = int(mask.sum())
-                b = None
-                if n:
-                    p, y = target(None if live is None else live.calibrator,
-                                  samples.select(mask))
-                    b = _bins(p, y, self.cfg.metrics.bins)
-                out.append(CalibratedWindow(model, segment, w.name, b, n, live is not None))
-        return out
-
-
-@dataclass(frozen=True)
-class CalibratedWindow:
-    """A series' window after its live calibrator (``calibrated``; else the identity)."""
-
-    model: str
-    segment: str
-    window: str
-    bins: Bins | None  # None when no sample qualifies
-    samples: int
-    calibrated: bool
-
-    @property
-    def ece(self) -> float | None:
-        b = self.bins
-        return None if b is None else ece(b.count, b.conf, b.correct)
-
-
-CalibratedRow = tuple[str, str, str, float | None, int]  # model, segment, window, ECE, n
-
-
-def readings(windows: list[CalibratedWindow]
-             ) -> tuple[list[CalibratedRow], dict[tuple[str, str, str], Bins]]:
-    """What a check leaves for the readers: the (model, segment, window, ECE, samples)
-    rows, and the diagrams of the windows that went through a live calibrator."""
-    rows = [(c.model, c.segment, c.window, c.ece, c.samples) for c in windows]
-    bins = {(c.model, c.segment, c.window): c.bins for c in windows
-            if c.calibrated and c.bins is not None}
-    return rows, bins
+        """Per series and window, the bins after the live calibrator
+        (calmon.recal.calibrated.calibrated_windows)."""
+        return calibrated_windows(self.cfg, self.live, now, series, samples_of,
+                                  identity=identity)
 
 
 def _concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:
@@ -702,10 +570,6 @@ def _concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:
 def _slice_of(segment: str) -> tuple[str, ...]:
     """The keys of a segment label ``k1=v1,k2=v2`` (its slice)."""
     return tuple(part.split("=", 1)[0] for part in segment.split(","))
-
-
-def _bins(conf: np.ndarray, correct: np.ndarray, bins: int) -> Bins:
-    return bins_from_samples(conf, correct, bins)
 
 
 def _guard(segment: str, hold: SampleSet, current: Live | None, alpha: float) -> Any:
