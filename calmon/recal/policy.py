@@ -61,6 +61,7 @@ from calmon.recal.calibrated import parse_iso as parse_iso
 from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
+from calmon.recal.latch import TOO_FEW, Latch
 from calmon.recal.refit import (
     Prior,
     Refit,
@@ -97,6 +98,7 @@ class SeriesState:
     rejections: int = 0  # rejected refits since the detector restarted
     last_n: int = 0  # post-change samples the last rejected refit had
     announced: bool = False  # this alarm's drift event was emitted
+    latch: Latch = field(default_factory=Latch)  # until the gate decides (v4)
     # read from the ring but predicted too recently to have all their labels (not
     # checkpointed: dropping them depends on their prediction time only)
     held: SampleSet | None = None
@@ -106,7 +108,8 @@ class SeriesState:
                 "seen": self.seen, "reset_total": self.reset_total,
                 "drifting": list(self.drifting), "change_ts": self.change_ts,
                 "last_refit": self.last_refit, "rejections": self.rejections,
-                "last_n": self.last_n, "announced": self.announced}
+                "last_n": self.last_n, "announced": self.announced,
+                "latch": self.latch.as_list()}
 
     @classmethod
     def restore(cls, s: dict[str, Any]) -> SeriesState:
@@ -114,7 +117,7 @@ class SeriesState:
         return cls(Detector.restore(s["detector"]), (b[0], b[1]), int(s["seen"]),
                    int(s["reset_total"]), tuple(s["drifting"]), s["change_ts"],
                    s["last_refit"], int(s.get("rejections", 0)), int(s.get("last_n", 0)),
-                   bool(s.get("announced", False)))
+                   bool(s.get("announced", False)), latch=Latch.of(s.get("latch")))
 
 
 @dataclass(frozen=True)
@@ -285,11 +288,11 @@ class Policy:
         decision, post = self._effects(now, model, segment, st, live, samples_of)
         events: list[Event] = []
         if decision.fired and not st.announced:  # one drift event per alarm
-            st.announced = True
+            st.announced, st.latch = True, Latch(decision.fired, now)
             events.append(Event(now, model, segment, "drift",
                                 {"trigger": decision.fired[0], "change_ts": st.change_ts}))
-        st.drifting = decision.fired
-        if not decision.fired:
+        fired = st.drifting = st.latch.hold(decision.fired)
+        if not fired:
             return events
         if st.rejections:  # after a rejection: again once the evidence has doubled, or
             # after retry_after at the latest, so an alarm never stays latched idle
@@ -305,7 +308,14 @@ class Policy:
         if cooled and len(post) >= self.rc.min_samples and not self._deferred(
                 model, segment, keys):
             events.append(self._refit(now, model, segment, st, post, live,
-                                      decision.fired[0], keys, samples_of))
+                                      fired[0], keys, samples_of))
+        elif len(post) < self.rc.min_samples and st.latch.expired(now, self.rc.retry_after):
+            log.info("alarm of %r/%r released: %d post-change samples after retry_after, "
+                     "%d needed", model, segment, len(post), self.rc.min_samples)
+            events.append(Event(now, model, segment, "rejected", {
+                "method": self.rc.method, "trigger": st.latch.triggers[0], "fit_samples": 0,
+                "holdout_samples": 0, "reason": TOO_FEW, "post_change_samples": len(post)}))
+            st.latch = Latch()
         return events
 
     def _post_change(self, now: float, model: str, segment: str, st: SeriesState,
@@ -399,7 +409,7 @@ class Policy:
                        self.rc.holdout_fraction, self.cfg.metrics.bins, alpha, prior, guards)
         if result.outcome == "rejected":
             st.rejections += 1
-            st.last_n = len(post)
+            st.last_n, st.latch = len(post), Latch()  # the gate decided
         else:  # failed, or published (the state is replaced below): the cooldown applies
             st.rejections = 0
         fields: dict[str, Any] = {
