@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from calmon.calibrators import Calibrator
 from calmon.calibrators.scores import to_logits
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
@@ -61,17 +60,16 @@ from calmon.recal.calibrated import parse_iso as parse_iso
 from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
+from calmon.recal.guards import segment_guards
 from calmon.recal.latch import TOO_FEW, Latch
 from calmon.recal.refit import (
+    Guard,
     Prior,
     Refit,
-    apply_or_identity,
     input_kind,
-    per_sample_nll,
     platt_form,
     refit,
     scores_as,
-    significantly_better,
 )
 from calmon.recal.registry import Live, Registry
 from calmon.recal.rollback import best_rollback, rollback_document
@@ -400,9 +398,10 @@ class Policy:
                 z = to_logits(scores_as(post, input_kind(post)), input_kind(post))
                 p0 = 1.0 / (1.0 + np.exp(-(form[0] * z + form[1])))
                 prior = Prior(form[0], form[1], SHRINK * float(np.mean(p0 * (1.0 - p0))))
-        guards = ()
+        guards: tuple[Guard, ...] = ()
         if segment == ALL and self.rc.per_segment:
-            guards = self._segment_guards(model, post, keys, samples_of, st.change_ts)
+            guards = segment_guards(self.rc, self.registry, self.live, model, post,
+                                    keys, samples_of, st.change_ts)
         # alpha spending over the retries of one alarm: attempt i gates at alpha / 2^i
         alpha = self.rc.alpha / 2 ** st.rejections
         result = refit(post, self.rc.method, None if live is None else live.calibrator,
@@ -477,28 +476,6 @@ class Policy:
             fit={"samples": r.fit_samples, "holdout_samples": r.holdout_samples,
                  "holdout_before": r.before.as_dict() if r.before else None,
                  "holdout_after": r.after.as_dict() if r.after else None})
-
-    def _segment_guards(self, model: str, post: SampleSet, keys: list[tuple[str, str]],
-                        samples_of: SamplesOf, change_ts: float | None) -> tuple[Any, ...]:
-        """One guard per segment that would be served the model's new calibrator and has
-        ``min_samples`` post-change samples: the candidate must not be significantly
-        worse than what it has now on that segment's holdout-period samples."""
-        ts = np.sort(post.ts)
-        hold_start = float(ts[len(ts) - round(len(ts) * self.rc.holdout_fraction)]) if len(
-            ts) else math.inf
-        since = -math.inf if change_ts is None else change_ts
-        guards = []
-        for m, seg in keys:
-            if m != model or seg == ALL or self.registry.live(m, seg) is not None:
-                continue
-            s = samples_of(m, seg, None)
-            if s is None or int((s.ts >= since).sum()) < self.rc.min_samples:
-                continue
-            hold = s.select(s.ts >= hold_start)
-            if len(hold) < 2:
-                continue
-            guards.append(_guard(seg, hold, self.live(m, ALL), self.rc.alpha))
-        return tuple(guards)
 
     # ------------------------------------------------------------ readers
 
@@ -580,19 +557,3 @@ def _concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:
 def _slice_of(segment: str) -> tuple[str, ...]:
     """The keys of a segment label ``k1=v1,k2=v2`` (its slice)."""
     return tuple(part.split("=", 1)[0] for part in segment.split(","))
-
-
-def _guard(segment: str, hold: SampleSet, current: Live | None, alpha: float) -> Any:
-    kind = input_kind(hold)
-    x = scores_as(hold, kind)
-    labels = hold.label.astype(np.int64)
-    now_nll = per_sample_nll(
-        apply_or_identity(None if current is None else current.calibrator, x, kind), labels)
-
-    def check(cand: Calibrator) -> str | None:
-        new_nll = per_sample_nll(apply_or_identity(cand, x, kind), labels)
-        if significantly_better(new_nll, now_nll, alpha):  # i.e. the candidate is worse
-            return f"makes segment {segment} significantly worse"
-        return None
-
-    return check
