@@ -61,6 +61,7 @@ from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
 from calmon.recal.guards import segment_guards
+from calmon.recal.hold import HOLD_PSI, ScoresOf, moved
 from calmon.recal.latch import TOO_FEW, Latch
 from calmon.recal.refit import (
     Guard,
@@ -97,6 +98,7 @@ class SeriesState:
     last_n: int = 0  # post-change samples the last rejected refit had
     announced: bool = False  # this alarm's drift event was emitted
     latch: Latch = field(default_factory=Latch)  # until the gate decides (v4)
+    regime_from: float | None = None  # after a held refit: fit only samples predicted later
     # read from the ring but predicted too recently to have all their labels (not
     # checkpointed: dropping them depends on their prediction time only)
     held: SampleSet | None = None
@@ -107,7 +109,7 @@ class SeriesState:
                 "drifting": list(self.drifting), "change_ts": self.change_ts,
                 "last_refit": self.last_refit, "rejections": self.rejections,
                 "last_n": self.last_n, "announced": self.announced,
-                "latch": self.latch.as_list()}
+                "latch": self.latch.as_list(), "regime_from": self.regime_from}
 
     @classmethod
     def restore(cls, s: dict[str, Any]) -> SeriesState:
@@ -115,7 +117,8 @@ class SeriesState:
         return cls(Detector.restore(s["detector"]), (b[0], b[1]), int(s["seen"]),
                    int(s["reset_total"]), tuple(s["drifting"]), s["change_ts"],
                    s["last_refit"], int(s.get("rejections", 0)), int(s.get("last_n", 0)),
-                   bool(s.get("announced", False)), latch=Latch.of(s.get("latch")))
+                   bool(s.get("announced", False)), latch=Latch.of(s.get("latch")),
+                   regime_from=s.get("regime_from"))
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class Event:
     ts: float
     model: str
     segment: str
-    kind: str  # drift | published | rejected | failed
+    kind: str  # drift | published | rejected | failed | held
     fields: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -149,6 +152,7 @@ class Policy:
         self.states: dict[tuple[str, str], SeriesState] = {}
         self.published_ece: dict[tuple[str, str], float] = {}
         self.gauges = Gauges()
+        self.scores_of: ScoresOf | None = None  # newer predictions' scores, for holds
         self._snapshot: dict[str, Any] = {"series": [], "published_ece": []}
         self._lock = threading.Lock()  # one check at a time
 
@@ -324,7 +328,7 @@ class Policy:
         every = samples_of(model, segment, None)
         if every is None:
             return None
-        since = max(x for x in (st.change_ts, st.detector.origin, -math.inf)
+        since = max(x for x in (st.change_ts, st.detector.origin, st.regime_from, -math.inf)
                     if x is not None)
         settled = every.ts <= now - self._hold()
         span = st.detector.change_set()
@@ -417,6 +421,9 @@ class Policy:
             "holdout_before": None if result.before is None else result.before.as_dict(),
             "holdout_after": None if result.after is None else result.after.as_dict(),
         }
+        held = self._held(model, segment, st, post, result, fields)
+        if held is not None:
+            return Event(now, model, segment, "held", held)
         if result.outcome != "published" or result.calibrator is None:
             fields["reason"] = result.reason
             log.info("refit of %r/%r %s: %s", model, segment, result.outcome, result.reason)
@@ -428,6 +435,22 @@ class Policy:
         log.info("published %s calibrator v%d for %r/%r: %s", result.method, doc["version"],
                  model, segment, evidence(result))
         return Event(now, model, segment, "published", {**fields, "version": doc["version"]})
+
+    def _held(self, model: str, segment: str, st: SeriesState, post: SampleSet,
+              result: Refit, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """A refit ready to publish waits while the predictions made after its newest
+        sample have moved from its reference (calmon.recal.hold); the next fit starts
+        after that sample."""
+        if result.outcome != "published" or self.scores_of is None or not len(post):
+            return None
+        newest = float(post.ts.max())
+        shift = moved(self.scores_of(model, segment, newest), result.reference)
+        if shift is None:
+            return None
+        st.regime_from = newest
+        log.info("refit of %r/%r held: %d predictions since its data, PSI %.3f > %.2f",
+                 model, segment, shift[1], shift[0], HOLD_PSI)
+        return {**fields, "psi": shift[0], "threshold": HOLD_PSI, "newer_samples": shift[1]}
 
     def _restart(self, now: float, model: str, segment: str, post: SampleSet,
                  samples_of: SamplesOf) -> None:

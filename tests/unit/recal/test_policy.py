@@ -65,7 +65,10 @@ def test_a_latched_alarm_survives_a_checkpoint() -> None:
     assert back.latch.hold(("observed_over_expected",)) == ("observed_over_expected",)
     assert not back.latch.expired(1000.0 + 3599.0, 3600.0)
     assert back.latch.expired(1000.0 + 3600.0, 3600.0)
+    st.regime_from = 900.0  # after a held refit (v4): the next fit starts there
+    assert SeriesState.restore(st.snapshot()).regime_from == 900.0
     old = st.snapshot()
-    del old["latch"]
+    del old["latch"], old["regime_from"]
     assert SeriesState.restore(old).latch == Latch()
+    assert SeriesState.restore(old).regime_from is None
     assert not Latch().expired(1e12, 1.0)
