@@ -61,7 +61,7 @@ from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
 from calmon.recal.guards import segment_guards
-from calmon.recal.hold import HOLD_PSI, ScoresOf, moved
+from calmon.recal.hold import ScoresOf, moved
 from calmon.recal.latch import TOO_FEW, Latch
 from calmon.recal.refit import (
     Guard,
@@ -448,9 +448,9 @@ class Policy:
         if shift is None:
             return None
         st.regime_from = newest
-        log.info("refit of %r/%r held: %d predictions since its data, PSI %.3f > %.2f",
-                 model, segment, shift[1], shift[0], HOLD_PSI)
-        return {**fields, "psi": shift[0], "threshold": HOLD_PSI, "newer_samples": shift[1]}
+        log.info("refit of %r/%r held: %d predictions since its data, PSI %.3f > %.3f",
+                 model, segment, shift[1], shift[0], shift[2])
+        return {**fields, "psi": shift[0], "threshold": shift[2], "newer_samples": shift[1]}
 
     def _restart(self, now: float, model: str, segment: str, post: SampleSet,
                  samples_of: SamplesOf) -> None:

@@ -44,7 +44,7 @@ def test_a_held_refit_is_counted_in_status_and_metrics(tmp_path: Path) -> None:
     newest = max(p["ts"] for p in s.preds)
     start = np.ceil(newest / 225.0) * 225.0
     assert f["newer_samples"] == sum(p["ts"] >= start for p in tail.preds) >= 300
-    assert f["psi"] > 0.1 == f["threshold"]
+    assert f["psi"] > f["threshold"] >= 0.1
     assert not any(Path(cfg.recalibration.output_dir).rglob("*.json"))  # nothing published
     assert recal.status()["held"] == 1
 

@@ -55,7 +55,7 @@ def test_a_refit_of_a_reverted_drift_is_held_in_the_backtest(capsys, tmp_path: P
     assert held, line
     first = held[0]
     assert REVERT < first["ts"] < REVERT + 3600.0, line
-    assert first["psi"] > first["threshold"] == 0.1
+    assert first["psi"] > first["threshold"] >= 0.1
     assert first["newer_samples"] >= 300 and first["fit_samples"] > 0
     assert first["trigger"] and first["method"] == "temperature"
     # nothing fitted on the drift goes live after the revert
