@@ -287,7 +287,7 @@ class Daemon:
                            "current": self.refresher.latest.version >= s["version"],
                            "age_seconds": self.statistics_age()},
             **({} if self.cluster is None else {"recalibration_owner": self.cluster.status()}),
-            **({} if self.recal is None else {"recalibration": {"checks": self.recal.checks}}),
+            **({} if self.recal is None else {"recalibration": self.recal.status()}),
         }
 
     def _recal_state(self) -> RecalState:

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -166,6 +167,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     the calibrators live at its end."""
     from calmon.calibrators.signing import Signer
     from calmon.recal.live import LiveSet, read_live, regime_starts
+    from calmon.recal.newer import newer_scores
     from calmon.recal.policy import Policy, parse_iso
     from calmon.recal.registry import Registry
 
@@ -174,6 +176,7 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
             cfg.recalibration, enabled=True))
     engine = Engine(cfg if every is None else with_window(cfg, every.seconds, every.name))
     policy = Policy(cfg, Registry(output_dir, signer=Signer.from_config(cfg.calibrators)))
+    policy.scores_of = partial(newer_scores, engine)  # held refits read the newer predictions
     interval = cfg.recalibration.interval
     events: list[Event] = []
 

@@ -22,6 +22,7 @@ fitted on, or None.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -135,6 +136,22 @@ class ScoreHist(BucketTables):
             if cur - BUCKETS < idx <= cur:
                 self._accumulate(out, cell)
         return out
+
+    def since(self, sid: int, since: float, now: float) -> np.ndarray | None:
+        """Counts of the predictions in the buckets that start at or after ``since``, up to
+        ``now``'s (those of the bucket holding ``since`` are left out: not all of them
+        are newer), read from the shortest window that still keeps those buckets; None
+        when none reaches back that far."""
+        for w in sorted(range(len(self.widths)), key=lambda i: self.widths[i]):
+            first, cur = math.ceil(since / self.widths[w]), self.current(w, now)
+            if first <= cur - self.keep:
+                continue
+            out = np.zeros(self.bins, np.int64)
+            for idx, cell in self._data[w].get(sid, {}).items():
+                if first <= idx <= cur:
+                    self._accumulate(out, cell)
+            return out
+        return None
 
 
 def top_and_positive(probs: np.ndarray, raw: np.ndarray | None = None

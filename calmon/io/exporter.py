@@ -106,7 +106,7 @@ _GETTERS: tuple[tuple[str, str, Callable[[Row], Any]], ...] = (
     *((n, n[len("calmon_"):], _estimate(a)) for n, a, _ in ESTIMATE_GAUGES),
     ("calmon_classwise_ece", "classwise_ece", lambda row: row.classwise_ece),
 )
-OUTCOMES = ("published", "rejected", "failed")
+OUTCOMES = ("published", "rejected", "failed", "held")
 _NO_ROWS = empty()  # what describe() renders: the families of no rows
 
 

@@ -18,6 +18,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from calmon.calibrators import METHODS
@@ -31,6 +32,7 @@ from calmon.engine.snapshot import Refresher
 from calmon.engine.windows import in_window
 from calmon.recal.alerts import AlertSender
 from calmon.recal.live import LiveCalibrators
+from calmon.recal.newer import newer_scores
 from calmon.recal.policy import (
     Event,
     Policy,
@@ -62,6 +64,7 @@ class Recalibrator:
                                  signer=Signer.from_config(cfg.calibrators),
                                  verify_keys=cfg.calibrators.verify_keys)
         self.policy = Policy(cfg, self.registry)
+        self.policy.scores_of = partial(newer_scores, engine)  # holds (v4)
         self.alerts = AlertSender(cfg.alerts.webhook)
         self._lock = threading.Lock()
         self._scheduler: Any = None
@@ -228,6 +231,12 @@ class Recalibrator:
                                 "method": str(f.get("method"))}, ann, "info")
 
     # ------------------------------------------------------------ readers, state
+
+    def status(self) -> dict[str, int]:
+        """/status: the checks completed and (v4) the refits held since start."""
+        with self._lock:
+            held = sum(n for k, n in self._outcomes.items() if k[3] == "held")
+        return {"checks": self.checks, "held": held}
 
     def metrics_state(self) -> RecalState:
         live = self.live.latest()

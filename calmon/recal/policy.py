@@ -36,134 +36,55 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
-from calmon.calibrators import Calibrator, CalibratorError, load
-from calmon.calibrators.identity import IdentityCalibrator
 from calmon.calibrators.scores import to_logits
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import (
-    Bins,
     bins_from_samples,
     confidence_and_correct,
-    ece,
 )
 from calmon.engine.series import ALL
 from calmon.engine.windows import in_window
 from calmon.errors import NotOwnerError, describe
+
+# CalibratedRow, CalibratedWindow, parse_iso, readings and target are re-exported
+from calmon.recal.calibrated import CalibratedRow as CalibratedRow
+from calmon.recal.calibrated import CalibratedWindow as CalibratedWindow
+from calmon.recal.calibrated import SamplesOf, calibrated_windows, iso, scored
+from calmon.recal.calibrated import parse_iso as parse_iso
+from calmon.recal.calibrated import readings as readings
+from calmon.recal.calibrated import target as target
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
+from calmon.recal.guards import segment_guards
+from calmon.recal.hold import ScoresOf, moved
+from calmon.recal.latch import TOO_FEW, Latch
 from calmon.recal.refit import (
+    Guard,
     Prior,
     Refit,
-    apply_or_identity,
-    evaluate,
     input_kind,
-    per_sample_nll,
     platt_form,
-    reference_counts,
     refit,
     scores_as,
-    significantly_better,
 )
 from calmon.recal.registry import Live, Registry
+from calmon.recal.rollback import best_rollback, rollback_document
 from calmon.recal.said import evidence
+from calmon.recal.state import Event as Event  # re-exported: its old place
+from calmon.recal.state import Gauges
+from calmon.recal.state import SeriesState as SeriesState  # re-exported: its old place
 from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide, worst_class_ece
 
 log = logging.getLogger(__name__)
 
 FIRST_FEED = 10_000  # samples a series' detector starts on (bounds the first check's cost)
 MIN_READ = 200  # the triggers read at least this many post-change samples
-ROLLBACK_VERSIONS = 5  # earlier versions a rollback may go back to (newest first)
 MIN_ROLLBACK = 50  # post-change samples a rollback needs at least
 SHRINK = 5.0  # prior weight of the model's (a, b) in a segment fit, in samples
-# (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
-# series' ring, with the ring's running total; None when the series has no ring.
-SamplesOf = Callable[[str, str, int | None], SampleSet | None]
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_iso(value: Any) -> float | None:
-    try:
-        return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
-
-
-def target(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
-    """(p, y) the detector tests: calibrated P(y=1) and y, or top-label confidence and
-    correctness, after ``cal`` (identity when None)."""
-    return confidence_and_correct(*scored(cal, samples))
-
-
-def scored(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
-    """(calibrated probabilities, integer labels) of the samples after ``cal``."""
-    kind = input_kind(samples)
-    probs = apply_or_identity(cal, scores_as(samples, kind), kind)
-    return probs, samples.label.astype(np.int64)
-
-
-@dataclass
-class SeriesState:
-    detector: Detector
-    basis: tuple[int | None, int | None]  # live versions (own, model's) the null is about
-    seen: int = 0  # ring total already fed
-    reset_total: int = 0  # ring total when the detector restarted
-    drifting: tuple[str, ...] = ()
-    change_ts: float | None = None
-    last_refit: float | None = None
-    rejections: int = 0  # rejected refits since the detector restarted
-    last_n: int = 0  # post-change samples the last rejected refit had
-    announced: bool = False  # this alarm's drift event was emitted
-    # read from the ring but predicted too recently to have all their labels (not
-    # checkpointed: dropping them depends on their prediction time only)
-    held: SampleSet | None = None
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"detector": self.detector.snapshot(), "basis": list(self.basis),
-                "seen": self.seen, "reset_total": self.reset_total,
-                "drifting": list(self.drifting), "change_ts": self.change_ts,
-                "last_refit": self.last_refit, "rejections": self.rejections,
-                "last_n": self.last_n, "announced": self.announced}
-
-    @classmethod
-    def restore(cls, s: dict[str, Any]) -> SeriesState:
-        b = s["basis"]
-        return cls(Detector.restore(s["detector"]), (b[0], b[1]), int(s["seen"]),
-                   int(s["reset_total"]), tuple(s["drifting"]), s["change_ts"],
-                   s["last_refit"], int(s.get("rejections", 0)), int(s.get("last_n", 0)),
-                   bool(s.get("announced", False)))
-
-
-@dataclass(frozen=True)
-class Event:
-    ts: float
-    model: str
-    segment: str
-    kind: str  # drift | published | rejected | failed
-    fields: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ts": self.ts, "model": self.model, "segment": self.segment,
-                "kind": self.kind, **self.fields}
-
-
-@dataclass(frozen=True)
-class Gauges:
-    """What the exporter shows, published whole after each check (readers never see a
-    dict being written)."""
-
-    evidence: dict[tuple[str, str], float] = field(default_factory=dict)
-    change_ts: dict[tuple[str, str], float] = field(default_factory=dict)
-    drift: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 class Policy:
@@ -179,6 +100,7 @@ class Policy:
         self.errors = 0  # series whose calibrated windows raised (counted, skipped)
         self._logged: set[tuple[str, str]] = set()  # each series' first raise is logged
         self.gauges = Gauges()
+        self.scores_of: ScoresOf | None = None  # newer predictions' scores, for holds
         self._snapshot: dict[str, Any] = {"series": [], "published_ece": [], "set_aside": []}
         self._lock = threading.Lock()  # one check at a time
 
@@ -326,11 +248,11 @@ class Policy:
         decision, post = self._effects(now, model, segment, st, live, samples_of)
         events: list[Event] = []
         if decision.fired and not st.announced:  # one drift event per alarm
-            st.announced = True
+            st.announced, st.latch = True, Latch(decision.fired, now)
             events.append(Event(now, model, segment, "drift",
                                 {"trigger": decision.fired[0], "change_ts": st.change_ts}))
-        st.drifting = decision.fired
-        if not decision.fired:
+        fired = st.drifting = st.latch.hold(decision.fired)
+        if not fired:
             return events
         if st.rejections:  # after a rejection: again once the evidence has doubled, or
             # after retry_after at the latest, so an alarm never stays latched idle
@@ -346,7 +268,14 @@ class Policy:
         if cooled and len(post) >= self.rc.min_samples and not self._deferred(
                 model, segment, keys):
             events.append(self._refit(now, model, segment, st, post, live,
-                                      decision.fired[0], keys, samples_of))
+                                      fired[0], keys, samples_of))
+        elif len(post) < self.rc.min_samples and st.latch.expired(now, self.rc.retry_after):
+            log.info("alarm of %r/%r released: %d post-change samples after retry_after, "
+                     "%d needed", model, segment, len(post), self.rc.min_samples)
+            events.append(Event(now, model, segment, "rejected", {
+                "method": self.rc.method, "trigger": st.latch.triggers[0], "fit_samples": 0,
+                "holdout_samples": 0, "reason": TOO_FEW, "post_change_samples": len(post)}))
+            st.latch = Latch()
         return events
 
     def _post_change(self, now: float, model: str, segment: str, st: SeriesState,
@@ -357,7 +286,7 @@ class Policy:
         every = samples_of(model, segment, None)
         if every is None:
             return None
-        since = max(x for x in (st.change_ts, st.detector.origin, -math.inf)
+        since = max(x for x in (st.change_ts, st.detector.origin, st.regime_from, -math.inf)
                     if x is not None)
         settled = every.ts <= now - self._hold()
         span = st.detector.change_set()
@@ -381,7 +310,7 @@ class Policy:
         p, y = confidence_and_correct(probs, labels)
         classwise = (worst_class_ece(probs, labels, self.cfg.metrics.bins, self.rc.alpha)[0]
                      if self.cfg.metrics.classwise and probs.ndim == 2 else None)
-        reading = Reading(_bins(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
+        reading = Reading(bins_from_samples(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
                           self._baseline(model, segment, live), classwise)
         return decide(self.rc, reading), post
 
@@ -431,16 +360,17 @@ class Policy:
                 z = to_logits(scores_as(post, input_kind(post)), input_kind(post))
                 p0 = 1.0 / (1.0 + np.exp(-(form[0] * z + form[1])))
                 prior = Prior(form[0], form[1], SHRINK * float(np.mean(p0 * (1.0 - p0))))
-        guards = ()
+        guards: tuple[Guard, ...] = ()
         if segment == ALL and self.rc.per_segment:
-            guards = self._segment_guards(model, post, keys, samples_of, st.change_ts)
+            guards = segment_guards(self.rc, self._served, self.live, model, post,
+                                    keys, samples_of, st.change_ts)
         # alpha spending over the retries of one alarm: attempt i gates at alpha / 2^i
         alpha = self.rc.alpha / 2 ** st.rejections
         result = refit(post, self.rc.method, None if live is None else live.calibrator,
                        self.rc.holdout_fraction, self.cfg.metrics.bins, alpha, prior, guards)
         if result.outcome == "rejected":
             st.rejections += 1
-            st.last_n = len(post)
+            st.last_n, st.latch = len(post), Latch()  # the gate decided
         else:  # failed, or published (the state is replaced below): the cooldown applies
             st.rejections = 0
         fields: dict[str, Any] = {
@@ -449,6 +379,9 @@ class Policy:
             "holdout_before": None if result.before is None else result.before.as_dict(),
             "holdout_after": None if result.after is None else result.after.as_dict(),
         }
+        held = self._held(model, segment, st, post, result, fields)
+        if held is not None:
+            return Event(now, model, segment, "held", held)
         if result.outcome != "published" or result.calibrator is None:
             fields["reason"] = result.reason
             log.info("refit of %r/%r %s: %s", model, segment, result.outcome, result.reason)
@@ -460,6 +393,22 @@ class Policy:
         log.info("published %s calibrator v%d for %r/%r: %s", result.method, doc["version"],
                  model, segment, evidence(result))
         return Event(now, model, segment, "published", {**fields, "version": doc["version"]})
+
+    def _held(self, model: str, segment: str, st: SeriesState, post: SampleSet,
+              result: Refit, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """A refit ready to publish waits while the predictions made after its newest
+        sample have moved from its reference (calmon.recal.hold); the next fit starts
+        after that sample."""
+        if result.outcome != "published" or self.scores_of is None or not len(post):
+            return None
+        newest = float(post.ts.max())
+        shift = moved(self.scores_of(model, segment, newest), result.reference)
+        if shift is None:
+            return None
+        st.regime_from = newest
+        log.info("refit of %r/%r held: %d predictions since its data, PSI %.3f > %.3f",
+                 model, segment, shift[1], shift[0], shift[2])
+        return {**fields, "psi": shift[0], "threshold": shift[2], "newer_samples": shift[1]}
 
     def _restart(self, now: float, model: str, segment: str, post: SampleSet,
                  samples_of: SamplesOf) -> None:
@@ -473,67 +422,21 @@ class Policy:
 
     def _rollback(self, now: float, model: str, segment: str, st: SeriesState,
                   post: SampleSet, samples_of: SamplesOf) -> Event | None:
-        """Undo a stale calibrator: the identity and the last ``ROLLBACK_VERSIONS``
-        earlier versions of this series are candidates whenever its live calibrator is
-        tested (the detector alarmed on it). A candidate wins on the post-change samples
-        when its likelihood ratio over the live calibrator reaches len(candidates) /
-        alpha (an e-value: the candidates are fixed before these samples) and the
-        detector's mixture finds nothing wrong with it there. The winner (largest ratio)
-        is published as a new version (``method: identity`` for none)."""
+        """Undo a stale calibrator: the winner among the identity and earlier versions
+        (calmon.recal.rollback.best_rollback), published as a new version (``method:
+        identity`` for none)."""
         own = self._served(model, segment)
         if own is None or len(post) < MIN_ROLLBACK:
             return None
-        kind = input_kind(post)
-        x = scores_as(post, kind)
-        labels = post.label.astype(np.int64)
-        live_probs = apply_or_identity(own.calibrator, x, kind)
-        nll_live = per_sample_nll(live_probs, labels)
-        cands: list[tuple[int | None, Calibrator, dict[str, Any] | None]] = []
-        if own.doc.get("method") != "identity":
-            cands.append((None, IdentityCalibrator(kind), None))
-        for ver in sorted(self.registry.versions(model, segment), reverse=True):
-            if len(cands) > ROLLBACK_VERSIONS:
-                break
-            if ver == own.version or ver <= self.set_aside.get((model, segment), -1):
-                continue  # the live one, or one scoring a class count reset since
-            try:
-                earlier = self.registry.read(model, segment, ver)
-                cal = load(earlier)
-            except (CalibratorError, OSError):
-                continue
-            if earlier.get("method") == "identity" or (
-                    earlier.get("method"), earlier.get("params")) == (
-                    own.doc.get("method"), own.doc.get("params")):
-                continue
-            cands.append((ver, cal, earlier))
-        if not cands:
-            return None
-        need = math.log(len(cands) / self.rc.alpha)
-        best: tuple[float, int | None, Calibrator, dict[str, Any] | None, Any] | None = None
-        for v, cal, doc in cands:
-            probs = apply_or_identity(cal, x, kind)
-            gain = float((nll_live - per_sample_nll(probs, labels)).sum())
-            if gain < need or (best is not None and gain <= best[0]):
-                continue
-            check = Detector.new(None, self._spacing())
-            p, y = confidence_and_correct(probs, labels)
-            check.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels), ts=post.ts)
-            if not check.alarmed:
-                best = (gain, v, cal, doc, probs)
+        # versions up to one a class reset set aside scored the old class count
+        best = best_rollback(own, self.registry, model, segment, post, self.rc.alpha,
+                             self._spacing(), self.log_threshold(),
+                             skip_upto=self.set_aside.get((model, segment), -1))
         if best is None:
             return None
-        gain, version, cal, old, probs = best
-        bins = self.cfg.metrics.bins
-        before, after = evaluate(live_probs, labels, bins), evaluate(probs, labels, bins)
-        fit = {"samples": 0, "holdout_samples": len(post), "holdout_before": before.as_dict(),
-               "holdout_after": after.as_dict()}
-        meta = {"fitted_at": iso(math.ceil(now)), "trigger": "rollback", "rollback_of": version,
-                "change_ts": st.change_ts, "fit": fit}
-        if old is None:
-            doc = cal.to_json(model=model, segment=segment,
-                              reference=reference_counts(x, kind, bins), **meta)
-        else:
-            doc = {k: v for k, v in old.items() if k not in ("version", "signature")} | meta
+        doc, before, after = rollback_document(model, segment, iso(math.ceil(now)),
+                                               st.change_ts, best, post, self.cfg.metrics.bins)
+        gain, version = best[0], best[1]
         doc = self.registry.publish(doc)
         self.published_ece[(model, segment)] = after.ece_debiased or 0.0
         self._restart(now, model, segment, post, samples_of)
@@ -556,28 +459,6 @@ class Policy:
             fit={"samples": r.fit_samples, "holdout_samples": r.holdout_samples,
                  "holdout_before": r.before.as_dict() if r.before else None,
                  "holdout_after": r.after.as_dict() if r.after else None})
-
-    def _segment_guards(self, model: str, post: SampleSet, keys: list[tuple[str, str]],
-                        samples_of: SamplesOf, change_ts: float | None) -> tuple[Any, ...]:
-        """One guard per segment that would be served the model's new calibrator and has
-        ``min_samples`` post-change samples: the candidate must not be significantly
-        worse than what it has now on that segment's holdout-period samples."""
-        ts = np.sort(post.ts)
-        hold_start = float(ts[len(ts) - round(len(ts) * self.rc.holdout_fraction)]) if len(
-            ts) else math.inf
-        since = -math.inf if change_ts is None else change_ts
-        guards = []
-        for m, seg in keys:
-            if m != model or seg == ALL or self._served(m, seg) is not None:
-                continue
-            s = samples_of(m, seg, None)
-            if s is None or int((s.ts >= since).sum()) < self.rc.min_samples:
-                continue
-            hold = s.select(s.ts >= hold_start)
-            if len(hold) < 2:
-                continue
-            guards.append(_guard(seg, hold, self.live(m, ALL), self.rc.alpha))
-        return tuple(guards)
 
     # ------------------------------------------------------------ readers
 
@@ -651,80 +532,18 @@ class Policy:
     def calibrated_windows(self, now: float | Callable[[str], float],
                            series: Iterable[tuple[str, str]], samples_of: SamplesOf, *,
                            identity: bool = False) -> list[CalibratedWindow]:
-        """Per series and window (ending at ``now``, or at ``now(model)``), the bins of
-        the buffered samples after the live calibrator, predicted after its
-        ``fitted_at`` only. With ``identity``, a series without a calibrator is scored
-        as given on every buffered sample of the window (what its calibrated ECE is);
-        otherwise it is left out."""
-        now_of = now if callable(now) else (lambda _model, t=now: t)
-        out: list[CalibratedWindow] = []
-        for model, segment in sorted(set(series)):
-            t_now = now_of(model)
-            if not math.isfinite(t_now):
-                continue
-            try:
-                out += self._windows_of(model, segment, t_now, samples_of, identity)
-            except Exception:  # one series' trouble never stops the others' readings
-                self.errors += 1
-                if (model, segment) not in self._logged:
-                    self._logged.add((model, segment))
-                    log.exception("the calibrated windows of %r/%r raised; skipped (logged "
-                                  "once, counted in calmon_series_errors_total)", model, segment)
-        return out
+        """Per series and window, the bins after the live calibrator
+        (calmon.recal.calibrated.calibrated_windows)."""
+        return calibrated_windows(self.cfg, self.live, now, series, samples_of,
+                                  identity=identity, on_error=self._window_error)
 
-    def _windows_of(self, model: str, segment: str, t_now: float, samples_of: SamplesOf,
-                    identity: bool) -> list[CalibratedWindow]:
-        live = self.live(model, segment)
-        if live is None and not identity:
-            return []
-        samples = samples_of(model, segment, None)
-        if samples is None:
-            return []
-        if live is None:
-            fresh = np.ones(len(samples), dtype=bool)
-        else:
-            fitted = parse_iso(live.doc.get("fitted_at"))
-            fresh = samples.ts > (fitted if fitted is not None else math.inf)
-        out = []
-        for w in self.cfg.metrics.windows:
-            mask = fresh & in_window(samples.ts, w.seconds, t_now)
-            n = int(mask.sum())
-            b = None
-            if n:
-                p, y = target(None if live is None else live.calibrator, samples.select(mask))
-                b = _bins(p, y, self.cfg.metrics.bins)
-            out.append(CalibratedWindow(model, segment, w.name, b, n, live is not None))
-        return out
-
-
-@dataclass(frozen=True)
-class CalibratedWindow:
-    """A series' window after its live calibrator (``calibrated``; else the identity)."""
-
-    model: str
-    segment: str
-    window: str
-    bins: Bins | None  # None when no sample qualifies
-    samples: int
-    calibrated: bool
-
-    @property
-    def ece(self) -> float | None:
-        b = self.bins
-        return None if b is None else ece(b.count, b.conf, b.correct)
-
-
-CalibratedRow = tuple[str, str, str, float | None, int]  # model, segment, window, ECE, n
-
-
-def readings(windows: list[CalibratedWindow]
-             ) -> tuple[list[CalibratedRow], dict[tuple[str, str, str], Bins]]:
-    """What a check leaves for the readers: the (model, segment, window, ECE, samples)
-    rows, and the diagrams of the windows that went through a live calibrator."""
-    rows = [(c.model, c.segment, c.window, c.ece, c.samples) for c in windows]
-    bins = {(c.model, c.segment, c.window): c.bins for c in windows
-            if c.calibrated and c.bins is not None}
-    return rows, bins
+    def _window_error(self, model: str, segment: str) -> None:
+        """One series' calibrated windows raised: counted, logged once, skipped."""
+        self.errors += 1
+        if (model, segment) not in self._logged:
+            self._logged.add((model, segment))
+            log.exception("the calibrated windows of %r/%r raised; skipped (logged once, "
+                          "counted in calmon_series_errors_total)", model, segment)
 
 
 def _concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:
@@ -740,23 +559,3 @@ def _concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:
 def _slice_of(segment: str) -> tuple[str, ...]:
     """The keys of a segment label ``k1=v1,k2=v2`` (its slice)."""
     return tuple(part.split("=", 1)[0] for part in segment.split(","))
-
-
-def _bins(conf: np.ndarray, correct: np.ndarray, bins: int) -> Bins:
-    return bins_from_samples(conf, correct, bins)
-
-
-def _guard(segment: str, hold: SampleSet, current: Live | None, alpha: float) -> Any:
-    kind = input_kind(hold)
-    x = scores_as(hold, kind)
-    labels = hold.label.astype(np.int64)
-    now_nll = per_sample_nll(
-        apply_or_identity(None if current is None else current.calibrator, x, kind), labels)
-
-    def check(cand: Calibrator) -> str | None:
-        new_nll = per_sample_nll(apply_or_identity(cand, x, kind), labels)
-        if significantly_better(new_nll, now_nll, alpha):  # i.e. the candidate is worse
-            return f"makes segment {segment} significantly worse"
-        return None
-
-    return check

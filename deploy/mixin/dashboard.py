@@ -335,7 +335,8 @@ def build(cfg: dict[str, Any]) -> dict[str, Any]:
     lay.row("Recalibration")
     lay.add(timeseries(
         "Refits by outcome", "Refits per interval: published, rejected (no holdout "
-        "improvement) or failed.", "short", [
+        "improvement, or too few samples), failed, or held (newer predictions moved from "
+        "the fit data).", "short", [
             target(f"sum by (method, outcome) (increase(calmon_recalibrations_total{sel()}"
                    f"[$__rate_interval]))", "{{method}} {{outcome}}", "A"),
         ], axis_label="refits", minimum=0), w=8)

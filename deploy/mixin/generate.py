@@ -242,9 +242,10 @@ and on (namespace, job, instance, model, segment, window)
         for outcome, text in (
             ("rejected", """A drift trigger fired for model {{ $labels.model }}, segment
              {{ $labels.segment }}, but the {{ $labels.method }} refit did not improve the
-             holdout, so it was not published. The miscalibration remains: consider another
-             method or retraining. Fires at the first evaluation after the refit and
-             resolves 10 minutes later."""),
+             holdout, so it was not published (or, with reason too_few_samples in the log,
+             retry_after passed before min_samples post-change samples came). The
+             miscalibration remains: consider another method or retraining. Fires at the
+             first evaluation after the refit and resolves 10 minutes later."""),
             ("failed", """The {{ $labels.method }} refit of model {{ $labels.model }},
              segment {{ $labels.segment }} failed on {{ $labels.instance }}. Fires at the
              first evaluation after the failure and resolves 10 minutes later; the reason

@@ -195,6 +195,11 @@ class Simulation:
         # so runs that differ only before t see the same stream after it (paired runs)
         self.reseed = reseed
         self._drawn: list[tuple[np.ndarray, ...]] = []  # (ts, arrival, seg, label, score, truth)
+        # per check and segment: (check start, segment, bin counts of the raw confidences
+        # of the predictions drawn in that check interval), labelled or not, for the
+        # policy's holds, as the daemon's engine keeps them (in buckets of event time)
+        self._hist: list[tuple[float, int, np.ndarray]] = []
+        self.policy.scores_of = self.scores_since
 
     def samples_of(self, model: str, segment: str, last: int | None = None
                    ) -> SampleSet | None:
@@ -236,6 +241,7 @@ class Simulation:
                 self._pending.append((arrival, np.full(n, seg), ts, labels, kind, scores))
                 if self.record:
                     self._drawn.append((ts, arrival, np.full(n, seg), labels, scores, truth))
+                self._hist.append((self.t, seg, _conf_hist(scores)))
             self._deliver(self.t + interval)
             self.t += interval
             events = self.policy.check(self.t, self.series(), self.samples_of)
@@ -253,6 +259,21 @@ class Simulation:
         if not self._drawn:
             return {n: np.zeros(0) for n in names}
         return {n: np.concatenate(c) for n, c in zip(names, zip(*self._drawn))}
+
+    def scores_since(self, model: str, segment: str, since: float) -> np.ndarray:
+        """Bin counts of the raw confidences of the predictions made in the check
+        intervals that start at or after ``since``, labelled or not: what the daemon's
+        engine gives ``Policy.scores_of`` (its buckets are a window / 16 of event time;
+        the one holding ``since`` is left out there too)."""
+        mine = None if segment == ALL else {
+            i for i, ms in enumerate(self.members) if segment in ms}
+        out = np.zeros(BINS, np.int64)
+        for t, seg, counts in reversed(self._hist):
+            if t < since:
+                break
+            if mine is None or seg in mine:
+                out += counts
+        return out
 
     def _deliver(self, until: float) -> None:
         """Add every sample whose label arrived before ``until``, in arrival order."""
@@ -281,6 +302,15 @@ class Simulation:
     def fresh(self, t: float, seg: int, n: int, seed: int = 99) -> tuple[np.ndarray, np.ndarray]:
         """Fresh samples of the scenario at time t: (reported scores, true probabilities)."""
         return self.scenario(t, seg, n, np.random.default_rng(seed))
+
+
+def _conf_hist(scores: np.ndarray) -> np.ndarray:
+    """BINS equal-width right-closed bin counts of the raw confidence (binary P(y=1),
+    multiclass top label) of these scores (logits)."""
+    p = probs_of(scores)
+    conf = p if p.ndim == 1 else p.max(axis=1)
+    return np.bincount(np.clip(np.ceil(conf * BINS).astype(int) - 1, 0, BINS - 1),
+                       minlength=BINS)
 
 
 def logit_of(p: np.ndarray) -> np.ndarray:

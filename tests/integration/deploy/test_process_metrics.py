@@ -157,7 +157,7 @@ def test_lag_build_info_process_and_precreated_counters(
     got = samples(port, "calmon_recalibrations_total")
     want_keys = {(("method", m), ("model", "m"), ("outcome", o), ("segment", "__all__"))
                  for m in ("temperature", "platt", "isotonic", "histogram")
-                 for o in ("published", "rejected", "failed")}
+                 for o in ("published", "rejected", "failed", "held")}
     assert set(got) == want_keys
     assert set(got.values()) == {0.0}
     beat = samples(port, "calmon_loop_heartbeat_timestamp_seconds")

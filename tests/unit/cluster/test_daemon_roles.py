@@ -65,18 +65,20 @@ def test_scaled_out_the_checkpoint_holds_the_joined_batches_until_acknowledged(
 
 def test_status_counts_completed_checks_in_both_roles(tmp_path: Path) -> None:
     """/status says how many recalibration checks completed: the in-process loop's under
-    ``recalibration``, the owner's under ``recalibration_owner`` (tests wait on them)."""
+    ``recalibration`` (with the refits it held, v4), the owner's under
+    ``recalibration_owner`` (tests wait on them)."""
     one = daemon(tmp_path / "one", {})
-    assert one.recal is not None and one.status()["recalibration"] == {"checks": 0}
+    assert one.recal is not None
+    assert one.status()["recalibration"] == {"checks": 0, "held": 0}
     assert one.recal.run_once() == []  # no event time yet: nothing was checked
-    assert one.status()["recalibration"] == {"checks": 0}
+    assert one.status()["recalibration"] == {"checks": 0, "held": 0}
     one.engine.feed([
         Raw(Kind.PREDICTION, json.dumps({"id": "1", "model": "ctr", "ts": 1000.0,
                                          "prob": 0.2}).encode(), None, "predictions/0/0"),
         Raw(Kind.LABEL, json.dumps({"id": "1", "label": 0}).encode(), None, "labels/0/0")])
     one.recal.run_once()
     one.recal.run_once()
-    assert one.status()["recalibration"] == {"checks": 2}
+    assert one.status()["recalibration"] == {"checks": 2, "held": 0}
 
     out = daemon(tmp_path / "out", {"instance": {"index": 0, "count": 2}, "joined_topic": "j",
                                     "calibrators_topic": "c"})

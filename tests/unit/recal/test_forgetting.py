@@ -75,7 +75,7 @@ def test_one_series_that_raises_is_counted_and_the_others_go_on(
         caplog: pytest.LogCaptureFixture) -> None:
     """A calibrated window that raises (whatever the cause) skips that series only,
     counted in calmon_series_errors_total{stage="calibrated"}."""
-    import calmon.recal.policy as policy_mod
+    import calmon.recal.calibrated as policy_mod  # where the calibrated windows are read
 
     cfg = recal_config(tmp_path)
     engine = Engine(cfg)

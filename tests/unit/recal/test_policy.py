@@ -50,3 +50,25 @@ def test_a_model_level_refit_waits_while_a_minority_of_a_slice_drifts() -> None:
                         "params": {"temperature": 1.0}, "input": "logit"})
     drifting()
     assert p._deferred("m", ALL, keys)  # a segment with its own calibrator: local
+
+
+def test_a_latched_alarm_survives_a_checkpoint() -> None:
+    """The latch (what fired, when the drift event went out) is in the series' snapshot;
+    a snapshot of an older version (no latch) restores unlatched."""
+    from calmon.recal.latch import Latch
+
+    st = SeriesState(Detector.new(), (None, None), announced=True,
+                     latch=Latch(("ece_above",), 1000.0))
+    back = SeriesState.restore(st.snapshot())
+    assert back.latch == Latch(("ece_above",), 1000.0)
+    assert back.latch.hold(()) == ("ece_above",)
+    assert back.latch.hold(("observed_over_expected",)) == ("observed_over_expected",)
+    assert not back.latch.expired(1000.0 + 3599.0, 3600.0)
+    assert back.latch.expired(1000.0 + 3600.0, 3600.0)
+    st.regime_from = 900.0  # after a held refit (v4): the next fit starts there
+    assert SeriesState.restore(st.snapshot()).regime_from == 900.0
+    old = st.snapshot()
+    del old["latch"], old["regime_from"]
+    assert SeriesState.restore(old).latch == Latch()
+    assert SeriesState.restore(old).regime_from is None
+    assert not Latch().expired(1e12, 1.0)

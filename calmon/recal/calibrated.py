@@ -1,0 +1,133 @@
+"""A series' samples after its live calibrator: the scoring the policy's detector reads,
+and the calibrated windows the exporter and /reliability show (contract section 6:
+``calmon_calibrated_ece`` reads only predictions made after the calibrator's
+``fitted_at``, never the data it was fit on)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from calmon.calibrators import Calibrator
+from calmon.config import Config
+from calmon.engine.buffer import SampleSet
+from calmon.engine.metrics import Bins, bins_from_samples, confidence_and_correct, ece
+from calmon.engine.windows import in_window
+from calmon.recal.refit import apply_or_identity, input_kind, scores_as
+from calmon.recal.registry import Live
+
+# (model, segment, last) -> a copy of the newest ``last`` samples (all when None) of a
+# series' ring, with the ring's running total; None when the series has no ring.
+SamplesOf = Callable[[str, str, int | None], SampleSet | None]
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(value: Any) -> float | None:
+    try:
+        return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def target(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
+    """(p, y) the detector tests: calibrated P(y=1) and y, or top-label confidence and
+    correctness, after ``cal`` (identity when None)."""
+    return confidence_and_correct(*scored(cal, samples))
+
+
+def scored(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
+    """(calibrated probabilities, integer labels) of the samples after ``cal``."""
+    kind = input_kind(samples)
+    probs = apply_or_identity(cal, scores_as(samples, kind), kind)
+    return probs, samples.label.astype(np.int64)
+
+
+def calibrated_windows(cfg: Config, live_of: Callable[[str, str], Live | None],
+                       now: float | Callable[[str], float],
+                       series: Iterable[tuple[str, str]], samples_of: SamplesOf, *,
+                       identity: bool = False,
+                       on_error: Callable[[str, str], None] | None = None
+                       ) -> list[CalibratedWindow]:
+    """Per series and window (ending at ``now``, or at ``now(model)``), the bins of
+    the buffered samples after the live calibrator, predicted after its
+    ``fitted_at`` only. With ``identity``, a series without a calibrator is scored
+    as given on every buffered sample of the window (what its calibrated ECE is);
+    otherwise it is left out. A series that raises is skipped (``on_error`` is told,
+    inside the ``except``): one series' trouble never stops the others' readings."""
+    now_of = now if callable(now) else (lambda _model, t=now: t)
+    out: list[CalibratedWindow] = []
+    for model, segment in sorted(set(series)):
+        t_now = now_of(model)
+        if not math.isfinite(t_now):
+            continue
+        try:
+            out += _windows_of(cfg, live_of(model, segment), model, segment, t_now,
+                               samples_of, identity)
+        except Exception:
+            if on_error is None:
+                raise
+            on_error(model, segment)
+    return out
+
+
+def _windows_of(cfg: Config, live: Live | None, model: str, segment: str, t_now: float,
+                samples_of: SamplesOf, identity: bool) -> list[CalibratedWindow]:
+    if live is None and not identity:
+        return []
+    samples = samples_of(model, segment, None)
+    if samples is None:
+        return []
+    if live is None:
+        fresh = np.ones(len(samples), dtype=bool)
+    else:
+        fitted = parse_iso(live.doc.get("fitted_at"))
+        fresh = samples.ts > (fitted if fitted is not None else math.inf)
+    out = []
+    for w in cfg.metrics.windows:
+        mask = fresh & in_window(samples.ts, w.seconds, t_now)
+        n = int(mask.sum())
+        b = None
+        if n:
+            p, y = target(None if live is None else live.calibrator, samples.select(mask))
+            b = bins_from_samples(p, y, cfg.metrics.bins)
+        out.append(CalibratedWindow(model, segment, w.name, b, n, live is not None))
+    return out
+
+
+@dataclass(frozen=True)
+class CalibratedWindow:
+    """A series' window after its live calibrator (``calibrated``; else the identity)."""
+
+    model: str
+    segment: str
+    window: str
+    bins: Bins | None  # None when no sample qualifies
+    samples: int
+    calibrated: bool
+
+    @property
+    def ece(self) -> float | None:
+        b = self.bins
+        return None if b is None else ece(b.count, b.conf, b.correct)
+
+
+CalibratedRow = tuple[str, str, str, float | None, int]  # model, segment, window, ECE, n
+
+
+def readings(windows: list[CalibratedWindow]
+             ) -> tuple[list[CalibratedRow], dict[tuple[str, str, str], Bins]]:
+    """What a check leaves for the readers: the (model, segment, window, ECE, samples)
+    rows, and the diagrams of the windows that went through a live calibrator."""
+    rows = [(c.model, c.segment, c.window, c.ece, c.samples) for c in windows]
+    bins = {(c.model, c.segment, c.window): c.bins for c in windows
+            if c.calibrated and c.bins is not None}
+    return rows, bins
