@@ -13,21 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.unit.test_replay import run_recalibrate, write
+from tests.unit.test_replay import RECAL_CONFIG, run_recalibrate, write
 
 T0 = 1_764_460_800.0
 CHANGE, REVERT = T0 + 86_400.0, T0 + 86_400.0 + 7_200.0
-CONFIG = """
-metrics:
-  windows: [1h, 24h]
-segments:
-  slices: []
-recalibration:
-  interval: 5m
-  cooldown: 1h
-  min_samples: 2000
-  window: 24h
-"""
+# the replay tests' backtest config, with the default min_samples
+CONFIG = RECAL_CONFIG.replace("min_samples: 500", "min_samples: 2000")
 
 
 def reverting_files(tmp_path: Path, seed: int = 2) -> tuple[Path, Path, Path]:
