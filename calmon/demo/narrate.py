@@ -22,6 +22,7 @@ from typing import Any
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.series import ALL
+from calmon.recal.latch import TOO_FEW
 from calmon.recal.policy import Event
 
 SamplesOf = Callable[[str, str, int | None], SampleSet | None]
@@ -152,9 +153,14 @@ class Narrator:
         reason = f.get("reason") or "?"
         if open_:
             open_.tried.append(f"{e.kind} ({reason})")
-        then = (f"; retried when its post-change samples double or after "
-                f"{_dur(self.rc.retry_after)}" if e.kind == "rejected" else
-                f"; tried again after the cooldown ({_dur(self.rc.cooldown)})")
+        if reason == TOO_FEW:  # the latch let go: a refit comes once the samples do
+            then = (f"; a refit is tried once {self.rc.min_samples} post-change samples "
+                    "have accrued")
+        elif e.kind == "rejected":
+            then = (f"; retried when its post-change samples double or after "
+                    f"{_dur(self.rc.retry_after)}")
+        else:
+            then = f"; tried again after the cooldown ({_dur(self.rc.cooldown)})"
         return [f"  >> {where}: refit {e.kind}: {reason}{then}{answers}"]
 
     def _open(self, model: str, segment: str) -> Alarm | None:

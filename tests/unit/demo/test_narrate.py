@@ -127,3 +127,19 @@ def test_a_rejected_refit_says_why_and_what_comes_next(tmp_path: Path) -> None:
         "double or after 6h"]  # recalibration.retry_after's default
     assert narrator.summary()[1] == (
         f"  ctr/__all__: open after rejected ({reason}): refit due at the next check")
+
+
+def test_a_too_few_samples_rejection_says_a_refit_comes_with_the_samples(
+        tmp_path: Path) -> None:
+    """The v4 latch let go for want of samples: not "retried when samples double" (there
+    was no refit to double), but a refit once min_samples post-change samples are in."""
+    from calmon.recal.policy import Event
+
+    cfg = demo_config("unused:9092", 0, tmp_path)
+    narrator = Narrator(cfg, lambda m, s: None, lambda m, s, w: None, lambda m: START + 30)
+    lines = narrator.lines([
+        Event(START + 20, "ctr", "__all__", "rejected", {"method": "temperature",
+                                                         "reason": "too_few_samples"})])
+    assert lines == [
+        "  >> ctr/__all__: refit rejected: too_few_samples; a refit is tried once "
+        f"{cfg.recalibration.min_samples} post-change samples have accrued"]
