@@ -108,9 +108,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         kinds = [k for k in kinds if k in allowed]
     if not kinds:
         kinds = [f"not-{'-'.join(selected_kinds())}"]  # shown as a skip, never dropped
+    # with both brokers, the Apache Kafka run of a test is slow (a JVM broker, and every
+    # wait on it longer): -m "not slow" is the quick loop on Tansu, the whole suite runs both
+    both = len(selected_kinds()) > 1
+    values = [pytest.param(k, marks=pytest.mark.slow) if both and k == "kafka" else k
+              for k in kinds]
     # module scope: a module-scoped fixture may use the broker too; the tests of
     # a module run kind by kind
-    metafunc.parametrize(KIND_PARAM, kinds, ids=kinds, scope="module")
+    metafunc.parametrize(KIND_PARAM, values, ids=kinds, scope="module")
 
 
 @pytest.fixture(scope="session")
