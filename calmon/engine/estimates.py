@@ -3,11 +3,11 @@
 Two label-free readings per model, segment and window (contract section 2):
 
 - over the predictions still waiting for their label (they live in the join, so
-  they are checkpointed with it): how many, the accuracy they will show if the
-  live calibrator holds (mean calibrated probability of the class the model predicts, as
-  NannyML's CBPE) and, for binary models, the positive rate it predicts. Like CBPE they
-  assume the calibrator still holds (no concept shift since its fit): under a concept
-  shift they are wrong until the drift is detected and a refit is published;
+  they are checkpointed with it): how many, the accuracy they will show and, for
+  binary models, their positive rate, read through the series' estimation map, else
+  the live calibrator, else the raw scores (``estimating``; NannyML's CBPE kept
+  current). Like CBPE they assume P(y | score) as learned still holds: under a concept
+  shift they are wrong until labels show it;
 - over every admitted prediction, joined or not: the population stability index
   of the raw confidences against a reference histogram (the live calibrator's
   fit data, else the window of the same length just before). ``ScoreHist``
@@ -152,15 +152,3 @@ class ScoreHist(BucketTables):
                     self._accumulate(out, cell)
             return out
         return None
-
-
-def top_and_positive(probs: np.ndarray, raw: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The calibrated probability that the MODEL's predicted class (argmax of ``raw``, its
-    own probabilities; of ``probs`` when None) is right, and P(y=1) for binary (n,)
-    input. The model's class, not the calibrator's: a bias refit may move q across 0.5,
-    but serving still acts on the model's decision."""
-    own = probs if raw is None else raw
-    if probs.ndim == 1:
-        return np.where(own >= 0.5, probs, 1.0 - probs), probs
-    return probs[np.arange(len(probs)), own.argmax(axis=1)], None
