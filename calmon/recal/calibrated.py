@@ -26,6 +26,23 @@ from calmon.recal.registry import Live
 SamplesOf = Callable[[str, str, int | None], SampleSet | None]
 
 
+def read_once(samples_of: SamplesOf) -> SamplesOf:
+    """``samples_of`` with each series' ring copied once, whole, at its first read: the
+    later reads of one check (what is new, the post-change samples, a refit's, the
+    calibrated windows) are tails of that one ``SampleSet``, so a check sees one state
+    of each ring however the engine feeds meanwhile, and pulls it once."""
+    sets: dict[tuple[str, str], SampleSet | None] = {}
+
+    def once(model: str, segment: str, last: int | None = None) -> SampleSet | None:
+        key = (model, segment)
+        if key not in sets:
+            sets[key] = samples_of(model, segment, None)
+        whole = sets[key]
+        return whole if whole is None or last is None else whole.tail(last)
+
+    return once
+
+
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -54,7 +54,7 @@ from calmon.errors import NotOwnerError, describe
 # CalibratedRow, CalibratedWindow, parse_iso, readings and target are re-exported
 from calmon.recal.calibrated import CalibratedRow as CalibratedRow
 from calmon.recal.calibrated import CalibratedWindow as CalibratedWindow
-from calmon.recal.calibrated import SamplesOf, calibrated_windows, iso, scored
+from calmon.recal.calibrated import SamplesOf, calibrated_windows, iso, read_once, scored
 from calmon.recal.calibrated import parse_iso as parse_iso
 from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
@@ -130,7 +130,9 @@ class Policy:
                    samples_of: SamplesOf) -> list[Event]:
         """One check of every model in ``series`` on its own event time, ``now_of(model)``
         (contract §2: no model's records move another's clock, hence its holds,
-        cooldowns and windows); a model whose time is unknown waits."""
+        cooldowns and windows); a model whose time is unknown waits. Each series' ring
+        is read once, whole (``read_once``): every read of the check is a tail of it."""
+        samples_of = read_once(samples_of)
         with self._lock:
             # segments before their model: a segment that drifts alone is handled first
             keys = sorted(set(series), key=lambda k: (k[0], k[1] == ALL, k[1]))
