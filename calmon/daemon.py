@@ -71,7 +71,6 @@ from calmon.io.shape import mismatch, move_aside, of_checkpoint, of_config
 from calmon.io.source import CoPartitionError, KafkaAuthError, Skip
 from calmon.io.statelock import LOCK_NAME, StateLock
 from calmon.io.totals import ProcessTotals, dropped_models
-from calmon.names import FIT_METHODS
 from calmon.recal.loop import Recalibrator
 from calmon.recal.readmodel import RecalState
 
@@ -295,11 +294,7 @@ class Daemon:
             return self.cluster.metrics_state()
         if self.recal is None:
             return RecalState()
-        st = self.recal.metrics_state()
-        st.series = [(m, s) for m, s, _ in self.engine.buffered_series()]
-        method = self.cfg.recalibration.method
-        st.methods = FIT_METHODS if method == "auto" else (method,)
-        return st
+        return self.recal.metrics_state()
 
     # ------------------------------------------------------------ lifecycle
 

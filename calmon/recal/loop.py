@@ -1,9 +1,11 @@
 """The recalibration loop: an APScheduler job that drives the policy on live data.
 
-Each run (every ``recalibration.interval``) hands the policy (calmon.recal.policy)
-the engine's event time and a way to copy a series' buffered samples (the engine's
-lock is held only while copying), and turns the events into counters, gauges and
-webhook alerts. ``calmon replay --recalibrate`` drives the same policy over files.
+Each run (every ``recalibration.interval``) hands the driver (calmon.recal.driver,
+the scaled-out owner's too) the engine's event time and a way to copy a series'
+buffered samples (the engine's lock is held only while copying); it runs the policy
+and turns the events into counters, gauges and webhook alerts. The loop adds what is
+the engine's: its schedule, and the models the engine forgot. ``calmon replay
+--recalibrate`` drives the same policy over files.
 
 Threads: the scheduler's thread is the only one that runs checks and writes the
 policy's state; readers (exporter, checkpoint, demo) get immutable objects that
@@ -15,13 +17,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
-from calmon.calibrators import METHODS
 from calmon.calibrators.signing import Signer
 from calmon.config import Config
 from calmon.engine.engine import Engine, Row
@@ -31,13 +31,10 @@ from calmon.engine.series import ALL
 from calmon.engine.snapshot import Refresher
 from calmon.engine.windows import in_window
 from calmon.recal.alerts import AlertSender
+from calmon.recal.driver import Driver
 from calmon.recal.live import LiveCalibrators
 from calmon.recal.newer import newer_scores
-from calmon.recal.policy import (
-    Event,
-    Policy,
-    readings,
-)
+from calmon.recal.policy import Event, Policy
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Publish, Registry
 
@@ -68,17 +65,23 @@ class Recalibrator:
         self.alerts = AlertSender(cfg.alerts.webhook)
         self._lock = threading.Lock()
         self._scheduler: Any = None
-        # what the exporter shows (process-local), replaced whole under the lock
-        self._outcomes: Counter[tuple[str, str, str, str]] = Counter()
-        self._calibrated: list[tuple[str, str, str, float | None, int]] = []
-        self._calibrated_bins: dict[tuple[str, str, str], Bins] = {}
         # output_dir's live calibrators, read by the runs (never by scrapes)
         self.live = LiveCalibrators(self.registry, engine, aside=self.policy.is_aside)
-        self._series: list[tuple[str, str]] = []  # the series the last run evaluated
-        self.events: list[Event] = []  # this process's events, newest last (bounded)
+        # the policy run and what follows it; the series without a calibrator read
+        # their exact raw window from the snapshot's rows
+        self.driver = Driver(cfg, self.policy, self.live, self.alerts, raw_rows=rows)
         self.overruns = 0  # checks skipped while the previous one still ran
-        self.checks = 0  # checks completed (/status: a check began after n was read once n + 2)
         self._forgotten = engine.class_counts.forgotten.cursor()
+
+    @property
+    def events(self) -> list[Event]:
+        """This process's events, newest last (bounded), replaced whole by each run."""
+        return self.driver.events
+
+    @property
+    def checks(self) -> int:
+        """Checks completed (/status: a check began after n was read once n + 2)."""
+        return self.driver.checks
 
     # ------------------------------------------------------------ lifecycle
 
@@ -132,35 +135,7 @@ class Recalibrator:
         self._forget()
         series = [(m, s) for m, s, _ in self.engine.buffered_series()]
         # each model on its own event time (contract §2)
-        events = self.policy.check_each(self.engine.now_of, series, self.engine.samples)
-        # a CLI rollback shows from this run on; the estimation maps fit the regimes
-        self.live.refresh(self.policy.gauges.change_ts)
-        # once a run, so /reliability and the exporter only read (contract §5)
-        windows = self.policy.calibrated_windows(self.engine.now_of, series,
-                                                 self.engine.samples)
-        calibrated, bins = readings(windows)
-        # series without a calibrator: the identity, i.e. exactly the raw window
-        done = {(m, s) for m, s, _, _, _ in calibrated}
-        # (a series skipped because it raised has a calibrator: it shows nothing)
-        todo = {k for k in set(series) - done if self.policy.live(*k) is None}
-        for row in self.rows():
-            if (row.model, row.segment) in todo and row.stats.samples:
-                calibrated.append((row.model, row.segment, row.window, row.stats.ece,
-                                   int(row.stats.samples)))
-        with self._lock:
-            outcomes = Counter(self._outcomes)
-            for e in events:
-                if e.kind != "drift":
-                    outcomes[(e.model, e.segment, str(e.fields.get("method")), e.kind)] += 1
-            self._outcomes = outcomes
-            self._calibrated = calibrated
-            self._calibrated_bins = bins
-            self._series = series
-            self.events = (self.events + events)[-1000:]
-            self.checks += 1
-        for e in events:
-            self._alert(e)
-        return events
+        return self.driver.run(self.engine.now_of, series, self.engine.samples)
 
     def _forget(self) -> None:
         """Models the engine dropped (idle) or reset (a new class count) since the last
@@ -170,8 +145,8 @@ class Recalibrator:
         if gone is None:  # first run, or the engine was restored: keep what it holds
             with self.engine.lock:
                 held = {m for m in self.engine.models if m}
-            with self._lock:
-                known = {k[0] for k in self._outcomes}
+            with self.driver.lock:
+                known = {k[0] for k in self.driver.outcomes}
             kept = [*self.policy.states, *self.policy.published_ece]
             dropped = ({m for m, _ in kept} | known) - held
             reset: set[str] = set()
@@ -182,81 +157,31 @@ class Recalibrator:
             return
         self.policy.forget(dropped, reset=reset)
         self.live.refresh()  # a set-aside calibrator no longer serves the estimates
-        models = dropped | reset
-        with self._lock:
-            self._outcomes = Counter({k: v for k, v in self._outcomes.items()
-                                      if k[0] not in models})
+        self.driver.forget(dropped | reset)
         log.info("recalibration forgot %d dropped and %d reset model(s)", len(dropped),
                  len(reset))
-
-    def _methods(self) -> tuple[str, ...]:
-        """Methods a refit may report: their counters are exported at 0 from the start
-        (the exporter pre-creates them), so increase() sees the first refit."""
-        return (*METHODS, "auto") if self.rc.method == "auto" else (self.rc.method,)
 
     def calibrated_bins(self, model: str, segment: str, window: str) -> Bins | None:
         """The reliability diagram of a window after the live calibrator (for /reliability),
         from buffered samples predicted after its fit, as of the last run; None without
         a calibrator."""
-        return self._calibrated_bins.get((model, segment, window))
-
-    # ------------------------------------------------------------ alerts
-
-    def _alert(self, e: Event) -> None:
-        """Only what metrics cannot say: a refit's outcome with its parameters. Drift and
-        failures are alerted by Prometheus rules on calmon_drift and the counters."""
-        if e.kind not in ("published", "rejected"):
-            return
-        name = {"published": "CalmonRefitPublished",
-                "rejected": "CalmonRefitRejected"}[e.kind]
-        f = e.fields
-        ann: dict[str, Any] = {
-            "summary": f"{f.get('method')} refit for {e.model}/{e.segment}: {e.kind}",
-            "trigger": f.get("trigger"), "fit_samples": f.get("fit_samples"),
-            "holdout_samples": f.get("holdout_samples"),
-        }
-        for side in ("before", "after"):
-            ev = f.get(f"holdout_{side}")
-            if ev:
-                ann[f"holdout_ece_{side}"] = ev["ece"]
-                ann[f"holdout_nll_{side}"] = ev["nll"]
-        if "version" in f:
-            ann["version"] = f["version"]
-            live = self.registry.live(e.model, e.segment)
-            if live is not None:
-                ann["params"] = live.doc.get("params")
-        if f.get("reason"):
-            ann["reason"] = f["reason"]
-        self.alerts.send(name, {"model": e.model, "segment": e.segment,
-                                "method": str(f.get("method"))}, ann, "info")
+        return self.driver.calibrated_bins.get((model, segment, window))
 
     # ------------------------------------------------------------ readers, state
 
     def status(self) -> dict[str, int]:
         """/status: the checks completed and (v4) the refits held since start."""
-        with self._lock:
-            held = sum(n for k, n in self._outcomes.items() if k[3] == "held")
-        return {"checks": self.checks, "held": held}
+        return {"checks": self.driver.checks, "held": self.driver.held()}
 
     def metrics_state(self) -> RecalState:
-        live = self.live.latest()
-        versions, temps = live.versions, live.temperatures
-        g = self.policy.gauges  # immutable, replaced whole by each check
-        with self._lock:
-            calibrated = list(self._calibrated)
-            outcomes = dict(self._outcomes)
-            series = list(self._series)
-        return RecalState(
-            [(m, s, w, v) for m, s, w, v, _ in calibrated if v is not None], outcomes,
-            versions, temps, dict(g.drift),
-            calibrated_samples=[(m, s, w, n) for m, s, w, _, n in calibrated],
-            drift_evidence=dict(g.evidence), drift_change_ts=dict(g.change_ts),
-            alerts_failed=self.alerts.failed, series=series, methods=self._methods(),
-            overruns=self.overruns, series_errors=self.policy.errors)
+        """What the exporter shows: every buffered series' counters from the start."""
+        st = self.driver.state([(m, s) for m, s, _ in self.engine.buffered_series()])
+        st.overruns = self.overruns
+        return st
 
     def calibrated_rows(self) -> list[tuple[str, str, str, float | None, int]]:
-        with self._lock:
-            return list(self._calibrated)
+        with self.driver.lock:
+            return list(self.driver.calibrated)
 
     def snapshot(self) -> dict[str, Any]:
         return {"policy": self.policy.snapshot()}
