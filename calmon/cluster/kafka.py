@@ -25,7 +25,7 @@ import logging
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -139,16 +139,16 @@ def _fenced(producer: KafkaProducer, e: BaseException) -> bool:
 
 
 class Publisher:
-    """The transactional producers of the owned partitions; the registry's publish
-    callback. A fenced producer raises out of ``__call__`` (the policy counts a failed
-    refit) and is dropped: the partition's new owner publishes."""
+    """The transactional producers of the owned partitions. A fenced producer raises
+    out of ``send`` (the policy counts a failed refit) and is dropped: the partition's
+    new owner publishes. Which partition a model's document goes to is the owner's to
+    say (``cluster.service``), not this object's."""
 
     def __init__(self, cfg: KafkaConfig, topic: str, group_id: str) -> None:
         self.cfg = cfg
         self.topic = topic
         self.group_id = group_id  # kafka.group_id
         self.producers: dict[int, KafkaProducer] = {}
-        self.partition_of: Mapping[str, int] = {}  # model -> joined-topic partition
         self.fenced: set[int] = set()
 
     def transactional_id(self, partition: int) -> str:
@@ -195,11 +195,9 @@ class Publisher:
                                     f"newer owner ({describe(e)})") from e
             raise
 
-    def __call__(self, key: str, document: bytes) -> bool:
-        model = str(json.loads(document)["model"])
-        partition = self.partition_of.get(model)
-        if partition is None:
-            raise NotOwnerError(f"model {model!r} has no joined-topic partition here")
+    def send(self, partition: int, key: str, document: bytes) -> bool:
+        """One document in its own transaction of ``partition``'s producer (raises
+        NotOwnerError when fenced or not owned here)."""
         self.send_in_transaction(partition, [(key.encode(), document, None)])
         return True
 

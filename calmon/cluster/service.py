@@ -3,7 +3,10 @@ owner thread (the ``<group_id>-recal`` consumer group on ``kafka.joined_topic``)
 
 The owner thread is the only one that touches the group consumer, the transactional
 producers and the policy: it polls joined batches into the owner, and every
-``recalibration.interval`` checks the models of the partitions it holds. On an
+``recalibration.interval`` checks the models of the partitions it holds through the
+in-process loop's own driver (``recal.driver``). The rebalance listener only hands the
+group's decisions to ``assigned`` and ``revoked``; the owner's state is made and dropped
+per partition there (``cluster.owner``). On an
 assignment it first becomes the one writer of each new partition (``Publisher.take``:
 the broker fences the former owner), reads ``calibrators_topic`` back to its own marker
 into ``output_dir``, and seeks to the offsets its checkpoint holds, or to the start of
@@ -19,10 +22,11 @@ and skipped: no such record stops the owner or reaches ``output_dir``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
@@ -48,11 +52,11 @@ from calmon.cluster.reach import InputEnds
 from calmon.cluster.sender import JoinedSender, SampleSource
 from calmon.config import Config
 from calmon.engine.metrics import Bins
-from calmon.errors import CalibratorError
-from calmon.names import FIT_METHODS
+from calmon.errors import CalibratorError, NotOwnerError
 from calmon.recal.alerts import AlertSender
+from calmon.recal.driver import Driver
 from calmon.recal.live import Engineish, LiveCalibrators
-from calmon.recal.policy import Event, Policy, readings
+from calmon.recal.policy import Event, Policy
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Registry
 
@@ -89,30 +93,51 @@ class Cluster:
         self._log_due = LogOnce()
         self._joined_partitions: int | None = None
         self.publisher = Publisher(kc, kc.calibrators_topic, kc.group_id)
-        self.registry = Registry(cfg.recalibration.output_dir, self.publisher,
+        self.registry = Registry(cfg.recalibration.output_dir, self._publish,
                                  signer=Signer.from_config(cfg.calibrators),
                                  verify_keys=cfg.calibrators.verify_keys, topic_first=True)
         self.policy = Policy(cfg, self.registry)
         self.owner = Owner(self.policy, cfg.recalibration.buffer)
-        self.publisher.partition_of = self.owner.partition_of
         self.owned: frozenset[int] = frozenset()
         self.waiting: set[int] = set()  # assigned, not taken over yet (paused)
         self.takeover_failures = 0
-        self.events: list[Event] = []  # newest last (bounded)
-        self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
         self.lag: dict[tuple[str, int], int] = {}
-        self.calibrated: list[tuple[str, str, str, float | None, int]] = []
-        self._calibrated_bins: dict[tuple[str, str, str], Bins] = {}
         self.changes = 0  # owner steps since start: the checkpoint's "anything new?"
-        self.checks = 0  # policy checks completed (/status, as the in-process loop's)
         self.engine = engine
         self.alerts = AlertSender(cfg.alerts.webhook)  # refit reports, from the owner
-        # output_dir's live calibrators, read by the owner thread whenever output_dir
-        # changed (never by scrapes)
+        # output_dir's live calibrators, read by the owner thread (never by scrapes)
         self.live = LiveCalibrators(self.registry, engine)
+        # the policy run and what follows it, as the in-process loop's; a series
+        # without a calibrator reads its (cluster-wide) raw ECE from the buffer
+        self.driver = Driver(cfg, self.policy, self.live, self.alerts,
+                             alarms_to_engine=False)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()  # tests: run a check now
+
+    @property
+    def events(self) -> list[Event]:
+        """The owner's events, newest last (bounded)."""
+        return self.driver.events
+
+    @property
+    def checks(self) -> int:
+        """Policy checks completed (/status, as the in-process loop's)."""
+        return self.driver.checks
+
+    @property
+    def outcomes(self) -> Mapping[tuple[str, str, str, str], int]:
+        """Refits by (model, segment, method, outcome) since start."""
+        return self.driver.outcomes
+
+    def _publish(self, model: str, segment: str, _doc: dict[str, Any], data: bytes) -> bool:
+        """The registry's publish: the document to the calibrators topic through the
+        producer of the owned joined-topic partition its model is keyed to (the owner
+        thread's own reading; raises NotOwnerError when none is owned here)."""
+        partition = self.owner.partition_of(model)
+        if partition is None or partition not in self.owned:
+            raise NotOwnerError(f"model {model!r} has no joined-topic partition here")
+        return self.publisher.send(partition, f"{model}/{segment}", data)
 
     # ------------------------------------------------------------ the sender
 
@@ -147,33 +172,19 @@ class Cluster:
         return {"owned_partitions": sorted(owned),
                 "waiting_partitions": sorted(self.waiting),
                 "models": {m: {"samples": self.owner.sample_count(m),
-                               "now": self.owner.nows.get(m)}
+                               "now": _finite(self.owner.now_of(m))}
                            for m in self.owner.models(owned)},
                 "duplicates": self.owner.duplicates, "bad_batches": self.owner.bad,
                 "refused": _nested(self.invalid()),
                 "pending_batches": len(self.sender.pending), "checks": self.checks}
 
     def metrics_state(self) -> RecalState:
-        g = self.policy.gauges
         parts = self.owned  # one reading of it (the owner thread replaces it whole)
         owned = set(self.owner.models(parts))
-        live = self.live.latest()
-        versions = {k: v for k, v in live.versions.items() if k[0] in owned}
-        temps = {k: v for k, v in live.temperatures.items() if k[0] in owned}
-        series = self.owner.series_of(parts)
-        method = self.cfg.recalibration.method
-        cal = [c for c in self.calibrated if c[0] in owned]
-        return RecalState(
-            [(m, s, w, v) for m, s, w, v, _ in cal if v is not None],
-            dict(self.outcomes), versions, temps,
-            {k: v for k, v in g.drift.items() if k[0] in owned},
-            drift_evidence={k: v for k, v in g.evidence.items() if k[0] in owned},
-            drift_change_ts={k: v for k, v in g.change_ts.items() if k[0] in owned},
-            calibrated_samples=[(m, s, w, n) for m, s, w, _, n in cal],
-            series=series,
-            methods=FIT_METHODS if method == "auto" else (method,),
-            alerts_failed=self.alerts.failed, owned_models=len(owned),
-            invalid=self.invalid())
+        st = self.driver.state(self.owner.series_of(parts), owned.__contains__)
+        st.owned_models = len(owned)
+        st.invalid = self.invalid()
+        return st
 
     def invalid(self) -> dict[tuple[str, str], int]:
         """Refused records of the internal topics by (topic, reason), every reason
@@ -190,7 +201,7 @@ class Cluster:
         without a calibrator, or when another instance owns the model."""
         if model not in self.owner.models(self.owned):
             return None
-        return self._calibrated_bins.get((model, segment, window))
+        return self.driver.calibrated_bins.get((model, segment, window))
 
     # ------------------------------------------------------------ the owner thread
 
@@ -266,6 +277,8 @@ class Cluster:
             self.publisher.close()
             self.owned = frozenset()
             self.waiting = set()
+            # what this member held waits for the next assignment, as on a revoke
+            self.owner.revoke(list(self.owner.parts))
             consumer.close()
             follow.close()
             ends.close()
@@ -335,10 +348,7 @@ class Cluster:
     def _rollback(self, partition: int, offset: int, req: dict[str, Any]) -> None:
         """A ``calmon calibrators rollback`` of a model on this partition: done here, by
         its owner, through the partition's transactional producer."""
-        with self.owner.lock:
-            self.owner.offsets[partition] = max(self.owner.offsets.get(partition, 0),
-                                                offset + 1)
-            self.owner.partition_of.setdefault(req["model"], partition)
+        self.owner.request(partition, offset, req["model"])
         try:
             doc = apply_rollback(self.registry, req)
         except Exception as e:  # a bad request or a fenced producer: logged, skipped
@@ -350,27 +360,6 @@ class Cluster:
                      req["segment"], req["to"], doc["version"])
             self.live.refresh()
         self.changes += 1
-
-    def _alert(self, e: Event) -> None:
-        """The owner's refit reports, as the in-process loop sends them (``recal/loop``):
-        only published and rejected refits, with what no metric carries."""
-        if e.kind not in ("published", "rejected"):
-            return
-        f = e.fields
-        ann: dict[str, Any] = {
-            "summary": f"{f.get('method')} refit for {e.model}/{e.segment}: {e.kind}",
-            "trigger": f.get("trigger"), "fit_samples": f.get("fit_samples"),
-            "holdout_samples": f.get("holdout_samples")}
-        for side in ("before", "after"):
-            ev = f.get(f"holdout_{side}")
-            if ev:
-                ann[f"holdout_ece_{side}"] = ev["ece"]
-                ann[f"holdout_nll_{side}"] = ev["nll"]
-        if f.get("reason"):
-            ann["reason"] = f["reason"]
-        name = "CalmonRefitPublished" if e.kind == "published" else "CalmonRefitRejected"
-        self.alerts.send(name, {"model": e.model, "segment": e.segment,
-                                "method": str(f.get("method"))}, ann, "info")
 
     def _unauthentic(self, key: bytes | None, value: bytes | None,
                      headers: Any) -> str | None:
@@ -385,34 +374,36 @@ class Cluster:
         return None
 
     def _check(self) -> None:
-        events = self.owner.check(self.owned)
-        # the calibrated ECE and diagrams of the owned models' series, on the owner's
-        # samples from every instance predicted after the live calibrator's fit (as one
-        # instance would); computed here so that scrapes only read them
-        windows = self.owner.calibrated(self.owned)
-        self.calibrated, self._calibrated_bins = readings(windows)
-        self.checks += 1
-        if not events:
-            return
-        self.changes += 1
-        outcomes = Counter(self.outcomes)
-        for e in events:
-            if e.kind != "drift":
-                outcomes[(e.model, e.segment, str(e.fields.get("method")), e.kind)] += 1
-            log.info("recalibration %s of %s/%s: %s", e.kind, e.model, e.segment,
-                     {k: v for k, v in e.fields.items() if k in ("version", "reason")})
-        self.outcomes = outcomes
-        self.events = (self.events + events)[-1000:]
-        if any(e.kind == "published" for e in events):
-            self.live.refresh()
-        for e in events:
-            self._alert(e)
+        """One check of the owned models' series on the samples of every instance (the
+        calibrated ECE and diagrams too, so that scrapes only read them)."""
+        owned = self.owned
+        events = self.driver.run(self.owner.now_of, self.owner.series_of(owned),
+                                 self.owner.samples_of)
+        if events:
+            self.changes += 1
         lost = self.publisher.fenced & self.owned
         if lost:  # fenced: a newer owner took them; what this one held is stale now
             log.warning("fenced on joined-topic partitions %s: another instance owns them",
                         sorted(lost))
             self.owned = frozenset(self.owned - lost)
-            self.owner.forget(lost)
+            self.owner.drop(lost)
+
+    def assigned(self, consumer: KafkaConsumer, parts: set[int]) -> None:
+        """The group assigned ``parts`` (the rebalance listener's call): their states
+        made or kept, what went elsewhere dropped, and the partitions taken over."""
+        self.owner.assign(parts)
+        if parts:
+            self.take_over(consumer, parts)
+
+    def revoked(self, parts: set[int]) -> None:
+        """The group took ``parts`` back: neither read, checked nor published any more;
+        their state waits for the next assignment (it may hand them straight back)."""
+        self.owned = frozenset(self.owned - parts)
+        self.waiting -= parts
+        self.publisher.release(parts)
+        self.owner.revoke(parts)
+        log.info("recalibration ownership of joined-topic partitions %s released",
+                 sorted(parts))
 
     def take_over(self, consumer: KafkaConsumer, parts: set[int]) -> bool:
         """Become the one writer of ``parts`` (the broker fences each former owner), read
@@ -441,7 +432,7 @@ class Cluster:
                         "retrying", sorted(parts), e)
             return False
         for tp in tps:
-            at = self.owner.offsets.get(tp.partition)
+            at = self.owner.offset(tp.partition)
             if at is None:
                 consumer.seek_to_beginning(tp)
             else:
@@ -464,8 +455,12 @@ class Cluster:
         except Exception as e:  # lag is best effort
             log.debug("end offsets of %s: %s", self.topic, e)
             return
-        self.lag = {(self.topic, tp.partition): max(0, end - self.owner.offsets.get(
-            tp.partition, 0)) for tp, end in ends.items()}
+        self.lag = {(self.topic, tp.partition): max(0, end - (self.owner.offset(
+            tp.partition) or 0)) for tp, end in ends.items()}
+
+
+def _finite(t: float) -> float | None:
+    return t if math.isfinite(t) else None
 
 
 def _nested(counts: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
@@ -478,24 +473,14 @@ def _nested(counts: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Hands the group's decisions to the cluster; edits nothing of its own."""
+
     def __init__(self, cluster: Cluster, consumer: KafkaConsumer) -> None:
         self.c = cluster
         self.consumer = consumer
 
     def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        parts = {tp.partition for tp in revoked}
-        self.c.owned = frozenset(self.c.owned - parts)
-        self.c.waiting -= parts
-        self.c.publisher.release(parts)
-        log.info("recalibration ownership of joined-topic partitions %s released",
-                 sorted(parts))
+        self.c.revoked({tp.partition for tp in revoked})
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        c = self.c
-        parts = {tp.partition for tp in assigned}
-        # state of partitions owned no more (another instance may have moved on with
-        # them meanwhile) is dropped: if they come back, they are rebuilt from the topic
-        kept = set(c.owned) | parts  # eager or incremental assignors alike
-        c.owner.forget(set(c.owner.offsets) - kept)
-        if parts:
-            c.take_over(self.consumer, parts)
+        self.c.assigned(self.consumer, {tp.partition for tp in assigned})

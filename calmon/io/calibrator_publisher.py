@@ -5,16 +5,20 @@ there with ``calibrators.signing_key`` when set: the file and the record are one
 
 from __future__ import annotations
 
+from typing import Any
+
 from calmon.io.outbox import Outbox
 
 
 class CalibratorPublisher:
-    """The registry's ``publish(key, document)`` callback for one topic."""
+    """The registry's publish callback for one topic: each document keyed
+    ``<model>/<segment>``."""
 
     def __init__(self, outbox: Outbox, topic: str) -> None:
         self.outbox = outbox
         self.topic = topic
 
-    def __call__(self, key: str, document: bytes) -> bool:
-        """Queue the document; False when the producer could not take it (counted)."""
-        return self.outbox.send(self.topic, key.encode(), document, None)
+    def __call__(self, model: str, segment: str, _doc: dict[str, Any], data: bytes) -> bool:
+        """Queue the document's bytes; False when the producer could not take it
+        (counted)."""
+        return self.outbox.send(self.topic, f"{model}/{segment}".encode(), data, None)

@@ -48,15 +48,20 @@ def fit_methods(method: str) -> tuple[str, ...]:
 class Driver:
     def __init__(self, cfg: Config, policy: Policy, live: LiveCalibrators,
                  alerts: AlertSender, *,
-                 raw_rows: Callable[[], Sequence[Row]] | None = None) -> None:
+                 raw_rows: Callable[[], Sequence[Row]] | None = None,
+                 alarms_to_engine: bool = True) -> None:
         """``raw_rows``: the exact window rows of series without a calibrator (the
-        in-process loop); None: those are read from the buffer as given (the owner)."""
+        in-process loop); None: those are read from the buffer as given (the owner).
+        ``alarms_to_engine``: the engine's estimation maps fit the regimes the alarms
+        say (off scaled out: only the owner sees an alarm, and every instance's maps
+        follow the same live calibrators)."""
         self.cfg = cfg
         self.policy = policy
         self.registry: Registry = policy.registry
         self.live = live
         self.alerts = alerts
         self.raw_rows = raw_rows
+        self.alarms_to_engine = alarms_to_engine
         self.methods = fit_methods(cfg.recalibration.method)
         self.lock = threading.Lock()
         # what readers get, replaced whole under the lock by each run
@@ -76,7 +81,7 @@ class Driver:
         events = self.policy.check_each(now_of, series, samples_of)
         # a CLI rollback or a publish shows from this run on; the estimation maps fit
         # the regimes the alarms say
-        self.live.refresh(self.policy.gauges.change_ts)
+        self.live.refresh(self.policy.gauges.change_ts if self.alarms_to_engine else None)
         calibrated, bins = readings(self.policy.calibrated_windows(
             now_of, series, samples_of, identity=self.raw_rows is None))
         if self.raw_rows is not None:

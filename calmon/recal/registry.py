@@ -34,7 +34,9 @@ from calmon.files import atomic_write, write_new
 log = logging.getLogger(__name__)
 
 _VERSION = re.compile(r"^v(\d+)\.json$")
-Publish = Callable[[str, bytes], object]  # (key "<model>/<segment>", JSON bytes)
+# (model, segment, the document as published, its bytes): the document itself, so a
+# publisher never parses back what it was handed
+Publish = Callable[[str, str, dict[str, Any], bytes], object]
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class Registry:
                     break
             atomic_write(d / "latest.json", data)
         if self.publish_to_topic is not None:
-            self.publish_to_topic(f"{model}/{segment}", data)
+            self.publish_to_topic(model, segment, doc, data)
         return doc
 
     def _publish_topic_first(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +159,7 @@ class Registry:
         with self._lock:
             d = self.dir_of(model, segment)
             doc, data = self._finish({**doc, "version": self._next(model, segment)})
-        self.publish_to_topic(f"{model}/{segment}", data)  # raises when fenced
+        self.publish_to_topic(model, segment, doc, data)  # raises when fenced
         with self._lock:
             d.mkdir(parents=True, exist_ok=True)
             atomic_write(d / f"v{doc['version']}.json", data)

@@ -177,10 +177,9 @@ def test_the_owner_publishes_over_sasl_ssl(
     publisher = Publisher(kafka, topic, f"calmon-test-{uuid.uuid4().hex[:8]}")
     try:
         publisher.take(0)
-        publisher.partition_of = {"ctr": 0}
         document = {"model": "ctr", "segment": "__all__", "version": 1,
                     "method": "temperature", "input": "logit", "params": {"temperature": 1.5}}
-        assert publisher("ctr/__all__", (json.dumps(document) + "\n").encode())
+        assert publisher.send(0, "ctr/__all__", (json.dumps(document) + "\n").encode())
         docs = read_back(publisher, 0)  # transactional, read_committed, over SASL_SSL
         assert [(d["version"], d["params"]["temperature"]) for d, _ in docs] == [(1, 1.5)]
     finally:

@@ -15,7 +15,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from kafka import KafkaConsumer, TopicPartition
 
+from calmon import config as config_mod
 from calmon.cluster.batch import JoinedBatch, Series, encode
+from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.records import ScoreKind
 from calmon.engine.series import ALL
@@ -73,6 +75,24 @@ def single_instance(tmp_path: Path, bootstrap: str, preds_topic: str, labels_top
         kafka={"calibrators_topic": cal_topic}, metrics=WINDOWS,
         recalibration={**RECAL, "output_dir": str(tmp_path / "single-calibrators")}),
         log=tmp_path / "single.log")
+
+
+def owner_config(tmp_path: Path, bootstrap: str, *, group: str, joined_topic: str,
+                 cal_topic: str, index: int = 0, suffix: str = "",
+                 client: dict[str, Any] | None = None,
+                 calibrators: dict[str, Any] | None = None, **kafka: Any) -> Config:
+    """The config of instance ``index`` of a two-instance fleet, for an in-process
+    owner (``calmon.cluster.service.Cluster``): its calibrators and state under
+    ``tmp_path`` (named with ``suffix``); ``kafka``: more of that section."""
+    return config_mod.from_dict({
+        **({} if calibrators is None else {"calibrators": calibrators}),
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": group,
+                  "instance": {"index": index, "count": 2}, "joined_topic": joined_topic,
+                  "calibrators_topic": cal_topic, "client": client or GROUP_CLIENT,
+                  **kafka},
+        "metrics": WINDOWS,
+        "recalibration": {**RECAL, "output_dir": str(tmp_path / f"calibrators{suffix}")},
+        "state": {"dir": str(tmp_path / f"state{suffix}")}})
 
 
 def records_of(preds_topic: str, labels_topic: str,

@@ -90,8 +90,7 @@ def test_aborted_publishes_are_never_served_nor_materialised(
     successor = Publisher(kafka, topic, group)
     try:
         producer = owner.take(0)
-        owner.partition_of = {"ctr": 0}
-        assert owner(KEY, doc(1, 2.0))  # v1, committed
+        assert owner.send(0, KEY, doc(1, 2.0))  # v1, committed
         # v2: the owner aborts its own transaction (its refit failed the gate mid-send)
         producer.begin_transaction()
         producer.send(topic, key=KEY.encode(), value=doc(2, 5.0), partition=0).get(30)

@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon import config as config_mod
 from calmon.calibrators.signing import Signer, keygen
 from calmon.cluster.service import Cluster
 from tests.daemon_helpers import CalmonDaemon, Producer, series, wait_until, write_config
-from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, records_of
+from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, owner_config, records_of
 from tests.recal_helpers import BASE_TS, binary_logit_stream
 
 pytestmark = pytest.mark.integration
@@ -51,15 +50,10 @@ def test_unsigned_and_out_of_range_documents_write_nothing_and_stop_no_takeover(
     with Producer(kafka_bootstrap) as p:
         p.send([(cal_topic, k, v) for k, v, _ in hostile] + [(cal_topic, b"ctr/__all__", good)])
     out = tmp_path / "calibrators"
-    cfg = config_mod.from_dict({
-        "kafka": {"bootstrap_servers": kafka_bootstrap,
-                  "group_id": f"calmon-test-{uuid.uuid4().hex[:8]}",
-                  "instance": {"index": 0, "count": 2}, "joined_topic": joined_topic,
-                  "calibrators_topic": cal_topic, "client": GROUP_CLIENT},
-        "recalibration": {**RECAL, "output_dir": str(out)},
-        "calibrators": {"signing_key": private, "key_id": "k1",
-                        "verify_keys": [{"id": "k1", "public_key": public}]},
-        "state": {"dir": str(tmp_path / "state")}})
+    cfg = owner_config(tmp_path, kafka_bootstrap, group=f"calmon-test-{uuid.uuid4().hex[:8]}",
+                       joined_topic=joined_topic, cal_topic=cal_topic, calibrators={
+                           "signing_key": private, "key_id": "k1",
+                           "verify_keys": [{"id": "k1", "public_key": public}]})
     dead: list[tuple[bytes | None, str, str]] = []
     cluster = Cluster(cfg, None, lambda v, r, s: dead.append((v, r, s)))
     try:

@@ -30,10 +30,10 @@ from calmon.errors import NotOwnerError
 from tests.daemon_helpers import wait_until
 from tests.integration.cluster.fleet import (
     GROUP_CLIENT,
-    RECAL,
     documents,
     input_backlog,
     joined_batches,
+    owner_config,
 )
 
 pytestmark = pytest.mark.integration
@@ -50,14 +50,9 @@ def test_a_paused_former_owner_is_fenced_by_the_broker(
         # client ids order the members (the range assignor gives partition 0 to the
         # first member id): A ("a-...") owns it while both are in the group
         client = {**GROUP_CLIENT, "client_id": f"{'ab'[i]}-{group}"}
-        return config_mod.from_dict({
-            "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group,
-                      "predictions_topic": preds,
-                      "instance": {"index": i, "count": 2}, "joined_topic": joined_topic,
-                      "calibrators_topic": cal_topic, "client": client},
-            "metrics": {"windows": ["1h", "24h"]},
-            "recalibration": {**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")},
-            "state": {"dir": str(tmp_path / f"state{i}")}})
+        return owner_config(tmp_path, kafka_bootstrap, group=group, index=i, suffix=str(i),
+                            joined_topic=joined_topic, cal_topic=cal_topic, client=client,
+                            predictions_topic=preds)
 
     a, b = Cluster(cfg(0)), Cluster(cfg(1))
     decided, resume = threading.Event(), threading.Event()
@@ -65,12 +60,12 @@ def test_a_paused_former_owner_is_fenced_by_the_broker(
     send = a.registry.publish_to_topic
     assert send is not None
 
-    def held(key: str, data: bytes) -> Any:
+    def held(model: str, segment: str, doc: dict[str, Any], data: bytes) -> Any:
         """A's publish, held between the policy's decision and the transaction."""
         decided.set()
         resume.wait(120)
         try:
-            return send(key, data)
+            return send(model, segment, doc, data)
         except BaseException as e:
             refused.append(e)
             raise

@@ -13,18 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmon import config as config_mod
 from calmon.cluster.kafka import JoinedProducer
 from calmon.cluster.service import Cluster
 from calmon.engine.series import ALL
 from tests.conftest import create_topics, unique_topic
 from tests.daemon_helpers import wait_until
 from tests.integration.cluster.fleet import (
-    GROUP_CLIENT,
-    RECAL,
     documents,
     input_backlog,
     joined_batches,
+    owner_config,
 )
 
 pytestmark = pytest.mark.integration
@@ -36,14 +34,8 @@ def test_partitions_wait_paused_until_the_calibrators_topic_is_there(
     cal_topic = unique_topic("calmon-test")  # not created yet
     group = f"calmon-test-{uuid.uuid4().hex[:8]}"
     preds = input_backlog(kafka_bootstrap, kafka_topics)
-    cfg = config_mod.from_dict({
-        "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group,
-                  "predictions_topic": preds,
-                  "instance": {"index": 0, "count": 2}, "joined_topic": joined_topic,
-                  "calibrators_topic": cal_topic, "client": GROUP_CLIENT},
-        "metrics": {"windows": ["1h", "24h"]},
-        "recalibration": {**RECAL, "output_dir": str(tmp_path / "calibrators")},
-        "state": {"dir": str(tmp_path / "state")}})
+    cfg = owner_config(tmp_path, kafka_bootstrap, group=group, joined_topic=joined_topic,
+                       cal_topic=cal_topic, predictions_topic=preds)
     producer = JoinedProducer(cfg.kafka, joined_topic)
     assert producer.send(joined_batches(np.random.default_rng(7), preds))
     producer.close()

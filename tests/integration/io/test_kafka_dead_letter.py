@@ -58,7 +58,7 @@ def test_publish_uses_the_same_producer(
     try:
         letters.send(b"ignored", "not_json", "p/0/0")  # no dead-letter topic: no-op
         assert outbox._producer is None
-        assert publish("ctr-v3/__all__", b'{"version": 1}')
+        assert publish("ctr-v3", "__all__", {"version": 1}, b'{"version": 1}')
         assert letters.flush(10)
         assert (outbox.delivered, letters.dead_letters_failed) == (1, 0)
     finally:

@@ -130,8 +130,8 @@ def test_topic_watcher_sees_published_and_rolled_back_documents(
                     calibrators_topic=topic, client=dict(FAST_CLIENT))
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, request_timeout_ms=5000)
     try:
-        def publish(key: str, data: bytes) -> None:
-            producer.send(topic, key=key.encode(), value=data).get(10)
+        def publish(model: str, segment: str, _doc: dict, data: bytes) -> None:
+            producer.send(topic, key=f"{model}/{segment}".encode(), value=data).get(10)
 
         # records serving code must skip: not JSON, not a calibrator, a tombstone
         for junk in (b"not json", b"{}", b"[1, 2]", b'{"model": "ctr", "version": 9}', None):

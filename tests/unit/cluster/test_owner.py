@@ -113,9 +113,9 @@ def test_every_senders_samples_reach_the_owner_once_even_when_sent_again() -> No
                       strict=True)) == want
     # the owner's state restores whole, offsets included
     other = owner_of(cfg)
-    held = other.partition_of  # a publisher holds this mapping: restored in place
     other.restore(owner.snapshot())
-    assert held is other.partition_of and held == {"m": 0}
+    other.assign({0})  # the partition's state, set aside by the restore, is its own again
+    assert other.models([0]) == ["m"] and other.partition_of("m") == 0
     assert other.sample_count("m") == 900 and other.offsets == {0: offset}
     assert not other.accept(0, offset, again.pending[0][1] if again.pending else
                             encode(JoinedBatch("m", 0.0, 1, {("labels", 1): (0, 300)}, [])))
@@ -216,14 +216,18 @@ def test_a_partition_moved_away_is_forgotten_and_read_again_when_it_returns() ->
             assert owner.accept(part, i, value)
     owner.check()
     assert {m for m, _ in owner.policy.states} == {"a", "b"}
-    held = owner.partition_of
-    owner.forget({1})
-    assert owner.models() == ["a"] and held is owner.partition_of
+    owner.revoke({0, 1})  # an eager rebalance revokes everything...
+    assert owner.parts == {} and owner.models() == ["a", "b"]  # (set aside, checkpointed)
+    owner.assign({0})  # ...and hands partition 0 back: 1 went to another owner
+    assert owner.models() == ["a"] and owner.partition_of("b") is None
+    assert owner.partition_of("a") == 0
     assert owner.sample_count("b") == 0 and owner.sample_count("a") == 100
-    assert set(owner.offsets) == {0} and "b" not in owner.nows
-    assert all(k[0] != "b" for k in owner.seen)
+    assert set(owner.offsets) == {0} and owner.now_of("b") == -math.inf
+    assert all(row[0] != "b" for row in owner.snapshot()["seen"])
     assert {m for m, _ in owner.policy.states} == {"a"}
     assert {row[0] for row in owner.policy.snapshot()["series"]} == {"a"}
+    owner.drop({0})  # fenced at a publish: dropped at once
+    assert owner.models() == [] and owner.offsets == {} and owner.policy.states == {}
 
 
 def test_an_unacknowledged_backlog_stays_bounded_and_the_owner_exact() -> None:

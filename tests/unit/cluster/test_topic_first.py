@@ -22,10 +22,10 @@ def test_a_refused_publish_writes_nothing_and_an_accepted_one_is_copied(
     sent: list[tuple[str, bytes]] = []
     refuse = [True]
 
-    def topic(key: str, data: bytes) -> bool:
+    def topic(model: str, segment: str, _doc: dict, data: bytes) -> bool:
         if refuse[0]:
             raise RuntimeError("ProducerFencedError")  # what a fenced commit raises
-        sent.append((key, data))
+        sent.append((f"{model}/{segment}", data))
         return True
 
     reg = Registry(tmp_path, topic, topic_first=True)
