@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calmon.cli import main
+from tests.cli_helpers import ERROR_LINE, config_error
+from tests.cli_helpers import check_config as check
+from tests.cli_helpers import run_cli as run
 from tests.hostile_batches import ALIAS_BOMB
 
 REPO = Path(__file__).resolve().parents[2]
-ERROR_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*: \S.*$")
 
 # The contract's section 0, written out here rather than read from calmon.config.
 CONTRACT_DEFAULTS = {
@@ -55,18 +55,6 @@ CONTRACT_DEFAULTS = {
     "logging": {"level": "info", "format": "text"},
     "state": {"dir": "./state", "checkpoint_interval": "10s", "on_corrupt": "fail"},
 }
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def check(capsys, tmp_path: Path, text: str) -> tuple[int, str, str]:
-    path = tmp_path / "config.yaml"
-    path.write_text(text, encoding="utf-8")
-    return run(capsys, "check-config", "-c", str(path))
 
 
 def assert_subset(expected: dict, actual: dict, where: str = "") -> None:
@@ -259,11 +247,8 @@ state:
 ])
 def test_durations_and_sizes_are_range_checked(capsys, tmp_path: Path, text: str, key: str,
                                                why: str) -> None:
-    rc, out, err = check(capsys, tmp_path, text)
-    assert rc == 2 and out == ""
-    [line] = err.strip().splitlines()
-    assert ERROR_LINE.match(line), line
-    got_key, got_why = line.split(": ", 1)
+    got_key, got_why = config_error(capsys, tmp_path, text)
+    assert ERROR_LINE.match(f"{got_key}: {got_why}")
     assert got_key == key
     assert why in got_why
 

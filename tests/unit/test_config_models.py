@@ -12,6 +12,7 @@ import yaml
 from calmon.capacity import worst_case
 from calmon.config import from_dict
 from tests.cli_helpers import check_config as check
+from tests.cli_helpers import config_error
 
 
 def test_a_models_entry_overlays_every_model_key_by_key(capsys, tmp_path: Path) -> None:
@@ -59,11 +60,8 @@ estimates: {calibration: live, min_samples: 10, samples: 10}
 ])
 def test_each_error_names_its_key(capsys, tmp_path: Path, text: str, key: str,
                                   says: str) -> None:
-    rc, out, err = check(capsys, tmp_path, text)
-    assert rc == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert [line.split(": ", 1)[0] for line in lines] == [key], err
-    assert says in lines[0], err
+    got_key, got_why = config_error(capsys, tmp_path, text)
+    assert got_key == key and says in got_why, (got_key, got_why)
 
 
 def test_a_model_name_no_record_could_carry(capsys, tmp_path: Path) -> None:
