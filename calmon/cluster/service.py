@@ -56,7 +56,7 @@ from calmon.errors import CalibratorError, NotOwnerError
 from calmon.recal.alerts import AlertSender
 from calmon.recal.driver import Driver
 from calmon.recal.live import Engineish, LiveCalibrators
-from calmon.recal.policy import Event, Policy
+from calmon.recal.policy import Policy
 from calmon.recal.readmodel import RecalState
 from calmon.recal.registry import Registry
 
@@ -116,16 +116,6 @@ class Cluster:
         self._wake = threading.Event()  # tests: run a check now
 
     @property
-    def events(self) -> list[Event]:
-        """The owner's events, newest last (bounded)."""
-        return self.driver.events
-
-    @property
-    def checks(self) -> int:
-        """Policy checks completed (/status, as the in-process loop's)."""
-        return self.driver.checks
-
-    @property
     def outcomes(self) -> Mapping[tuple[str, str, str, str], int]:
         """Refits by (model, segment, method, outcome) since start."""
         return self.driver.outcomes
@@ -176,7 +166,7 @@ class Cluster:
                            for m in self.owner.models(owned)},
                 "duplicates": self.owner.duplicates, "bad_batches": self.owner.bad,
                 "refused": _nested(self.invalid()),
-                "pending_batches": len(self.sender.pending), "checks": self.checks}
+                "pending_batches": len(self.sender.pending), "checks": self.driver.checks}
 
     def metrics_state(self) -> RecalState:
         parts = self.owned  # one reading of it (the owner thread replaces it whole)
