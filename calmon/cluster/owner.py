@@ -149,11 +149,11 @@ class Owner:
                     self.checks.place(b, place.key, partition, place.partitions)
                     self.checks.source(b, place.end)
                 new_models(b, self._partition_of(), self._series_count(), self.checks,
-                           lambda m, s: (m, s) in st.rings)
+                           lambda m, s: self._ring(m, s) is not None)
             except (BatchError, Refused) as e:
                 self._refuse(partition, offset, e.reason, str(e))
                 return e.reason
-            st.models.add(b.model)
+            self._key(b.model, st)
             return self._take(st, b)
 
     def reject(self, partition: int, offset: int, why: str,
@@ -170,7 +170,7 @@ class Owner:
             st = self._part(partition)
             st.read(offset)
             if self.partition_of(model) is None:
-                st.models.add(model)
+                self._key(model, st)
 
     def _refuse(self, partition: int, offset: int, reason: str, why: str) -> None:
         self.bad += 1
@@ -184,8 +184,25 @@ class Owner:
         """A checked batch into ``partition``'s state; False for a copy."""
         with self.lock:
             st = self._part(partition)
-            st.models.add(b.model)
+            self._key(b.model, st)
             return self._take(st, b)
+
+    def _key(self, model: str, st: PartitionState) -> None:
+        """``model`` is keyed to ``st``'s partition from now on: what another partition
+        held of it moves along (partitions added to the joined topic rehash a key), so a
+        series keeps one ring and a model one clock."""
+        if model in st.models:
+            return
+        for _, other in self._held():
+            if model in other.models and other is not st:
+                other.models.discard(model)
+                for k in [k for k in other.rings if k[0] == model]:
+                    st.rings[k] = other.rings.pop(k)
+                for mark in [k for k in other.seen if k[0] == model]:
+                    st.seen[mark] = other.seen.pop(mark)
+                if model in other.nows:
+                    st.nows[model] = other.nows.pop(model)
+        st.models.add(model)
 
     def _take(self, st: PartitionState, b: JoinedBatch) -> bool:
         part = b.part[0]

@@ -46,3 +46,22 @@ def test_a_publish_goes_to_its_models_owned_partition_and_nowhere_else(
     with pytest.raises(NotOwnerError):
         c.registry.publish(doc("ctr"))
     assert len(sent) == 1 and c.registry.versions("ctr", "__all__") == [1]
+
+
+def test_a_model_rehashed_to_another_partition_keeps_one_ring_and_clock(
+        tmp_path: Path) -> None:
+    """Partitions added to the joined topic move a model's key: what the owner held of
+    it moves to its new partition (one ring a series, one clock a model), and its
+    publishes go through that partition's producer."""
+    c = Cluster(config_mod.from_dict({
+        "kafka": {"instance": {"index": 0, "count": 2}, "joined_topic": "j",
+                  "calibrators_topic": "c", "predictions_topic": "preds"},
+        "recalibration": {"output_dir": str(tmp_path / "cal")}}))
+    c.owner.assign({1, 2})
+    assert c.owner.accept(1, 0, encode(batch("ctr", source={("preds", 0): (0, 4)})))
+    assert c.owner.accept(2, 0, encode(batch("ctr", source={("preds", 0): (4, 8)})))
+    assert not c.owner.accept(2, 1, encode(batch("ctr", source={("preds", 0): (0, 4)})))
+    assert c.owner.sample_count("ctr") == 8 and c.owner.partition_of("ctr") == 2
+    assert c.owner.models([1]) == [] and c.owner.series_of([2]) == [("ctr", "__all__")]
+    got = c.owner.samples_of("ctr", "__all__")
+    assert got is not None and len(got) == 8
