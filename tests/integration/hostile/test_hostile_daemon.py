@@ -98,6 +98,17 @@ class Plan:
         self.records.append(rec)
         self.allowed.append(frozenset(reasons))
 
+    @classmethod
+    def of_valid(cls, n: int, seed: int, pt: str, lt: str) -> Plan:
+        """``n`` valid pairs (dataset ``seed``), interleaved by ``seed + 1``."""
+        plan = cls()
+        preds, labels = make_dataset(n, seed=seed)
+        for r in interleave(preds, labels, pt, lt, seed=seed + 1):
+            plan.valid(r)
+        plan.valid_preds += preds
+        plan.valid_labels += labels
+        return plan
+
 
 def raw_json(text: str) -> bytes:
     """A JSON document written by hand (escapes such as ``\\udc00`` kept as they are)."""
@@ -108,12 +119,7 @@ def phase1(pt: str, lt: str) -> Plan:
     """Valid traffic that admits the models, plus valid-but-odd records: ``..`` and
     ``../escape`` model names, a model that will flip its class count, the targets of
     out-of-range labels, labels naming models nobody predicts, a duplicate storm."""
-    plan = Plan()
-    preds, labels = make_dataset(300, seed=81)
-    for r in interleave(preds, labels, pt, lt, seed=82):
-        plan.valid(r)
-    plan.valid_preds += preds
-    plan.valid_labels += labels
+    plan = Plan.of_valid(300, 81, pt, lt)
     rng = np.random.default_rng(83)
     # path-like model names are valid names; badly calibrated so recalibration publishes
     for model in ("..", "../escape"):
@@ -181,12 +187,7 @@ ADMITTED_IN_PHASE1 = 6 + len(ODD_MODELS)
 
 def phase2(pt: str, lt: str) -> Plan:
     """Hostile records of every kind among more valid traffic."""
-    plan = Plan()
-    preds, labels = make_dataset(300, seed=84)
-    for r in interleave(preds, labels, pt, lt, seed=85):
-        plan.valid(r)
-    plan.valid_preds += preds
-    plan.valid_labels += labels
+    plan = Plan.of_valid(300, 84, pt, lt)
     rng = np.random.default_rng(86)
     ts = BASE_TS + 1000.0
     now = time.time()
@@ -306,12 +307,7 @@ def phase2(pt: str, lt: str) -> Plan:
 
 def phase3(pt: str, lt: str) -> Plan:
     """Valid traffic after the last restart: joins still work."""
-    plan = Plan()
-    preds, labels = make_dataset(150, seed=87)
-    for r in interleave(preds, labels, pt, lt, seed=88):
-        plan.valid(r)
-    plan.valid_preds += preds
-    plan.valid_labels += labels
+    plan = Plan.of_valid(150, 87, pt, lt)
     return plan
 
 
