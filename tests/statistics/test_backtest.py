@@ -30,6 +30,7 @@ from tests.statistics.sim import (
 ALL = "__all__"
 
 
+@pytest.mark.slow
 def test_a_calibrated_model_with_20_segments_raises_no_alarm_in_a_week() -> None:
     """(a) 20 segments at a 3% base rate, 5k samples a day each, per-segment detection,
     a simulated week of 5-minute checks (2016 checks x 21 series): no alarm. The bound is

@@ -62,6 +62,7 @@ def _check(models: int, days: float, seed: int, interval: str = "1h") -> None:
         assert k <= n / c
 
 
+@pytest.mark.slow
 def test_a_calibrated_fleet_keeps_ville_s_bound() -> None:
     """5 models for 30 days (the fast cut of the fleet)."""
     _check(5, 30.0, seed=1)

@@ -79,6 +79,7 @@ def _delayed(per_day: float, delay: Delay, seed: int, days: float,
     return sim, run(sim, days)
 
 
+@pytest.mark.slow
 def test_labels_6_to_48_hours_late_at_24k_a_day() -> None:
     """Alarm <= 12 h after the change, dated within 1 h, first publish <= 30 h, no alarm
     after a correct publish, served true ECE <= 0.03 at the end and over the last 2 days."""

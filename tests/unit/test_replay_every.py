@@ -196,6 +196,7 @@ def test_every_day_equals_numpy_on_each_period(thirty_days, want) -> None:
     assert ((d["kind"] != 0) & (d["ts"] + TTL < np.ceil(d["ts"] / DAY) * DAY)).sum() > 100
 
 
+@pytest.mark.slow
 def test_memory_holds_only_the_open_periods(tmp_path: Path) -> None:
     """Peak traced memory while 10 and 40 days of the same daily traffic are fed (the
     files are read before): flat in the number of periods, and never more than the

@@ -80,6 +80,7 @@ def test_unsigned_and_out_of_range_documents_write_nothing_and_stop_no_takeover(
 N_BIG, N_SMALL = 120_000, 50
 
 
+@pytest.mark.slow
 def test_a_catch_up_larger_than_a_record_reaches_the_owner(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
     """120,000 samples of one model joined within one checkpoint: the sender's batch

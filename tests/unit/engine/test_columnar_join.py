@@ -187,7 +187,9 @@ def summary(fed: Fed) -> dict[str, Any]:
 JOIN_SETTINGS = [(False, 1000), (True, 1000), (False, 1), (False, 2), (False, 3)]
 
 
-@pytest.mark.parametrize("mode", sorted(INDEX_MODES))
+# one index mode in the quick loop (-m "not slow"), every one in the whole suite
+@pytest.mark.parametrize("mode", [m if m == "dict" else pytest.param(m, marks=pytest.mark.slow)
+                                  for m in sorted(INDEX_MODES)])
 @SETTINGS
 @given(streams, st.sampled_from(JOIN_SETTINGS))
 def test_batching_and_columns_do_not_change_the_outcome(mode: str, events: list[Event],

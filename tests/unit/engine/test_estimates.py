@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 from prometheus_client import generate_latest
 
 from calmon.config import from_dict
@@ -86,6 +87,7 @@ def test_labels_never_arrive_binary_and_multiclass() -> None:
     assert r["24h"].stats.samples == n_old
 
 
+@pytest.mark.slow
 def test_the_estimate_band_covers_the_realized_accuracy_at_its_level() -> None:
     """True probabilities known: each pending prediction is right with probability
     max(p, 1 - p), so the count right is Poisson-binomial. Per model, the sums and the

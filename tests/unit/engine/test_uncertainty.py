@@ -141,6 +141,7 @@ def population_ece(ab: tuple[float, float], k: float, b: float, bins: int = 15) 
     return float(np.abs(conf - acc).sum() / len(p))
 
 
+@pytest.mark.slow
 def test_interval_covers_the_population_ece_at_its_level() -> None:
     """Calibrated and miscalibrated models at several n: per cell, coverage within
     Monte Carlo slack of the nominal level, and overall at least nominal; the mean width
