@@ -58,6 +58,7 @@ from calmon.recal.calibrated import SamplesOf, calibrated_windows, iso, scored
 from calmon.recal.calibrated import parse_iso as parse_iso
 from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
+from calmon.recal.cycle import Cycles, block, cycle_samples
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
 from calmon.recal.guards import segment_guards
 from calmon.recal.hold import ScoresOf, moved
@@ -101,6 +102,7 @@ class Policy:
         self._logged: set[tuple[str, str]] = set()  # each series' first raise is logged
         self.gauges = Gauges()
         self.scores_of: ScoresOf | None = None  # newer predictions' scores, for holds
+        self.cycles = Cycles(registry)  # which series alternate (calmon.recal.cycle)
         self._snapshot: dict[str, Any] = {"series": [], "published_ece": [], "set_aside": []}
         self._lock = threading.Lock()  # one check at a time
 
@@ -260,6 +262,10 @@ class Policy:
                 st.last_refit is None or now - st.last_refit >= self.rc.retry_after)
         else:
             cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
+        cycle = self._cycle(model, segment) if cooled else None
+        if cycle is not None:  # alternating: judged and fitted on a cycle, not one phase
+            post = cycle_samples(samples_of(model, segment, None) or post, now - self._hold(),
+                                 cycle)
         if cooled:  # the identity and earlier versions first: no min_samples for them
             undo = self._rollback(now, model, segment, st, post, samples_of)
             if undo is not None:
@@ -268,7 +274,7 @@ class Policy:
         if cooled and len(post) >= self.rc.min_samples and not self._deferred(
                 model, segment, keys):
             events.append(self._refit(now, model, segment, st, post, live,
-                                      fired[0], keys, samples_of))
+                                      fired[0], keys, samples_of, cycle))
         elif len(post) < self.rc.min_samples and st.latch.expired(now, self.rc.retry_after):
             log.info("alarm of %r/%r released: %d post-change samples after retry_after, "
                      "%d needed", model, segment, len(post), self.rc.min_samples)
@@ -277,6 +283,12 @@ class Policy:
                 "holdout_samples": 0, "reason": TOO_FEW, "post_change_samples": len(post)}))
             st.latch = Latch()
         return events
+
+    def _cycle(self, model: str, segment: str) -> float | None:
+        """The cycle's length, ``recalibration.window``, when the series alternates
+        (calmon.recal.cycle), else None."""
+        cyclic = self.cycles.cyclic(model, segment)
+        return self.cfg.window(self.rc.window).seconds if cyclic else None
 
     def _post_change(self, now: float, model: str, segment: str, st: SeriesState,
                      samples_of: SamplesOf) -> SampleSet | None:
@@ -348,7 +360,7 @@ class Policy:
 
     def _refit(self, now: float, model: str, segment: str, st: SeriesState, post: SampleSet,
                live: Live | None, trigger: str, keys: list[tuple[str, str]],
-               samples_of: SamplesOf) -> Event:
+               samples_of: SamplesOf, cycle: float | None = None) -> Event:
         st.last_refit = now
         prior = None
         if segment != ALL:
@@ -367,7 +379,8 @@ class Policy:
         # alpha spending over the retries of one alarm: attempt i gates at alpha / 2^i
         alpha = self.rc.alpha / 2 ** st.rejections
         result = refit(post, self.rc.method, None if live is None else live.calibrator,
-                       self.rc.holdout_fraction, self.cfg.metrics.bins, alpha, prior, guards)
+                       self.rc.holdout_fraction, self.cfg.metrics.bins, alpha, prior, guards,
+                       interleave=None if cycle is None else block(cycle))
         if result.outcome == "rejected":
             st.rejections += 1
             st.last_n, st.latch = len(post), Latch()  # the gate decided
@@ -379,7 +392,7 @@ class Policy:
             "holdout_before": None if result.before is None else result.before.as_dict(),
             "holdout_after": None if result.after is None else result.after.as_dict(),
         }
-        held = self._held(model, segment, st, post, result, fields)
+        held = None if cycle else self._held(model, segment, st, post, result, fields)
         if held is not None:
             return Event(now, model, segment, "held", held)
         if result.outcome != "published" or result.calibrator is None:
