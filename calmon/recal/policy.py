@@ -72,6 +72,7 @@ from calmon.recal.refit import (
     refit,
     scores_as,
 )
+from calmon.recal.regime import newest
 from calmon.recal.registry import Live, Registry
 from calmon.recal.rollback import best_rollback, rollback_document
 from calmon.recal.said import evidence
@@ -362,6 +363,9 @@ class Policy:
                live: Live | None, trigger: str, keys: list[tuple[str, str]],
                samples_of: SamplesOf, cycle: float | None = None) -> Event:
         st.last_refit = now
+        if cycle is None:  # changed again since: the newest regime only (calmon.recal.regime)
+            post = newest(post, self.rc.method, self.cfg.metrics.bins, self.log_threshold(),
+                          self._spacing(), self.rc.min_samples)
         prior = None
         if segment != ALL:
             model_live = self._served(model, ALL)
