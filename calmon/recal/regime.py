@@ -19,8 +19,10 @@ import numpy as np
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import confidence_and_correct
 from calmon.errors import CalibratorError
-from calmon.recal.detect import newest_regime, tilt_log_lr
+from calmon.recal.detect import TILTS, newest_regime, tilt_log_lr
 from calmon.recal.refit import MIN_FIT, fit_one, input_kind, scores_as
+
+MAX_TILT_CELLS = 4_000_000
 
 
 def newest(post: SampleSet, method: str, bins: int, log_threshold: float, spacing: float,
@@ -38,7 +40,9 @@ def newest(post: SampleSet, method: str, bins: int, log_threshold: float, spacin
         return post
     probs = cand.apply(x)
     p, y = confidence_and_correct(probs, labels)
-    start = newest_regime(p, y, post.ts, log_threshold, spacing, tilt_log_lr(probs, labels))
+    # the one-class tilts too while their (4 K, n) ratios stay small (K = 100 at 10,000)
+    tilt = tilt_log_lr(probs, labels) if probs.size * len(TILTS) <= MAX_TILT_CELLS else None
+    start = newest_regime(p, y, post.ts, log_threshold, spacing, tilt)
     if start is None:
         return post
     mine = post.ts >= start
