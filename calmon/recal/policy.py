@@ -21,7 +21,9 @@ Per series (a model's ``__all__``, and each segment with ``per_segment``):
    buffered sample predicted since the change, whatever its label delay or the
    window), those samples alone are refitted (calmon.recal.refit) and published only
    through the gate; a rejection is retried once they have doubled or after
-   ``retry_after``, whichever comes first.
+   ``retry_after``, whichever comes first. Only their newest regime is fitted when the
+   stream changed again since (calmon.recal.regime); a series that alternates is judged
+   and fitted on a full cycle instead (calmon.recal.cycle).
    A segment's calibrator is shrunk toward the model's; a model-level refit is not
    published when it makes a segment with ``min_samples`` samples significantly worse.
 
