@@ -14,6 +14,8 @@ provided they are at least ``min_samples`` (else all: a refit never waits for th
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from calmon.engine.buffer import SampleSet
@@ -21,6 +23,8 @@ from calmon.engine.metrics import confidence_and_correct
 from calmon.errors import CalibratorError
 from calmon.recal.detect import TILTS, newest_regime, tilt_log_lr
 from calmon.recal.refit import MIN_FIT, fit_one, input_kind, scores_as
+
+log = logging.getLogger(__name__)
 
 MAX_TILT_CELLS = 4_000_000
 
@@ -46,4 +50,9 @@ def newest(post: SampleSet, method: str, bins: int, log_threshold: float, spacin
     if start is None:
         return post
     mine = post.ts >= start
-    return post.select(mine) if int(mine.sum()) >= need else post
+    kept = int(mine.sum())
+    if kept < need:
+        return post
+    log.info("a newer regime inside %d post-change samples: the %d predicted from %.0f on "
+             "are fitted", len(post), kept, start)
+    return post.select(mine)
