@@ -21,7 +21,9 @@ Per series (a model's ``__all__``, and each segment with ``per_segment``):
    buffered sample predicted since the change, whatever its label delay or the
    window), those samples alone are refitted (calmon.recal.refit) and published only
    through the gate; a rejection is retried once they have doubled or after
-   ``retry_after``, whichever comes first.
+   ``retry_after``, whichever comes first. Only their newest regime is fitted when the
+   stream changed again since (calmon.recal.regime); a series that alternates is judged
+   and fitted on a full cycle instead (calmon.recal.cycle).
    A segment's calibrator is shrunk toward the model's; a model-level refit is not
    published when it makes a segment with ``min_samples`` samples significantly worse.
 
@@ -58,6 +60,7 @@ from calmon.recal.calibrated import SamplesOf, calibrated_windows, iso, read_onc
 from calmon.recal.calibrated import parse_iso as parse_iso
 from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
+from calmon.recal.cycle import Cycles, block, cycle_samples
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
 from calmon.recal.guards import segment_guards
 from calmon.recal.hold import ScoresOf, moved
@@ -71,6 +74,7 @@ from calmon.recal.refit import (
     refit,
     scores_as,
 )
+from calmon.recal.regime import newest
 from calmon.recal.registry import Live, Registry
 from calmon.recal.rollback import best_rollback, rollback_document
 from calmon.recal.said import evidence
@@ -101,6 +105,7 @@ class Policy:
         self._logged: set[tuple[str, str]] = set()  # each series' first raise is logged
         self.gauges = Gauges()
         self.scores_of: ScoresOf | None = None  # newer predictions' scores, for holds
+        self.cycles = Cycles(registry)  # which series alternate (calmon.recal.cycle)
         self._snapshot: dict[str, Any] = {"series": [], "published_ece": [], "set_aside": []}
         self._lock = threading.Lock()  # one check at a time
 
@@ -262,6 +267,10 @@ class Policy:
                 st.last_refit is None or now - st.last_refit >= self.rc.retry_after)
         else:
             cooled = st.last_refit is None or now - st.last_refit >= self.rc.cooldown
+        cycle = self._cycle(model, segment) if cooled else None
+        if cycle is not None:  # alternating: judged and fitted on a cycle, not one phase
+            post = cycle_samples(samples_of(model, segment, None) or post, now - self._hold(),
+                                 cycle)
         if cooled:  # the identity and earlier versions first: no min_samples for them
             undo = self._rollback(now, model, segment, st, post, samples_of)
             if undo is not None:
@@ -270,7 +279,7 @@ class Policy:
         if cooled and len(post) >= self.rc.min_samples and not self._deferred(
                 model, segment, keys):
             events.append(self._refit(now, model, segment, st, post, live,
-                                      fired[0], keys, samples_of))
+                                      fired[0], keys, samples_of, cycle))
         elif len(post) < self.rc.min_samples and st.latch.expired(now, self.rc.retry_after):
             log.info("alarm of %r/%r released: %d post-change samples after retry_after, "
                      "%d needed", model, segment, len(post), self.rc.min_samples)
@@ -279,6 +288,12 @@ class Policy:
                 "holdout_samples": 0, "reason": TOO_FEW, "post_change_samples": len(post)}))
             st.latch = Latch()
         return events
+
+    def _cycle(self, model: str, segment: str) -> float | None:
+        """The cycle's length, ``recalibration.window``, when the series alternates
+        (calmon.recal.cycle), else None."""
+        cyclic = self.cycles.cyclic(model, segment)
+        return self.cfg.window(self.rc.window).seconds if cyclic else None
 
     def _post_change(self, now: float, model: str, segment: str, st: SeriesState,
                      samples_of: SamplesOf) -> SampleSet | None:
@@ -350,8 +365,11 @@ class Policy:
 
     def _refit(self, now: float, model: str, segment: str, st: SeriesState, post: SampleSet,
                live: Live | None, trigger: str, keys: list[tuple[str, str]],
-               samples_of: SamplesOf) -> Event:
+               samples_of: SamplesOf, cycle: float | None = None) -> Event:
         st.last_refit = now
+        if cycle is None:  # changed again since: the newest regime only (calmon.recal.regime)
+            post = newest(post, self.rc.method, self.cfg.metrics.bins, self.log_threshold(),
+                          self._spacing(), self.rc.min_samples)
         prior = None
         if segment != ALL:
             model_live = self._served(model, ALL)
@@ -369,7 +387,8 @@ class Policy:
         # alpha spending over the retries of one alarm: attempt i gates at alpha / 2^i
         alpha = self.rc.alpha / 2 ** st.rejections
         result = refit(post, self.rc.method, None if live is None else live.calibrator,
-                       self.rc.holdout_fraction, self.cfg.metrics.bins, alpha, prior, guards)
+                       self.rc.holdout_fraction, self.cfg.metrics.bins, alpha, prior, guards,
+                       interleave=None if cycle is None else block(cycle))
         if result.outcome == "rejected":
             st.rejections += 1
             st.last_n, st.latch = len(post), Latch()  # the gate decided
@@ -381,7 +400,7 @@ class Policy:
             "holdout_before": None if result.before is None else result.before.as_dict(),
             "holdout_after": None if result.after is None else result.after.as_dict(),
         }
-        held = self._held(model, segment, st, post, result, fields)
+        held = None if cycle else self._held(model, segment, st, post, result, fields)
         if held is not None:
             return Event(now, model, segment, "held", held)
         if result.outcome != "published" or result.calibrator is None:
