@@ -54,11 +54,13 @@ def test_bad_decisions_are_dead_lettered_and_counted(
             dumps({"id": f"b{i}", "model": "fraud", "ts": BASE_TS + 5, "prob": 0.5,
                    "action": v}))
            for i, v in enumerate(["maybe", 2, 0.5, [1], "Fraud"])]
-    unlisted = [(labels_topic, b"f7", dumps({"id": "f7", "label": "chargeback",
-                                            "ts": BASE_TS + 7.5}))]
+    # a name fraud does not list: its prediction waits on, whichever topic is read first
+    unlisted = [(preds_topic, b"u1", dumps({"id": "u1", "model": "fraud", "ts": BASE_TS + 7,
+                                           "prob": 0.3})),
+                (labels_topic, b"u1", dumps({"id": "u1", "label": "chargeback",
+                                            "ts": BASE_TS + 8}))]
     daemon = CalmonDaemon(cfg)
     with daemon.start(), Producer(kafka_bootstrap) as producer:
-        # the unlisted label before f7's own: f7 waits on, and joins its valid label
         sent = producer.send(records[:14] + unlisted + bad + records[14:])
         daemon.wait_positions(end_positions(sent))
         daemon.wait_checkpoint_of(end_positions(sent), "a checkpoint after the last record")
@@ -68,12 +70,13 @@ def test_bad_decisions_are_dead_lettered_and_counted(
     assert {k: v for k, v in invalid.items() if v} == {
         ("predictions", "bad_decision"): 5.0, ("labels", "label_out_of_range"): 1.0}
     c = st["counters"]
-    assert (c["predictions"], c["labels"], c["joined"], c["invalid"]) == (N, N, N, 6)
+    assert (c["predictions"], c["labels"], c["joined"], c["invalid"]) == (N + 1, N, N, 6)
+    assert st["pending"] == 1
     accuracy = series(sc, "calmon_accuracy", "model", "segment", "window")
     want = np.mean(np.where(d >= 0, d, p >= 0.1) == y)
     assert abs(accuracy[("fraud", "__all__", "7d")] - want) < 1e-9
     letters = consume(kafka_bootstrap, dlq, 6, timeout=30)
     got = sorted((dict(r.headers)[REASON_HEADER].decode(), r.value) for r in letters)
     assert got == sorted([("bad_decision", v) for _, _, v in bad]
-                         + [("label_out_of_range", unlisted[0][2])])
+                         + [("label_out_of_range", unlisted[1][2])])
     assert all(SOURCE_HEADER in dict(r.headers) for r in letters)
