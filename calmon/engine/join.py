@@ -105,9 +105,9 @@ def concat(parts: list[Joined]) -> Joined:
             vectors.setdefault(k, []).append((idx + at, mat))
         at += len(p)
     cols = [np.concatenate([getattr(p, f) for p in parts]) for f in Joined._fields[:-1]]
-    return Joined._make([*cols, {k: (np.concatenate([i for i, _ in v]),
-                                     np.concatenate([m for _, m in v]))
-                                 for k, v in vectors.items()}])
+    return Joined(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6],
+                  {k: (np.concatenate([i for i, _ in v]), np.concatenate([m for _, m in v]))
+                   for k, v in vectors.items()})
 
 
 _E = np.zeros(0)
