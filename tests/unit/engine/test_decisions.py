@@ -226,3 +226,18 @@ def test_pending_decisions_survive_a_checkpoint_and_an_older_one_restores() -> N
     older.restore(snap)
     older.feed(labels)
     assert row(older).stats.accuracy == pytest.approx(np.mean((p >= 0.5) == y), abs=1e-9)
+
+
+def test_labels_waiting_by_name_survive_a_checkpoint() -> None:
+    rng = np.random.default_rng(9)
+    probs, d, y, raws = multiclass_stream(rng, 300, names=True)
+    engine = engine_for(models={"k": {"classes": CLASSES}})
+    engine.feed(raws[:2])  # the clock starts; every other label then waits, by name or index
+    engine.feed(raws[3::2])
+    again = engine_for(models={"k": {"classes": CLASSES}})
+    again.restore(copy.deepcopy(engine.snapshot()))
+    again.feed(raws[2::2])
+    got = row(again, "k").stats
+    assert got.samples == 300
+    decided = np.where(d >= 0, d, probs.argmax(axis=1))
+    assert got.accuracy == pytest.approx(np.mean(decided == y), abs=1e-9)
