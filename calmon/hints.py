@@ -73,7 +73,12 @@ def hint(cfg: Config, topic: str, reason: str) -> str:
     if reason in ("not_json", "not_object", "not_utf8"):
         return "records must be UTF-8 JSON objects, one a line (is this CSV, gzip or binary?)"
     if reason == "label_out_of_range":
-        return "labels must be class indices 0..K-1 of their prediction (0/1 for binary)"
+        return ("labels must be class indices 0..K-1 of their prediction (0/1 for binary), "
+                "or names its model lists in models.<m>.classes")
+    if reason == "bad_decision":
+        return (f"the value at {cfg.fields.decision!r} (fields.decision) must be a class of "
+                "its prediction: 0/1 or true/false for binary, an index 0..K-1, or a name "
+                "listed in models.<m>.classes")
     if reason == "probs_not_normalized":
         return "probs must sum to 1 (within 1e-3): map logits to fields.logits instead"
     return ""

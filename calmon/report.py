@@ -122,7 +122,8 @@ def _model_section(cfg: Config, engine: Engine, model: str, rows: list[Row],
         out.append(f"<figure class=empty><figcaption>{_no_calibrator(model, events, calibrators)}"
                    "</figcaption></figure>")
     if samples is not None and len(samples) >= 2:
-        out.append(_accuracy_over_time(samples, cal, events or []))
+        out.append(_accuracy_over_time(samples, cal, events or [],
+                                       cfg.model(model).threshold or 0.5))
     out.append("</div>")
     if events is not None:
         out.append(_events_table(events))
@@ -224,10 +225,11 @@ def _diagram(caption: str, c: Curve) -> str:
 
 
 def _accuracy_over_time(s: SampleSet, cal: tuple[Apply, float | None] | None,
-                        events: Sequence[Event] = ()) -> str:
+                        events: Sequence[Event] = (), threshold: float = 0.5) -> str:
     """Realized accuracy per time bucket against the accuracy the model's own confidence
     promises for its predicted class, after the calibrator from its fit on (raw before:
-    what calmon estimated live); the model-wide drift alarms and publishes marked."""
+    what calmon estimated live); the model-wide drift alarms and publishes marked. Binary
+    decisions at ``models.<m>.threshold`` (the refit buffer keeps no per-record decision)."""
     raw_probs = _apply(to_probs, s)  # the model's own (sigmoid / softmax of logits)
     probs = raw_probs
     if cal is not None:
@@ -235,7 +237,7 @@ def _accuracy_over_time(s: SampleSet, cal: tuple[Apply, float | None] | None,
         probs = np.where(after if raw_probs.ndim == 1 else after[:, None],
                          _apply(cal[0], s), raw_probs)
     if raw_probs.ndim == 1:
-        pred = (raw_probs >= 0.5).astype(np.int64)
+        pred = (raw_probs >= threshold).astype(np.int64)
         est = np.where(pred == 1, probs, 1.0 - probs)
     else:
         pred = raw_probs.argmax(axis=1)

@@ -29,6 +29,7 @@ from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import Buffers, SampleSet
 from calmon.engine.classes import RESET_GUARD, ClassCounts
+from calmon.engine.decisions import ClassNames, binary_decided, multi_decided, thresholds
 from calmon.engine.delta import Delta
 from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist
 from calmon.engine.estimating import Maps, PendingCounts, estimate, pending_sums, score_psi
@@ -105,6 +106,7 @@ class Engine:
         self.max_models = cfg.limits.max_models
         self.index = self._new_index()
         self.join = Join(cfg.join)
+        self.join.class_index = self._class_index  # v5: labels given as class names
         # a model idle this long on the instance's clock is dropped (contract v3 §2)
         self._idle_after = max(w.seconds for w in cfg.metrics.windows) + cfg.join.ttl
         self._combo_last = np.zeros(0)  # combo -> latest prediction ts (idle segments)
@@ -126,7 +128,7 @@ class Engine:
         self._model_idx: dict[str, int] = {}
         self._free_models: list[int] = []  # indices of dropped models, reused first
         self.batch_parser = BatchParser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits,
-                                        cfg.kafka.max_clock_skew)
+                                        cfg.kafka.max_clock_skew, ClassNames.of(cfg))
         # per model counts of this batch's labels that met no prediction, with one more
         # slot at the end, [-1], for "model not known yet"
         self._batch_labels: list[int] = [0]
@@ -218,7 +220,7 @@ class Engine:
             plain = None not in pm and [classes[m] for m in pm] == b.p_classes  # type: ignore[index]
         cols = BatchColumns(np.array(b.p_ts, np.float64), np.array(b.p_kind, np.int64),
                             np.array(b.p_score, np.float64), np.full(n_pred, -1, np.int64),
-                            b.p_vec)
+                            b.p_vec, np.array(b.p_decision, np.int64))
         self.join.prepare(cols, b.p_id, b.l_id, _int_column(b.l_label),
                           np.array(b.l_ts, np.float64), pm)  # None -> NaN
         self.join.combo_model = self._combo_models()  # every pending slot's combo
@@ -653,7 +655,8 @@ class Engine:
             y = label[binary]
             conf[binary] = p
             correct[binary] = y
-            acc[binary] = (p >= 0.5).astype(np.int64) == y
+            acc[binary] = binary_decided(p, thresholds(self.cfg, self.models)[models[binary]],
+                                         j.decision[binary]) == y
             brier[binary] = (p - y) ** 2
             nll[binary] = -np.log(np.clip(np.where(y == 1, p, 1.0 - p), 1e-15, 1.0))
         for k, (ii, given) in j.vectors.items():
@@ -664,7 +667,7 @@ class Engine:
             pred = probs.argmax(axis=1)
             conf[ii] = top
             correct[ii] = pred == y
-            acc[ii] = pred == y
+            acc[ii] = multi_decided(probs, j.decision[ii]) == y
             onehot = np.zeros_like(probs)
             onehot[np.arange(len(ii)), y] = 1.0
             brier[ii] = ((probs - onehot) ** 2).sum(axis=1)
@@ -887,6 +890,9 @@ class Engine:
             return MappingProxyType(out)
 
 
+    def _class_index(self, midx: int, name: str) -> int:
+        return self.batch_parser.names.index(self.models[midx], name)
+
     def _threshold(self, model: str) -> float:
         """A binary model's decision threshold (``models.<m>.threshold``)."""
         return self.cfg.model(model).threshold or 0.5
@@ -998,6 +1004,7 @@ class Engine:
             self.index.restore(snap["series"])
             self._folded_seen = 0
             self.join = Join(self.cfg.join)
+            self.join.class_index = self._class_index
             nows = snap.get("model_now")
             self.join.nows = ([float(x) for x in nows] if nows is not None
                               else [now] * len(self.models))

@@ -5,8 +5,8 @@ for their label once (``pending_sums``) and keeps, per series and window, two re
 of them:
 
 - as fine-bin counts of their raw confidence, by decision side (binary: decided
-  positive, ``p >= models.<m>.threshold``, or negative), to be read through an
-  estimation map (``estmap``);
+  positive, by the prediction's own decision or else ``p >= models.<m>.threshold``,
+  or negative), to be read through an estimation map (``estmap``);
 - through the live calibrator (raw scores without one): the v2-v4 reading, and the
   fallback when no map can be had.
 
@@ -15,7 +15,9 @@ the newest buckets of the largest window until they hold ``estimates.samples``
 labelled samples, refitted only when those counts changed, and kept when the labels
 pause (the series' ``last`` map). ``estimate`` picks the reading, in the contract's
 order: the series' map, the model's ``__all__`` map, the series' last map, the live
-calibrator, the raw scores.
+calibrator, the raw scores. A multiclass window holding a prediction whose own decision
+is not its argmax is read through the live calibrator (the decided class's probability)
+or raw: a map of the top-label confidence says nothing of another class.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from calmon.config import EstimatesConfig
+from calmon.engine.decisions import binary_decided, multi_decided
 from calmon.engine.estimates import Estimates, ScoreHist, psi
 from calmon.engine.estmap import Fit, Reading, Side, fit_stack, read
 from calmon.engine.records import MULTICLASS, SCORE_KINDS
@@ -55,6 +58,7 @@ class Pending:
     pos: float
     var: float
     sides: tuple[Side, ...]
+    differs: bool = False  # v5: multiclass, a decision other than the argmax among them
 
 
 PendingCounts = Mapping[tuple[int, int], Pending]
@@ -72,25 +76,27 @@ class _Rows:
     fbin: np.ndarray
     flip: np.ndarray  # binary: decided negative (right when y = 0)
     binary: bool
+    differs: np.ndarray  # multiclass: decided other than the argmax
 
     def pending(self, at: np.ndarray) -> Pending:
         top, pos = self.top[at], self.pos[at]
         return Pending(len(at), _fixed_sum(top), _fixed_sum(pos), _fixed_sum(top * (1.0 - top)),
-                       _sides(self.fbin[at], self.confq[at], self.flip[at], self.binary))
+                       _sides(self.fbin[at], self.confq[at], self.flip[at], self.binary),
+                       bool(self.differs[at].any()))
 
 
 def pending_sums(waiting: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                dict[int, Any]],
+                                dict[int, Any], np.ndarray],
                  model_of: np.ndarray, fan_out: Callable[[np.ndarray], tuple[Any, Any]],
                  names: Sequence[tuple[str, str]], model_index: Mapping[str, int],
                  calibrator: Callable[[str, str], Live | None],
                  threshold: Callable[[str], float], windows: Windows,
                  series_nows: np.ndarray) -> dict[tuple[int, int], Pending]:
     """``Pending`` of every (series, window) from the join's waiting rows (``waiting``:
-    combo, ts, kind, binary score, {row: K scores}; ``model_of``: each row's model
+    combo, ts, kind, binary score, {row: K scores}, decision; ``model_of``: each row's model
     index), the windows sliding on each series' model's now. One pass: each model's
     rows are read once per calibrator, then summed per series and window."""
-    combo, ts, kind, score, vectors = waiting
+    combo, ts, kind, score, vectors, decision = waiting
     out: dict[tuple[int, int], Pending] = {}
     if len(combo) == 0:
         return out
@@ -112,8 +118,8 @@ def pending_sums(waiting: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
         hit = cache.get(key)
         if hit is None:
             mine = np.flatnonzero(model_of == midx)
-            hit = cache[key] = _read_rows(mine, kind, score, vectors, live, threshold(name),
-                                          windows.layout.fine_bins)
+            hit = cache[key] = _read_rows(mine, kind, score, vectors, decision, live,
+                                          threshold(name), windows.layout.fine_bins)
         at = np.searchsorted(hit.rows, rows)
         for w, bkt in enumerate(buckets):
             keep = bkt[rows] > floors[w][part]
@@ -123,13 +129,13 @@ def pending_sums(waiting: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
 
 
 def _read_rows(rows: np.ndarray, kind: np.ndarray, score: np.ndarray,
-               vectors: dict[int, Any], live: Live | None, threshold: float,
-               fine_bins: int) -> _Rows:
+               vectors: dict[int, Any], decision: np.ndarray, live: Live | None,
+               threshold: float, fine_bins: int) -> _Rows:
     """Rows of one model (one score family: binary or K-class), read raw and through
-    ``live`` (identity without one)."""
+    ``live`` (identity without one), each scored on the class it decided."""
     n = len(rows)
     top, pos, conf = np.empty(n), np.zeros(n), np.empty(n)
-    flip = np.zeros(n, bool)
+    flip, differs = np.zeros(n, bool), np.zeros(n, bool)
     binary = True
     # one group per score kind and class count (a model's K can change on a reset)
     k = kind[rows] * 1_000_000
@@ -146,17 +152,20 @@ def _read_rows(rows: np.ndarray, kind: np.ndarray, score: np.ndarray,
         own = raw_probs(raw, code)  # the model's own probabilities: its decision
         probs = _through(live, raw, code)
         cal = own if probs is None else probs
+        given = decision[rows[part]]
         if own.ndim == 1:
-            decided = own >= threshold
+            decided = binary_decided(own, threshold, given) == 1
             top[part] = np.where(decided, cal, 1.0 - cal)
             pos[part] = cal
             conf[part] = own
             flip[part] = ~decided
         else:
-            top[part] = cal[np.arange(len(cal)), own.argmax(axis=1)]
+            decided = multi_decided(own, given)
+            top[part] = cal[np.arange(len(cal)), decided]
             conf[part] = own.max(axis=1)
+            differs[part] = decided != own.argmax(axis=1)
     return _Rows(rows, top, pos, np.rint(conf * CONF_SCALE), bin_index(conf, fine_bins),
-                 flip, binary)
+                 flip, binary, differs)
 
 
 def _through(live: Live | None, raw: np.ndarray, code: int) -> np.ndarray | None:
@@ -332,6 +341,8 @@ def estimate(pending: Pending | None, score_psi: float | None,
              level: float) -> Estimates:
     """One (series, window)'s estimates: through the chosen map, else ``fallback``
     (``live`` or ``raw``, whose sums ``pending`` already holds)."""
+    if chosen is not None and pending is not None and pending.differs:
+        chosen = None  # a decision other than the top label: the live calibrator, or raw
     if chosen is not None:
         basis, m = chosen
         fit_info: dict[str, Any] = {"estimate_basis": basis,

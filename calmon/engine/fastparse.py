@@ -26,6 +26,7 @@ from msgspec import Meta
 from orjson import loads as _orjson_loads
 
 from calmon.config import FieldsConfig, LimitsConfig
+from calmon.engine.decisions import BAD, NAMED, NONE, ClassNames, decision_of
 from calmon.engine.msgstructs import Leaf as _Leaf
 from calmon.engine.msgstructs import build_struct as _build_struct
 from calmon.engine.msgstructs import columns as _columns
@@ -76,8 +77,11 @@ class BatchParser:
     [Parser(...).parse(r) for r in raws]))`` for every input and setting."""
 
     def __init__(self, fields: FieldsConfig, max_record_bytes: int,
-                 limits: LimitsConfig | None = None, max_clock_skew: float | None = None) -> None:
-        self.parser = Parser(fields, max_record_bytes, limits, max_clock_skew)  # the slow path
+                 limits: LimitsConfig | None = None, max_clock_skew: float | None = None,
+                 names: ClassNames | None = None) -> None:
+        # the slow path
+        self.parser = Parser(fields, max_record_bytes, limits, max_clock_skew, names)
+        self.names = self.parser.names
         limits = limits if limits is not None else LimitsConfig()
         self.max_bytes = max_record_bytes
         self.max_id_bytes = limits.max_id_bytes
@@ -111,11 +115,17 @@ class BatchParser:
         }
         for k in SCORE_KINDS:
             pred[k] = (getattr(fields, k), _Leaf(k, score_t[k], False))
+        # a short name or an index; the rest (floats, long names) Parser reads
+        short = Annotated[str, Meta(min_length=1, max_length=max_name // 4)]
+        if fields.decision is not None:
+            pred["decision"] = (fields.decision, _Leaf(
+                "decision", Annotated[int, Meta(ge=0, le=max_k - 1)] | bool | short | None,
+                False))
         lf = fields.for_labels()  # the labels topic's own paths (fields.labels)
         label: dict[str, tuple[str, _Leaf]] = {
             "id": (lf.id, _Leaf("id", id_t, True)),
-            "label": (lf.label, _Leaf("label", Annotated[int, Meta(ge=0, le=max_k - 1)] | bool,
-                                          True)),
+            "label": (lf.label, _Leaf("label", Annotated[int, Meta(ge=0, le=max_k - 1)] | bool
+                                      | short, True)),
             "model": (lf.model, _Leaf("model", str | None, False)),
             "ts": (lf.ts, _Leaf("ts", ts_t, False)),
         }
@@ -387,7 +397,7 @@ class BatchParser:
         """Columns id, model, ts, segment, segkey, kind, classes, score, vec (a K-class row
         or None) of the decoded predictions, and the batch indices that go slow."""
         if not idx:
-            return [[] for _ in range(9)], []
+            return [[] for _ in range(10)], []
         n = len(recs)
         cols = _columns(recs, self._pcols)
         slow: set[int] = set()
@@ -422,8 +432,21 @@ class BatchParser:
         pstamps = stamps if n == len(stamps) else [stamps[i] for i in idx]
         ts = self._times(cols["ts"], pstamps, True, slow)
         segs, keys = self._segments_of(cols["segment"], slow)
-        out = [ids, list(models), ts, segs, keys, kind, classes, score, vec]
+        decisions = self._decisions(cols.get("decision"), models, kind, classes, slow)
+        out = [ids, list(models), ts, segs, keys, kind, classes, score, vec, decisions]
         return out, [idx[j] for j in slow]
+
+    def _decisions(self, raw: Sequence[Any] | None, models: Sequence[str], kind: list[int],
+                   classes: list[int], slow: set[int]) -> list[int]:
+        """v5: each prediction's decision (``decisions.decision_of``); one that is not
+        clearly valid goes slow, where Parser says why."""
+        n = len(kind)
+        if raw is None or raw.count(None) == n:
+            return [NONE] * n
+        names = self.names.names
+        out = [decision_of(v, c, names(m)) for v, c, m in zip(raw, classes, models)]
+        slow.update(j for j, d in enumerate(out) if d == BAD)
+        return out
 
     def _vectors(self, rows: list[int], kind: list[int], scores: list[Sequence[Any]],
                  vec: list[np.ndarray | None], classes: list[int], slow: set[int]) -> None:
@@ -463,7 +486,13 @@ class BatchParser:
         cols = _columns(recs, self._lcols)
         slow: set[int] = set()
         ids = self._ids(cols["id"], slow)
-        labels = list(map(int, cols["label"]))  # booleans as 0/1
+        labels: list[Any] = list(cols["label"])
+        if str in set(map(type, labels)):  # v5: class names, kept as strings till assembly
+            labels = [v if type(v) is str else int(v) for v in labels]
+            slow.update(j for j, v in enumerate(labels)
+                        if type(v) is str and not _name_ok(v, self.max_name_bytes))
+        else:
+            labels = list(map(int, labels))  # booleans as 0/1
         hints = cols["model"]
         if "" in hints or not self._names.issuperset(filter(None, hints)):
             hints = [h if h is None or self._name(h) else None for h in hints]
@@ -515,20 +544,25 @@ class BatchParser:
                     codes[i] = PRED
                     slow_p.append((i, [one.p_id[0], one.p_model[0], one.p_ts[0],
                                        one.p_segment[0], one.p_segkey[0], one.p_kind[0],
-                                       one.p_classes[0], one.p_score[0], one.p_vec.get(0)]))
+                                       one.p_classes[0], one.p_score[0], one.p_vec.get(0),
+                                       one.p_decision[0]]))
                 else:
                     assert type(rec) is Label
                     codes[i] = LABEL
-                    slow_l.append((i, [one.l_id[0], one.l_label[0], one.l_ts[0],
+                    slow_l.append((i, [one.l_id[0], one.l_name.get(0, one.l_label[0]), one.l_ts[0],
                                        one.l_model[0], one.l_raw[0], one.l_source[0]]))
         out.kinds = codes
         pcols = _merge(pidx, pcols, slow_p)
         lcols = _merge(lidx, lcols, slow_l)
         (out.p_id, out.p_model, out.p_ts, out.p_segment, out.p_segkey, out.p_kind,
-         out.p_classes, out.p_score, vecs) = pcols
+         out.p_classes, out.p_score, vecs, out.p_decision) = pcols
         if out.p_classes.count(0) != len(vecs):
             out.p_vec = {q: v for q, v in enumerate(vecs) if v is not None}
         out.l_id, out.l_label, out.l_ts, out.l_model, out.l_raw, out.l_source = lcols
+        labels: list[Any] = out.l_label
+        if str in set(map(type, labels)):  # v5: names beside, NAMED in the column
+            out.l_name = {q: v for q, v in enumerate(labels) if type(v) is str}
+            out.l_label = [NAMED if type(v) is str else v for v in labels]
         return out
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -53,6 +54,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from calmon.config import JoinConfig
+from calmon.engine.decisions import gathered, no_names
 from calmon.engine.idindex import IdIndex
 from calmon.engine.parsed import LABEL, PRED, Parsed
 from calmon.engine.records import MULTICLASS, Label
@@ -73,6 +75,7 @@ class Joined(NamedTuple):
     score: np.ndarray  # binary score as given; 0 for K-class rows
     label: np.ndarray  # int64
     label_ts: np.ndarray  # NaN where the label had no time
+    decision: np.ndarray  # v5: int64, the prediction's decision (-1: none given)
     vectors: dict[int, tuple[np.ndarray, np.ndarray]]  # K -> (rows, (m, K) scores as given)
 
     def __len__(self) -> int:
@@ -86,7 +89,7 @@ class Joined(NamedTuple):
             if keep.any():
                 vectors[k] = (np.searchsorted(rows, idx[keep]), mat[keep])
         return Joined(self.combo[rows], self.ts[rows], self.kind[rows], self.score[rows],
-                      self.label[rows], self.label_ts[rows], vectors)
+                      self.label[rows], self.label_ts[rows], self.decision[rows], vectors)
 
 
 def concat(parts: list[Joined]) -> Joined:
@@ -102,14 +105,14 @@ def concat(parts: list[Joined]) -> Joined:
             vectors.setdefault(k, []).append((idx + at, mat))
         at += len(p)
     cols = [np.concatenate([getattr(p, f) for p in parts]) for f in Joined._fields[:-1]]
-    return Joined(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5],
+    return Joined(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6],
                   {k: (np.concatenate([i for i, _ in v]), np.concatenate([m for _, m in v]))
                    for k, v in vectors.items()})
 
 
 _E = np.zeros(0)
 _EI = np.zeros(0, np.int64)
-EMPTY = Joined(_EI, _E, _EI, _E, _EI, _E, {})
+EMPTY = Joined(_EI, _E, _EI, _E, _EI, _E, _EI, {})
 
 
 class BatchColumns(NamedTuple):
@@ -120,6 +123,7 @@ class BatchColumns(NamedTuple):
     score: np.ndarray
     combo: np.ndarray  # int64; -1 where the prediction was not admitted
     vectors: dict[int, np.ndarray]  # ordinal -> K-class row
+    decision: np.ndarray = _EI  # v5: int64, -1 where the prediction gave none
 
 
 @dataclass
@@ -168,6 +172,8 @@ class Join:
         self._score = np.zeros(n)  # binary: as given; K-class: row * ROW_SHIFT + K
         self._combo = np.zeros(n, np.int32)
         self._kind = np.zeros(n, np.int8)
+        self._decision = np.full(n, -1, np.int32)  # v5: the prediction's own (-1: none)
+        self.class_index: Callable[[int, str], int] = no_names  # v5: names, by the engine
         self._free: list[int] = list(range(n - 1, -1, -1))
         # implicit negatives: a binary prediction's label that came before ts + after
         self._held: dict[int, tuple[int, float]] = {}  # slot -> (label, label ts or NaN)
@@ -327,6 +333,9 @@ class Join:
                     q += 1
                     continue
                 lab = l_label[q]
+                if lab < 0:  # v5: a class name, which the prediction's model resolves
+                    lab = self._labels_of_batch[0][q] = self.class_index(self._model_of(v),
+                                                                         b.l_name[q])
                 if lab >= 2 and lab >= self._classes(v, p_kind, p_classes):
                     self.events.out_of_range.append(q)
                     q += 1
@@ -445,7 +454,7 @@ class Join:
         p_deadline = np.where(paired, pts[np.where(paired, pair, 0)] if n_p else 0.0,
                               old_ts) + ttl
         overdue = p_deadline <= now_l  # (a deadline is never below _next_deadline)
-        odd_l = np.where(paired, False, old < 0) | overdue
+        odd_l = np.where(paired, False, old < 0) | overdue | (self._labels_of_batch[0] < 0)
         if len(pp):
             odd_l[paired] |= odd_p[pp] | (p_pos[pp] > l_pos[paired])
             odd_p[pp] |= odd_l[paired]
@@ -657,18 +666,20 @@ class Join:
         kind = b.p_kind[p]
         hold = self.implicit is not None and kind < MULTICLASS
         wl, label_deadline = self._labels.pop(pid)
+        lab = self.class_index(self._model_of(~p), wl.label) if isinstance(
+            wl.label, str) else wl.label
         if label_deadline <= now:
             self.events.labels_expired += 1
-        elif wl.label >= (2 if kind < MULTICLASS else b.p_classes[p]):
+        elif lab >= (2 if kind < MULTICLASS else b.p_classes[p]):
             self.events.rejected_labels.append(wl)
         elif not hold:
-            self._emit_other(~p, wl.label, wl.ts)
+            self._emit_other(~p, lab, wl.ts)
             self._done[pid] = b.p_ts[p] + self.ttl
             self._done_order.append(pid)
             self._trim_done()
             return True
         else:
-            self._held[~p] = (wl.label, NAN if wl.ts is None else wl.ts)
+            self._held[~p] = (lab, NAN if wl.ts is None else wl.ts)
         return False
 
     def _hold(self, v: int, label: int, label_ts: float | None, p_kind: list[int]) -> bool:
@@ -878,6 +889,7 @@ class Join:
         self._combo[at] = cols.combo[ords]
         self._kind[at] = cols.kind[ords]
         self._score[at] = cols.score[ords]
+        self._decision[at] = cols.decision[ords] if len(cols.decision) else -1
         if cols.vectors:
             for p, slot in zip(pend, slots):
                 vec = cols.vectors.get(p)
@@ -928,6 +940,7 @@ class Join:
         kind[old], kind[~old] = self._kind[slots], cols.kind[ords]
         score[old], score[~old] = self._score[slots], cols.score[ords]
         combo[old], combo[~old] = self._combo[slots], cols.combo[ords]
+        decision = gathered(self._decision, cols.decision, old, slots, ords)
         vectors: dict[int, tuple[list[int], list[np.ndarray]]] = {}
         multi = np.flatnonzero(kind >= MULTICLASS)
         if len(multi):
@@ -944,7 +957,7 @@ class Join:
                 rows.append(i)
                 vecs.append(vec)
             score[multi] = 0.0
-        return Joined(combo, ts, kind, score, label, lts,
+        return Joined(combo, ts, kind, score, label, lts, decision,
                       {k: (np.asarray(r, np.int64), np.array(v, np.float64))
                        for k, (r, v) in vectors.items()})
 
@@ -968,7 +981,8 @@ class Join:
     def _grow(self) -> None:
         n = len(self._ts)
         m = max(n + 16, int(n * GROWTH))
-        for name, fill in (("_ts", INF), ("_score", 0.0), ("_combo", 0), ("_kind", 0)):
+        for name, fill in (("_ts", INF), ("_score", 0.0), ("_combo", 0), ("_kind", 0),
+                           ("_decision", -1)):
             old = getattr(self, name)
             new = np.full(m, fill, old.dtype)
             new[:n] = old
@@ -1050,9 +1064,9 @@ class Join:
             self._heaps = None
 
     def waiting(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                               dict[int, Any]]:
+                               dict[int, Any], np.ndarray]:
         """Pending predictions with no label yet, as columns: combo, ts, kind, binary
-        score (as given), and {row: K-class scores} for the multiclass rows."""
+        score (as given), {row: K-class scores} for the multiclass rows, decision."""
         slots = self._index.slots()
         if self._held:
             slots = slots[~np.isin(slots, np.fromiter(self._held, np.int64, len(self._held)))]
@@ -1061,7 +1075,8 @@ class Join:
                    for i, s in zip(np.flatnonzero(kind >= MULTICLASS).tolist(),
                                    slots[kind >= MULTICLASS].tolist())}
         return (self._combo[slots].astype(np.int64), self._ts[slots], kind,
-                np.where(kind >= MULTICLASS, 0.0, self._score[slots]), vectors)
+                np.where(kind >= MULTICLASS, 0.0, self._score[slots]), vectors,
+                self._decision[slots].astype(np.int64))
 
     # ------------------------------------------------------------ checkpoints
 
@@ -1075,6 +1090,7 @@ class Join:
             "score": np.where(kind >= MULTICLASS, 0.0, self._score[slots]),
             "combo": self._combo[slots].copy(),
             "kind": kind.copy(),
+            "decision": self._decision[slots].copy(),
             "label": np.array([-1 if h is None else h[0] for h in held], np.int32),
             "label_ts": np.array([NAN if h is None else h[1] for h in held], np.float64),
             "vectors": {i: self._vec_of(s).copy() for i, s in enumerate(slots.tolist())
@@ -1097,6 +1113,7 @@ class Join:
             kind = int(snap["kind"][i])
             self._kind[slot] = kind
             self._score[slot] = snap["score"][i] if kind < MULTICLASS else 0.0
+            self._decision[slot] = snap["decision"][i] if "decision" in snap else -1  # v5
             label = int(snap["label"][i])
             if label != -1:
                 self._held[slot] = (label, float(snap["label_ts"][i]))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from calmon.engine.decisions import NAMED
 from calmon.engine.records import MULTICLASS, SCORE_KINDS, Label, Prediction, Reject
 
 PRED, LABEL, REJECT = 0, 1, 2  # the values of Parsed.kinds
@@ -36,9 +37,11 @@ class Parsed:
     p_classes: list[int] = field(default_factory=list)  # 0 binary, K for K-class
     p_score: list[float] = field(default_factory=list)  # binary score as given; 0.0 for K-class
     p_vec: dict[int, np.ndarray] = field(default_factory=dict)  # ordinal -> K-class row
+    p_decision: list[int] = field(default_factory=list)  # v5: class index, or NONE (-1)
     # labels, in batch order
     l_id: list[str] = field(default_factory=list)
-    l_label: list[int] = field(default_factory=list)
+    l_label: list[int] = field(default_factory=list)  # NAMED (-1) for a class name:
+    l_name: dict[int, str] = field(default_factory=dict)  # v5: ordinal -> that name
     l_ts: list[float | None] = field(default_factory=list)
     l_model: list[str | None] = field(default_factory=list)
     l_raw: list[bytes | None] = field(default_factory=list)
@@ -68,10 +71,15 @@ class Parsed:
                 self.p_vec[len(self.p_score)] = np.asarray(rec.score, np.float64)
                 self.p_classes.append(len(rec.score))
                 self.p_score.append(0.0)
+            self.p_decision.append(rec.decision)
         elif type(rec) is Label:
             self.kinds.append(LABEL)
             self.l_id.append(rec.id)
-            self.l_label.append(rec.label)
+            if isinstance(rec.label, str):
+                self.l_name[len(self.l_label)] = rec.label
+                self.l_label.append(NAMED)
+            else:
+                self.l_label.append(rec.label)
             self.l_ts.append(rec.ts)
             self.l_model.append(rec.model)
             self.l_raw.append(rec.raw)
@@ -93,8 +101,8 @@ class Parsed:
         source = self.l_source[q]
         if source is None:
             source = self.source_of(self._label_at(q)) if self.source_of is not None else ""
-        return Label(self.l_id[q], self.l_label[q], self.l_ts[q], self.l_model[q],
-                     self.l_raw[q], source)
+        return Label(self.l_id[q], self.l_name.get(q, self.l_label[q]), self.l_ts[q],
+                     self.l_model[q], self.l_raw[q], source)
 
     def _label_at(self, q: int) -> int:
         """The batch index of label ``q``."""
@@ -106,8 +114,8 @@ class Parsed:
         """Equal records (segment keys aside: two parsers may spell them differently,
         each consistently). For tests of one parser against another."""
         plain = ("kinds", "reasons", "p_id", "p_model", "p_ts", "p_segment", "p_kind",
-                 "p_classes", "p_score", "l_id", "l_label", "l_ts", "l_model", "l_raw",
-                 "l_source")
+                 "p_classes", "p_score", "p_decision", "l_id", "l_label", "l_name", "l_ts",
+                 "l_model", "l_raw", "l_source")
         if any(getattr(self, f) != getattr(other, f) for f in plain):
             return False
         return (self.p_vec.keys() == other.p_vec.keys()

@@ -21,6 +21,7 @@ import numpy as np
 from orjson import loads as _fast_loads
 
 from calmon.config import FieldsConfig, LimitsConfig
+from calmon.engine.decisions import BAD, NONE, ClassNames, decision_of
 from calmon.names import BINARY_KINDS as BINARY_KINDS  # re-exported: older imports
 from calmon.names import SCORE_KINDS as SCORE_KINDS
 from calmon.names import ScoreKind as ScoreKind
@@ -78,8 +79,11 @@ REASONS = (
     "probs_not_normalized",
     "bad_segment",
     "missing_label",
-    "bad_label",  # not an integer class index or boolean
-    "label_out_of_range",  # checked against the prediction's classes when they meet
+    "bad_label",  # neither an integer class index, a boolean nor a class name (a string)
+    # checked against the prediction's classes (or, for a name, its model's
+    # models.<m>.classes) when they meet
+    "label_out_of_range",
+    "bad_decision",  # v5: a decision that is no class of the prediction (contract §1)
     "classes_mismatch",  # K differs from the class count of the model's live series
     "internal",  # processing the record raised: a calmon bug, isolated to this record
     # a record batch whose records cannot be read, counted once (the source skips it):
@@ -105,6 +109,7 @@ class Prediction:
     kind: str  # one of SCORE_KINDS
     score: Any  # as given: float for prob/logit, a float64 numpy row for probs/logits
     source: str = ""
+    decision: int = NONE  # v5: the model's own decision, a class index (NONE: not given)
 
     @property
     def classes(self) -> int:
@@ -116,7 +121,7 @@ class Prediction:
 @dataclass(slots=True)
 class Label:
     id: str
-    label: int
+    label: int | str  # a class index, or (v5) a class name resolved when it meets
     ts: float | None
     model: str | None
     raw: bytes | None = None  # kept so a label found out of range later can be dead-lettered
@@ -285,8 +290,11 @@ class Parser:
     """Decodes and validates records against the contract, field paths from config."""
 
     def __init__(self, fields: FieldsConfig, max_record_bytes: int,
-                 limits: LimitsConfig | None = None, max_clock_skew: float | None = None) -> None:
+                 limits: LimitsConfig | None = None, max_clock_skew: float | None = None,
+                 names: ClassNames | None = None) -> None:
         self.max_bytes = max_record_bytes
+        self.names = names if names is not None else ClassNames()  # models.<m>.classes
+        self._decision = None if fields.decision is None else _path(fields.decision)
         limits = limits if limits is not None else LimitsConfig()
         self.max_id_bytes = limits.max_id_bytes
         self.max_name_bytes = limits.max_name_bytes
@@ -439,7 +447,16 @@ class Parser:
                 if type(sv) is not str or len(sv) > limit or _CONTROL.search(sv) is not None:
                     segment = _stringify(seg, self.max_name_bytes)
                     break
-        return Prediction(pid, model, ts, segment, kind, score, raw.source)
+        decision = NONE
+        if self._decision is not None:
+            path = self._decision
+            v = obj.get(path) if type(path) is str else _dig(obj, path)
+            decision = decision_of(None if v is _MISSING else v,
+                                   0 if kind in BINARY_KINDS else len(score),
+                                   self.names.names(model))
+            if decision == BAD:
+                raise _Invalid("bad_decision")
+        return Prediction(pid, model, ts, segment, kind, score, raw.source, decision)
 
     def _label_record(self, obj: dict[str, Any], raw: Raw) -> Label:
         lid = self._common_id(obj, raw.value, self._lid)
@@ -447,7 +464,12 @@ class Parser:
         v = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)
         if v is _MISSING or v is None:
             raise _Invalid("missing_label")
-        if isinstance(v, bool):
+        label: int | str
+        if type(v) is str:  # v5: a class name; one no model can list is out of range now
+            if not v or not _name_ok(v, self.max_name_bytes):
+                raise _Invalid("label_out_of_range")
+            label = v
+        elif isinstance(v, bool):
             label = int(v)
         elif isinstance(v, int):
             label = v
@@ -455,7 +477,7 @@ class Parser:
             label = int(v)
         else:
             raise _Invalid("bad_label")
-        if not 0 <= label < self.max_classes:  # past it, out of range for any prediction
+        if type(label) is int and not 0 <= label < self.max_classes:  # out of range for all
             raise _Invalid("label_out_of_range")
         path = self._lmodel
         model = obj.get(path, _MISSING) if type(path) is str else _dig(obj, path)

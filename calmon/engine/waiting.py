@@ -6,7 +6,8 @@ prediction it meets, and a label 0 or 1 never is (every model has at least two
 classes). So a label 0/1 costs its id (the dict key), its row number and three column
 entries (~420 bytes with a 256-byte id, README "Worst case"), where a ``Label`` object
 with its bytes cost ~1,000; a label 2 or more, possible only where ``limits.max_classes``
-is over 2 (the parsers reject a label past it on arrival), keeps its ``Label`` whole.
+is over 2 (the parsers reject a label past it on arrival), or a class name (v5), keeps
+its ``Label`` whole.
 
 Insertion order is arrival order (a dict's), so the oldest label is the first key:
 it is the one evicted past ``join.max_pending``, as before.
@@ -54,7 +55,10 @@ class WaitingLabels:
 
     def __setitem__(self, lid: str, item: tuple[Label, float]) -> None:
         lab, deadline = item
-        self._put(lid, lab.label, lab.ts, deadline, lab if lab.label >= 2 else None)
+        if isinstance(lab.label, str) or lab.label >= 2:  # a name (v5) or a rare class
+            self._put(lid, 0, lab.ts, deadline, lab)
+        else:
+            self._put(lid, lab.label, lab.ts, deadline, None)
 
     def _put(self, lid: str, label: int, ts: float | None, deadline: float,
              whole: Label | None) -> None:
@@ -153,11 +157,12 @@ class WaitingLabels:
             if not len(ids) == len(label) == len(ts) == len(d) or not set(
                     label.tolist()) <= {0, 1} or not all(type(i) is str for i in ids):
                 raise ValueError("join.labels: columns of different lengths or kinds")
-            whole = {int(i): Label(ids[int(i)], int(lab), t, model, raw, source)
+            whole = {int(i): Label(ids[int(i)], lab if isinstance(lab, str) else int(lab), t,
+                                   model, raw, source)
                      for i, lab, t, model, raw, source in snap["rare"]}
             for i, (lid, lab, t, dl) in enumerate(zip(ids, label.tolist(), ts.tolist(),
                                                       np.asarray(d, float).tolist())):
                 w = whole.get(i)
-                self._put(lid, lab if w is None else w.label, None if t != t else t, dl, w)
+                self._put(lid, lab if w is None else 0, None if t != t else t, dl, w)
         deadlines = self._deadline[np.fromiter(self._row.values(), np.int64, len(self._row))]
         return (float(deadlines.min()) if len(deadlines) else INF), bool((deadlines == INF).any())

@@ -64,7 +64,7 @@ def invalid_records() -> list[tuple[str, str, bytes | None, bytes | None]]:
         lambda i: dumps({"id": f"two-{i}", "model": "ctr-prob", "ts": ts, "prob": 0.5,
                          "logit": 0.0}))
     add("p", "empty", 20, lambda i: None)  # a tombstone
-    add("l", "bad_label", 97, lambda i: dumps({"id": f"bl-{i}", "label": "yes"}))
+    add("l", "bad_label", 97, lambda i: dumps({"id": f"bl-{i}", "label": [1]}))
     # a label 2 for a binary prediction: only wrong once it meets its prediction
     add("l", "label_out_of_range", 100,
         lambda i: dumps({"id": f"oor-{i}", "label": 2, "ts": ts + 5}))

@@ -82,7 +82,7 @@ def make_records(seed: int = 0):
     preds.append({"id": "never", "model": "ctr", "ts": T0, "prob": 0.5})  # expires
     preds.append({"id": "late", "model": "ctr", "ts": T0 + 7 * 3600, "prob": 0.5})
     lines_p = [json.dumps(r) for r in preds] + ["{not json"]
-    lines_l = [json.dumps(r) for r in labels] + ['{"id": "b0", "label": "yes"}']
+    lines_l = [json.dumps(r) for r in labels] + ['{"id": "b0", "label": [1]}']
     return lines_p, lines_l, truth
 
 

@@ -296,7 +296,7 @@ def phase2(pt: str, lt: str) -> Plan:
     many(10, "norm", pt, lambda i: dumps(pred(i, "norm", model="intent4", prob=None,
                                               probs=[0.5, 0.3, 0.3, 0.1])),
          "probs_not_normalized")
-    many(10, "badlabel", lt, lambda i: dumps({"id": f"h-badlabel-{i}", "label": "yes"}),
+    many(10, "badlabel", lt, lambda i: dumps({"id": f"h-badlabel-{i}", "label": [1]}),
          "bad_label")
     many(10, "nolabel", lt, lambda i: dumps({"id": f"h-nolabel-{i}", "ts": ts}),
          "missing_label", "bad_label")

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calmon.config import FieldsConfig, LimitsConfig
+from calmon.config import FieldsConfig, LimitsConfig, ModelConfig
 from calmon.engine import fastparse
+from calmon.engine.decisions import ClassNames
 from calmon.engine.fastparse import BatchParser
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
 from calmon.engine.records import Kind, Parser, Raw
@@ -42,11 +43,14 @@ SKEW = 3600.0
 FIELD_CONFIGS = [
     FieldsConfig(),
     FieldsConfig(id="meta.id", model="meta.model", ts="meta.ts", segment="ctx",
-                 prob="out.p", logit="out.z", probs="out.ps", logits="out.zs", label="y.v"),
-    FieldsConfig(id="a.b.c", model="m", ts="when", segment="a.seg", label="a.b.l"),
+                 prob="out.p", logit="out.z", probs="out.ps", logits="out.zs", label="y.v",
+                 decision="out.d"),
+    FieldsConfig(id="a.b.c", model="m", ts="when", segment="a.seg", label="a.b.l",
+                 decision="a.dec"),
     FieldsConfig(id="meta", model="meta.model"),  # one path inside another: always slow
     FieldsConfig(prob="score", logit="score"),  # two fields at one path: always slow
     FieldsConfig(id="", segment="x..y", ts="."),  # empty keys
+    FieldsConfig(decision="decision"),
 ]
 LIMITS = [
     None,
@@ -59,13 +63,18 @@ LIMITS = [
 DEFAULT_FIELDS = FieldsConfig()
 
 
+# v5: class names of models.<m>.classes ("*" for every model, "ctr" its own)
+NAMES = ClassNames({"*": ModelConfig(("a", "b", "c")), "ctr": ModelConfig(("neg", "pos"))})
+
+
 def both(raws: list[Raw], fields: FieldsConfig = DEFAULT_FIELDS, max_bytes: int = 100_000,
          limits: LimitsConfig | None = None, skew: float | None = SKEW,
-         not_after: float = math.inf) -> tuple[Parsed, Parsed, BatchParser]:
+         not_after: float = math.inf, names: ClassNames | None = NAMES
+         ) -> tuple[Parsed, Parsed, BatchParser]:
     """(fast, reference, the BatchParser) for one batch."""
-    fast = BatchParser(fields, max_bytes, limits, skew)
+    fast = BatchParser(fields, max_bytes, limits, skew, names)
     fast.not_after = not_after
-    ref = Parser(fields, max_bytes, limits, skew)
+    ref = Parser(fields, max_bytes, limits, skew, names)
     ref.not_after = not_after
     return fast.parse(raws), Parsed.from_records([ref.parse(r) for r in raws]), fast
 
@@ -74,8 +83,8 @@ def assert_same(raws: list[Raw], **kw: Any) -> BatchParser:
     got, want, fast = both(raws, **kw)
     if not got.same(want):  # say which column differs
         for f in ("kinds", "reasons", "p_id", "p_model", "p_ts", "p_segment", "p_kind",
-                  "p_classes", "p_score", "l_id", "l_label", "l_ts", "l_model", "l_raw",
-                  "l_source"):
+                  "p_classes", "p_score", "p_decision", "l_id", "l_label", "l_name", "l_ts",
+                  "l_model", "l_raw", "l_source"):
             assert getattr(got, f) == getattr(want, f), f
         assert got.p_vec.keys() == want.p_vec.keys()
         raise AssertionError("p_vec rows differ")
@@ -95,7 +104,7 @@ def place(rec: dict[str, Any], fields: FieldsConfig) -> dict[str, Any]:
     a field whose path runs into another field's value is left out."""
     out: dict[str, Any] = {}
     for name, v in rec.items():
-        path = getattr(fields, name, name)
+        path = getattr(fields, name, None) or name
         parts = path.split(".") if "." in path else [path]
         node = out
         for p in parts[:-1]:
@@ -130,6 +139,10 @@ def valid_prediction(draw: st.DrawFn) -> dict[str, Any]:
         rec["logit"] = draw(st.one_of(st.floats(-50, 50), st.integers(-5, 5)))
     elif which == "logits":
         rec["logits"] = draw(st.lists(st.floats(-10, 10), min_size=2, max_size=12))
+    if draw(st.booleans()):  # v5: the model's own decision, valid or not
+        rec["decision"] = draw(st.one_of(st.none(), st.integers(-1, 12), st.booleans(),
+                                         st.sampled_from(["neg", "pos", "a", "c", "zz", "",
+                                                          1.0, 1.5, [1], "\u00e9" * 40])))
     else:
         rec["probs"] = draw(near_normalised())
     return rec
@@ -154,7 +167,10 @@ def valid_label(draw: st.DrawFn) -> dict[str, Any]:
     rec: dict[str, Any] = {"id": draw(st.one_of(st.text(min_size=1, max_size=12),
                                                 st.integers(0, 10**6))),
                            "label": draw(st.one_of(st.integers(0, 9), st.booleans(),
-                                                   st.sampled_from([1.0, -1, 2**63, 2**64])))}
+                                                   st.sampled_from([1.0, -1, 2**63, 2**64]),
+                                                   # v5: class names, listed or not
+                                                   st.sampled_from(["neg", "b", "zz", "",
+                                                                    "\u00e9" * 40, "x\n"])))}
     if draw(st.booleans()):
         rec["ts"] = draw(st.one_of(st.floats(T0 - 10, T0 + 10), st.none()))
     if draw(st.booleans()):
@@ -208,6 +224,7 @@ def setup(draw: st.DrawFn) -> dict[str, Any]:
     return {"raws": raws, "fields": fields, "limits": draw(st.sampled_from(LIMITS)),
             "max_bytes": draw(st.sampled_from([100_000, 120, 60])),
             "skew": draw(st.sampled_from([SKEW, None, 0.5])),
+            "names": draw(st.sampled_from([NAMES, None])),
             "not_after": draw(st.one_of(st.just(math.inf), st.floats(T0 - 5, T0 + 5)))}
 
 

@@ -155,7 +155,7 @@ POLLS: list[list[Raw]] = [
      raw(LAB, label_bytes("d", 0), 0, 0, stamp_ms=round((T0 + 41) * 1000))],
     [raw(LAB, label_bytes("b", 0, T0 + 60), 0, 1),
      raw(LAB, label_bytes("b", 1, T0 + 61), 0, 2),  # b joined: a duplicate
-     raw(LAB, b'{"id": "x", "label": "one"}', 0, 3),
+     raw(LAB, b'{"id": "x", "label": [1]}', 0, 3),
      raw(LAB, W2_LABEL, 0, 4),
      raw(PRED, pv("w", T0 + 70, "mc", probs=[0.6, 0.3, 0.1]), 1, 0),
      raw(PRED, pv("e", T0 + 71, prob=1.5), 1, 1),
@@ -176,7 +176,7 @@ WANT_REJECTED: list[list[tuple[Kind, bytes | None, str, str]]] = [
      (LAB, None, "labels/1/1", "empty"),
      (LAB, label_bytes("c", 7), "labels/1/3", "label_out_of_range"),
      (LAB, b"{}", "labels/1/4", "missing_id")],
-    [(LAB, b'{"id": "x", "label": "one"}', "labels/0/3", "bad_label"),
+    [(LAB, b'{"id": "x", "label": [1]}', "labels/0/3", "bad_label"),
      (PRED, pv("e", T0 + 71, prob=1.5), "predictions/1/1", "prob_out_of_range"),
      # waited since the first poll; its own source, not the source of what met it
      (LAB, W_LABEL, "labels/1/5", "label_out_of_range")],

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from calmon.config import FieldsConfig, LimitsConfig, from_dict
+from calmon.config import FieldsConfig, LimitsConfig, ModelConfig, from_dict
+from calmon.engine.decisions import ClassNames
 from calmon.engine.engine import Engine
 from calmon.engine.records import REASONS, Kind, Label, Parser, Prediction, Raw, Reject
 from calmon.engine.snapshot import full_snapshot
@@ -93,7 +94,9 @@ PARSER_CASES: list[tuple[str, Kind, bytes | None, float | None]] = [
     ("bad_segment", Kind.PREDICTION, pred(segment={"country": {"iso": "US"}}), None),
     ("missing_label", Kind.LABEL, b'{"id": "a"}', None),
     ("missing_label", Kind.LABEL, b'{"id": "a", "label": null}', None),
-    ("bad_label", Kind.LABEL, b'{"id": "a", "label": "1"}', None),
+    ("bad_label", Kind.LABEL, b'{"id": "a", "label": {"name": "x"}}', None),
+    # v5: a string is a class name; one no model can list is out of range on arrival
+    ("label_out_of_range", Kind.LABEL, b'{"id": "a", "label": ""}', None),
     ("bad_label", Kind.LABEL, b'{"id": "a", "label": 0.5}', None),
     ("bad_label", Kind.LABEL, b'{"id": "a", "label": NaN}', None),
     ("bad_label", Kind.LABEL, b'{"id": "a", "label": [1]}', None),
@@ -253,8 +256,39 @@ def test_a_class_reset_forgets_the_same_whichever_topic_came_first() -> None:
     assert outcomes[0][0]["joined"] == 1 and outcomes[0][0]["class_resets"] == 1
 
 
+# v5: the model's own decision at fields.decision, names from models.<m>.classes
+DECIDING = Parser(FieldsConfig(decision="d"), MAX_BYTES, LIMITS,
+                  names=ClassNames({"k": ModelConfig(("x", "y", "z"))}))
+DECISIONS = [  # (score, decision, the class decided or a reason)
+    ({"prob": 0.2}, 1, 1), ({"prob": 0.2}, True, 1), ({"logit": 3.0}, False, 0),
+    ({"prob": 0.2}, None, -1), ({"prob": 0.2}, 1.0, 1), ({"probs": [0.2, 0.3, 0.5]}, 0, 0),
+    ({"probs": [0.2, 0.3, 0.5]}, "y", 1), ({"logits": [1, 2, 3]}, 2, 2),
+    ({"prob": 0.2}, 2, "bad_decision"), ({"prob": 0.2}, -1, "bad_decision"),
+    ({"prob": 0.2}, "y", "bad_decision"), ({"prob": 0.2}, 0.5, "bad_decision"),
+    ({"probs": [0.2, 0.3, 0.5]}, 3, "bad_decision"),
+    ({"probs": [0.2, 0.3, 0.5]}, "w", "bad_decision"),
+    ({"probs": [0.2, 0.3, 0.5]}, True, "bad_decision"),
+    ({"probs": [0.2, 0.3, 0.5]}, [1], "bad_decision"),
+]
+
+
+@pytest.mark.parametrize(("score", "decision", "want"), DECISIONS)
+def test_a_decision_is_a_class_of_the_prediction(score: dict, decision: object,
+                                                 want: int | str) -> None:
+    model = "k" if "probs" in score or "logits" in score else "b"
+    got = DECIDING.parse(P("a", T0, model, d=decision, **score))
+    if isinstance(want, str):
+        assert got == Reject(want)
+    else:
+        assert isinstance(got, Prediction) and got.decision == want
+    # a model without classes knows no name
+    if decision == "y":
+        assert DECIDING.parse(P("a", T0, "other", d="y", **score)) == Reject("bad_decision")
+
+
 def test_every_reason_is_produced() -> None:
     produced = {c[0] for c in PARSER_CASES} | set(engine_reasons())
+    produced |= {w for _, _, w in DECISIONS if isinstance(w, str)}
     # internal is produced by a bug only: test_internal_error_is_isolated_to_its_record;
     # the batch reasons by the consumer, before any record is parsed (io/batch_guard.py,
     # tests/unit/io/test_batch_guard.py)
