@@ -74,6 +74,7 @@ from calmon.recal.refit import (
 from calmon.recal.registry import Live, Registry
 from calmon.recal.rollback import best_rollback, rollback_document
 from calmon.recal.said import evidence
+from calmon.recal.skip import Reads, idle
 from calmon.recal.state import Event as Event  # re-exported: its old place
 from calmon.recal.state import Gauges
 from calmon.recal.state import SeriesState as SeriesState  # re-exported: its old place
@@ -103,6 +104,9 @@ class Policy:
         self.scores_of: ScoresOf | None = None  # newer predictions' scores, for holds
         self._snapshot: dict[str, Any] = {"series": [], "published_ece": [], "set_aside": []}
         self._lock = threading.Lock()  # one check at a time
+        self.samples_read = 0  # samples the last check copied out of the rings
+        self._skipped: set[tuple[str, str]] = set()  # series the last check found idle
+        self._snaps: dict[tuple[str, str], tuple[SeriesState, dict[str, Any]]] = {}
 
     # ------------------------------------------------------------ budget
 
@@ -132,6 +136,8 @@ class Policy:
         (contract §2: no model's records move another's clock, hence its holds,
         cooldowns and windows); a model whose time is unknown waits."""
         with self._lock:
+            samples_of = reads = Reads(samples_of)
+            self._skipped = set()
             # segments before their model: a segment that drifts alone is handled first
             keys = sorted(set(series), key=lambda k: (k[0], k[1] == ALL, k[1]))
             events: list[Event] = []
@@ -140,6 +146,7 @@ class Policy:
                 now = now_of(model)
                 if math.isfinite(now):
                     events += self._check_model(now, mine, samples_of)
+            self.samples_read = reads.n
             self._publish_readers()
             return events
 
@@ -209,6 +216,9 @@ class Policy:
         live = self.live(model, segment)
         basis = self._basis(model, segment)
         st = self.states.get((model, segment))
+        if self._idle((model, segment), st, head.total, basis):  # nothing new: O(1)
+            return []
+        first = None
         if st is None:  # first sight: the newest buffered samples are new (at most
             # FIRST_FEED, chosen by position only, so the test stays valid)
             start = max(0, head.total - FIRST_FEED)
@@ -224,7 +234,8 @@ class Policy:
                 last_refit=st.last_refit)
         cal = None if live is None else live.calibrator
         new = head.total - st.seen
-        fresh = samples_of(model, segment, new) if new > 0 else None
+        # at first sight the newest samples were just read: the same ones, not again
+        fresh = first or (samples_of(model, segment, new) if new > 0 else None)
         if fresh is not None:
             st.seen = fresh.total
         batch = _concat(st.held, fresh)
@@ -277,6 +288,14 @@ class Policy:
                 "holdout_samples": 0, "reason": TOO_FEW, "post_change_samples": len(post)}))
             st.latch = Latch()
         return events
+
+    def _idle(self, key: tuple[str, str], st: SeriesState | None, total: int,
+              basis: tuple[int | None, int | None]) -> bool:
+        """calmon.recal.skip.idle, noted: the series' last snapshot stands (_snap_of)."""
+        if not idle(st, total, basis):
+            return False
+        self._skipped.add(key)
+        return True
 
     def _post_change(self, now: float, model: str, segment: str, st: SeriesState,
                      samples_of: SamplesOf) -> SampleSet | None:
@@ -480,10 +499,22 @@ class Policy:
                     drift[(*key, trig)] = int(trig in st.drifting)
         self.gauges = Gauges(evidence, change, drift)
         self._snapshot = {
-            "series": [[m, s, st.snapshot()] for (m, s), st in sorted(self.states.items())],
+            "series": [[m, s, self._snap_of((m, s), st)]
+                       for (m, s), st in sorted(self.states.items())],
             "published_ece": [[m, s, e] for (m, s), e in sorted(self.published_ece.items())],
             "set_aside": [[m, s, v] for (m, s), v in sorted(self.set_aside.items())],
         }
+        if len(self._snaps) > len(self.states):  # forgotten series
+            self._snaps = {k: v for k, v in self._snaps.items() if k in self.states}
+
+    def _snap_of(self, key: tuple[str, str], st: SeriesState) -> dict[str, Any]:
+        """The series' snapshot; a series the last check skipped (skip.idle) is unchanged,
+        so its previous one stands (copying every detector every check was most of an
+        idle check's cost)."""
+        got = self._snaps.get(key)
+        if got is None or got[0] is not st or key not in self._skipped:
+            got = self._snaps[key] = (st, st.snapshot())
+        return got[1]
 
     def forget(self, models: Iterable[str], *, reset: Iterable[str] = ()) -> None:
         """Drop every series state of ``models`` (their recalibration moved elsewhere, or
