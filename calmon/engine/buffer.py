@@ -96,6 +96,9 @@ class Ring:
         """A copy of the contents, or of the newest ``last`` samples only (cheap: the
         detectors read what is new every check)."""
         n = self.size if last is None else max(0, min(last, self.size))
+        if n == 0:  # the running total only (every check asks it of every series)
+            return SampleSet(self.ts[:0], self.label[:0], self.kind[:0], self.score[:0],
+                             self.total)
         rows = len(self.ts)
         start = (self.head - n) % rows
         idx = (start + np.arange(n)) % rows
