@@ -11,7 +11,8 @@ Prints, each the median of ``--repeat`` rounds (3), measured in the same run:
   labels after their predictions, and with 30% of labels timed before their
   prediction (read first, so they wait for it in the join).
 * **backtest / replay**: the wall time of ``replay --recalibrate`` over that of the
-  plain replay on the same files, target <= 2.0: 40 models x 10 segments over 30 days
+  plain replay on the same files (each with its final statistics, as the commands
+  print them), target <= 2.0: 40 models x 10 segments over 30 days
   of event time (per-segment recalibration, checks every 5 minutes), and one 3-class
   model with 10 segments.
 
@@ -120,18 +121,19 @@ def bench_feed(n: int, repeat: int) -> None:
               f"{feed / full:>5.2f}  >= 0.8")
 
 
-def bench_backtest(repeat: int, quick: bool) -> None:
+def bench_backtest(repeat: int, quick: bool, rows: int | None = None) -> None:
     print(f"\nreplay --recalibrate / plain replay, wall time (median of {repeat})")
     print("workload                         rows     replay s  backtest s  ratio  target")
     cases = [("40 models x 10 segments, 30 d", dict(models=40, segments=10, days=30), True),
              ("3-class, 10 segments, 30 d", dict(models=1, segments=10, days=30, classes=3),
               True)]
-    rows = 30_000 if quick else 300_000
+    rows = rows or (30_000 if quick else 300_000)
     for name, kw, per_segment in cases:
         cfg = config(per_segment)
         with tempfile.TemporaryDirectory() as d:
             pred, lab = write_pairs(Path(d), rows, **kw)  # type: ignore[arg-type]
-            rounds = [(timed(replay.run, cfg, pred, lab),
+            # both with their final statistics, as the two commands print them
+            rounds = [(timed(replay.replay, cfg, pred, lab),
                        timed(replay.replay_recalibrate, cfg, pred, lab)) for _ in range(repeat)]
         plain = statistics.median(r for r, _ in rounds)
         back = statistics.median(b for _, b in rounds)
@@ -143,13 +145,15 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="100,000 pairs, small backtests")
+    ap.add_argument("--backtest-rows", type=int, default=None,
+                    help="rows of each backtest (300,000; --quick 30,000)")
     ap.add_argument("--only", choices=("feed", "backtest"))
     args = ap.parse_args()
     n = 100_000 if args.quick else args.pairs
     if args.only != "backtest":
         bench_feed(n, args.repeat)
     if args.only != "feed":
-        bench_backtest(args.repeat, args.quick)
+        bench_backtest(args.repeat, args.quick, args.backtest_rows)
 
 
 if __name__ == "__main__":

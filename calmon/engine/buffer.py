@@ -35,6 +35,14 @@ class SampleSet:
         return SampleSet(self.ts[cut], self.label[cut], self.kind[cut], self.score[cut],
                          self.total)
 
+    def head(self, n: int) -> SampleSet:
+        """The oldest ``n`` samples, as the ring held them ``len - n`` samples ago."""
+        if n >= len(self):
+            return self
+        cut = slice(0, max(n, 0))
+        return SampleSet(self.ts[cut], self.label[cut], self.kind[cut], self.score[cut],
+                         self.total - (len(self) - max(n, 0)))
+
     def select(self, mask: np.ndarray) -> SampleSet:
         return SampleSet(self.ts[mask], self.label[mask], self.kind[mask], self.score[mask],
                          self.total)
@@ -96,6 +104,9 @@ class Ring:
         """A copy of the contents, or of the newest ``last`` samples only (cheap: the
         detectors read what is new every check)."""
         n = self.size if last is None else max(0, min(last, self.size))
+        if n == 0:  # the running total only (every check asks it of every series)
+            return SampleSet(self.ts[:0], self.label[:0], self.kind[:0], self.score[:0],
+                             self.total)
         rows = len(self.ts)
         start = (self.head - n) % rows
         idx = (start + np.arange(n)) % rows

@@ -27,18 +27,44 @@ SamplesOf = Callable[[str, str, int | None], SampleSet | None]
 
 
 def read_once(samples_of: SamplesOf) -> SamplesOf:
-    """``samples_of`` with each series' ring copied once, whole, at its first read: the
-    later reads of one check (what is new, the post-change samples, a refit's, the
-    calibrated windows) are tails of that one ``SampleSet``, so a check sees one state
-    of each ring however the engine feeds meanwhile, and pulls it once."""
-    sets: dict[tuple[str, str], SampleSet | None] = {}
+    """``samples_of`` as one state of each ring for a whole check: every read of the
+    check (the running total, what is new, the post-change samples, a refit's, the
+    calibrated windows) is a tail of the ring as it stood at the check's first read of
+    it, however the engine feeds meanwhile. A ring is copied only as far back as a read
+    asks (the total alone copies nothing, the new samples only themselves), so a check
+    costs in proportion to what is new; a read further back (an alarm's refit) copies
+    the ring once more and drops what arrived since the first read."""
+    sets: dict[tuple[str, str], tuple[SampleSet | None, bool]] = {}
 
     def once(model: str, segment: str, last: int | None = None) -> SampleSet | None:
         key = (model, segment)
         if key not in sets:
-            sets[key] = samples_of(model, segment, None)
-        whole = sets[key]
-        return whole if whole is None or last is None else whole.tail(last)
+            got = samples_of(model, segment, last)
+            # complete: the copy holds the whole ring (it asked all, or got less)
+            sets[key] = (got, got is None or last is None or len(got) < last)
+        have, complete = sets[key]
+        if have is None:
+            return None
+        if not complete and (last is None or last > len(have)):
+            sets[key] = further(model, segment, have, last)
+            have = sets[key][0] or have
+        return have if last is None else have.tail(last)
+
+    def further(model: str, segment: str, have: SampleSet,
+                last: int | None) -> tuple[SampleSet | None, bool]:
+        """The newest ``last`` samples as of ``have.total``: asked again for as many more
+        as arrived since, then cut back to that state."""
+        want = last
+        while True:
+            got = samples_of(model, segment, want)
+            if got is None:
+                return None, True
+            since = got.total - have.total  # arrived after the check's first read
+            exhausted = want is None or len(got) < want
+            if since <= 0 or exhausted or want >= last + since:  # type: ignore[operator]
+                cut = got.head(len(got) - since) if since > 0 else got
+                return cut, exhausted
+            want = last + since  # type: ignore[operator]
 
     return once
 
@@ -148,3 +174,15 @@ def readings(windows: list[CalibratedWindow]
     bins = {(c.model, c.segment, c.window): c.bins for c in windows
             if c.calibrated and c.bins is not None}
     return rows, bins
+
+
+def concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:
+    """``a`` then ``b`` (the held samples before the fresh ones); of another class
+    count, ``b`` alone."""
+    if a is None or len(a) == 0:
+        return b
+    if b is None or len(b) == 0 or a.score.shape[1:] != b.score.shape[1:]:
+        return a if b is None or len(b) == 0 else b  # another K: the held ones go
+    return SampleSet(np.concatenate((a.ts, b.ts)), np.concatenate((a.label, b.label)),
+                     np.concatenate((a.kind, b.kind)), np.concatenate((a.score, b.score)),
+                     b.total)

@@ -56,7 +56,7 @@ from calmon.errors import NotOwnerError, describe
 # CalibratedRow, CalibratedWindow, parse_iso, readings and target are re-exported
 from calmon.recal.calibrated import CalibratedRow as CalibratedRow
 from calmon.recal.calibrated import CalibratedWindow as CalibratedWindow
-from calmon.recal.calibrated import SamplesOf, calibrated_windows, iso, read_once, scored
+from calmon.recal.calibrated import SamplesOf, calibrated_windows, concat, iso, read_once, scored
 from calmon.recal.calibrated import parse_iso as parse_iso
 from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
@@ -78,10 +78,11 @@ from calmon.recal.regime import newest
 from calmon.recal.registry import Live, Registry
 from calmon.recal.rollback import best_rollback, rollback_document
 from calmon.recal.said import evidence
+from calmon.recal.skip import Reads, idle
 from calmon.recal.state import Event as Event  # re-exported: its old place
-from calmon.recal.state import Gauges
+from calmon.recal.state import Gauges, gauges_of
 from calmon.recal.state import SeriesState as SeriesState  # re-exported: its old place
-from calmon.recal.triggers import TRIGGERS, Decision, Reading, decide, worst_class_ece
+from calmon.recal.triggers import Decision, Reading, decide, worst_class_ece
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ class Policy:
         self.cycles = Cycles(registry)  # which series alternate (calmon.recal.cycle)
         self._snapshot: dict[str, Any] = {"series": [], "published_ece": [], "set_aside": []}
         self._lock = threading.Lock()  # one check at a time
+        self.samples_read = 0  # samples the last check copied out of the rings
+        self._skipped: set[tuple[str, str]] = set()  # series the last check found idle
+        self._snaps: dict[tuple[str, str], tuple[SeriesState, dict[str, Any]]] = {}
 
     # ------------------------------------------------------------ budget
 
@@ -139,6 +143,8 @@ class Policy:
         is read once, whole (``read_once``): every read of the check is a tail of it."""
         samples_of = read_once(samples_of)
         with self._lock:
+            samples_of = reads = Reads(samples_of)
+            self._skipped = set()
             # segments before their model: a segment that drifts alone is handled first
             keys = sorted(set(series), key=lambda k: (k[0], k[1] == ALL, k[1]))
             events: list[Event] = []
@@ -147,6 +153,7 @@ class Policy:
                 now = now_of(model)
                 if math.isfinite(now):
                     events += self._check_model(now, mine, samples_of)
+            self.samples_read = reads.n
             self._publish_readers()
             return events
 
@@ -216,6 +223,9 @@ class Policy:
         live = self.live(model, segment)
         basis = self._basis(model, segment)
         st = self.states.get((model, segment))
+        if self._idle((model, segment), st, head.total, basis):  # nothing new: O(1)
+            return []
+        first = None
         if st is None:  # first sight: the newest buffered samples are new (at most
             # FIRST_FEED, chosen by position only, so the test stays valid)
             start = max(0, head.total - FIRST_FEED)
@@ -229,25 +239,7 @@ class Policy:
             st = self.states[(model, segment)] = SeriesState(
                 Detector.new(fitted, self._spacing()), basis, head.total, head.total,
                 last_refit=st.last_refit)
-        cal = None if live is None else live.calibrator
-        new = head.total - st.seen
-        fresh = samples_of(model, segment, new) if new > 0 else None
-        if fresh is not None:
-            st.seen = fresh.total
-        batch = _concat(st.held, fresh)
-        if batch is not None and len(batch):
-            # with implicit negatives, a recent prediction's label is still open (a
-            # positive may come, its 0 has not): read only predictions whose label is
-            # settled, else which samples arrive would depend on their labels
-            due = batch.ts <= now - self._hold()
-            st.held = None if due.all() else batch.select(~due)
-            ready = batch.select(due)
-            if len(ready):
-                probs, labels = scored(cal, ready)
-                p, y = confidence_and_correct(probs, labels)
-                # by prediction time: the detector's grid places each sample by its ts
-                st.detector.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels),
-                                   ts=ready.ts, now=now - self._hold())
+        self._feed(now, model, segment, st, live, head.total, first, samples_of)
         if not st.detector.alarmed:
             st.drifting, st.change_ts = (), None
             return []
@@ -289,11 +281,44 @@ class Policy:
             st.latch = Latch()
         return events
 
+    def _feed(self, now: float, model: str, segment: str, st: SeriesState, live: Live | None,
+              total: int, first: SampleSet | None, samples_of: SamplesOf) -> None:
+        """The detector reads the samples joined since the last check (``first`` at first
+        sight), scored after the live calibrator, by prediction time."""
+        cal = None if live is None else live.calibrator
+        new = total - st.seen
+        # at first sight the newest samples were just read: the same ones, not again
+        fresh = first or (samples_of(model, segment, new) if new > 0 else None)
+        if fresh is not None:
+            st.seen = fresh.total
+        batch = concat(st.held, fresh)
+        if batch is not None and len(batch):
+            # with implicit negatives, a recent prediction's label is still open (a
+            # positive may come, its 0 has not): read only predictions whose label is
+            # settled, else which samples arrive would depend on their labels
+            due = batch.ts <= now - self._hold()
+            st.held = None if due.all() else batch.select(~due)
+            ready = batch.select(due)
+            if len(ready):
+                probs, labels = scored(cal, ready)
+                p, y = confidence_and_correct(probs, labels)
+                # by prediction time: the detector's grid places each sample by its ts
+                st.detector.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels),
+                                   ts=ready.ts, now=now - self._hold())
+
     def _cycle(self, model: str, segment: str) -> float | None:
         """The cycle's length, ``recalibration.window``, when the series alternates
         (calmon.recal.cycle), else None."""
         cyclic = self.cycles.cyclic(model, segment)
         return self.cfg.window(self.rc.window).seconds if cyclic else None
+
+    def _idle(self, key: tuple[str, str], st: SeriesState | None, total: int,
+              basis: tuple[int | None, int | None]) -> bool:
+        """calmon.recal.skip.idle, noted: the series' last snapshot stands (_snap_of)."""
+        if not idle(st, total, basis):
+            return False
+        self._skipped.add(key)
+        return True
 
     def _post_change(self, now: float, model: str, segment: str, st: SeriesState,
                      samples_of: SamplesOf) -> SampleSet | None:
@@ -488,23 +513,24 @@ class Policy:
                 and self.rc.triggers.classwise_ece_above is not None)
 
     def _publish_readers(self) -> None:
-        thr = self.log_threshold()
-        evidence, change, drift = {}, {}, {}
-        for key, st in self.states.items():
-            lm = max(st.detector.log_m, thr) if st.detector.alarmed else st.detector.log_m
-            evidence[key] = math.exp(min(lm - thr, 690.0))
-            if st.detector.alarmed and st.change_ts is not None:
-                change[key] = st.change_ts
-            for trig in (*TRIGGERS, "evidence"):
-                if trig in st.drifting or trig not in ("evidence", "classwise_ece_above") or (
-                        trig == "classwise_ece_above" and self._classwise_on()):
-                    drift[(*key, trig)] = int(trig in st.drifting)
-        self.gauges = Gauges(evidence, change, drift)
+        self.gauges = gauges_of(self.states, self.log_threshold(), self._classwise_on())
         self._snapshot = {
-            "series": [[m, s, st.snapshot()] for (m, s), st in sorted(self.states.items())],
+            "series": [[m, s, self._snap_of((m, s), st)]
+                       for (m, s), st in sorted(self.states.items())],
             "published_ece": [[m, s, e] for (m, s), e in sorted(self.published_ece.items())],
             "set_aside": [[m, s, v] for (m, s), v in sorted(self.set_aside.items())],
         }
+        if len(self._snaps) > len(self.states):  # forgotten series
+            self._snaps = {k: v for k, v in self._snaps.items() if k in self.states}
+
+    def _snap_of(self, key: tuple[str, str], st: SeriesState) -> dict[str, Any]:
+        """The series' snapshot; a series the last check skipped (skip.idle) is unchanged,
+        so its previous one stands (copying every detector every check was most of an
+        idle check's cost)."""
+        got = self._snaps.get(key)
+        if got is None or got[0] is not st or key not in self._skipped:
+            got = self._snaps[key] = (st, st.snapshot())
+        return got[1]
 
     def forget(self, models: Iterable[str], *, reset: Iterable[str] = ()) -> None:
         """Drop every series state of ``models`` (their recalibration moved elsewhere, or
@@ -565,16 +591,6 @@ class Policy:
             self._logged.add((model, segment))
             log.exception("the calibrated windows of %r/%r raised; skipped (logged once, "
                           "counted in calmon_series_errors_total)", model, segment)
-
-
-def _concat(a: SampleSet | None, b: SampleSet | None) -> SampleSet | None:
-    if a is None or len(a) == 0:
-        return b
-    if b is None or len(b) == 0 or a.score.shape[1:] != b.score.shape[1:]:
-        return a if b is None or len(b) == 0 else b  # another K: the held ones go
-    return SampleSet(np.concatenate((a.ts, b.ts)), np.concatenate((a.label, b.label)),
-                     np.concatenate((a.kind, b.kind)), np.concatenate((a.score, b.score)),
-                     b.total)
 
 
 def _slice_of(segment: str) -> tuple[str, ...]:

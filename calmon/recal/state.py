@@ -4,12 +4,14 @@ what a check decides (``Event``: a line of the event stream) and what it shows r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from calmon.engine.buffer import SampleSet
 from calmon.recal.detect import Detector
 from calmon.recal.latch import Latch
+from calmon.recal.triggers import TRIGGERS
 
 
 @dataclass
@@ -69,3 +71,21 @@ class Gauges:
     evidence: dict[tuple[str, str], float] = field(default_factory=dict)
     change_ts: dict[tuple[str, str], float] = field(default_factory=dict)
     drift: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+
+def gauges_of(states: dict[tuple[str, str], SeriesState], log_threshold: float,
+              classwise: bool) -> Gauges:
+    """What the readers show of the series' states: each detector's evidence against
+    its threshold, the change times of the alarmed, and which triggers fire."""
+    evidence, change, drift = {}, {}, {}
+    for key, st in states.items():
+        d = st.detector
+        lm = max(d.log_m, log_threshold) if d.alarmed else d.log_m
+        evidence[key] = math.exp(min(lm - log_threshold, 690.0))
+        if d.alarmed and st.change_ts is not None:
+            change[key] = st.change_ts
+        for trig in (*TRIGGERS, "evidence"):
+            if trig in st.drifting or trig not in ("evidence", "classwise_ece_above") or (
+                    trig == "classwise_ece_above" and classwise):
+                drift[(*key, trig)] = int(trig in st.drifting)
+    return Gauges(evidence, change, drift)
