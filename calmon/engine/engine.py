@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,41 +24,29 @@ from typing import Any
 
 import numpy as np
 
-from calmon.config import Config
 from calmon.engine import metrics
-from calmon.engine.buffer import Buffers, SampleSet
-from calmon.engine.classes import RESET_GUARD, ClassCounts
+from calmon.engine.buffer import SampleSet
+from calmon.engine.classes import RESET_GUARD
+from calmon.engine.counting import Counting
 from calmon.engine.delta import Delta
-from calmon.engine.estimates import Estimates, LiveCalibrators, ScoreHist
-from calmon.engine.estimating import Maps, PendingCounts, estimate, pending_sums, score_psi
-from calmon.engine.fastparse import BatchParser
-from calmon.engine.join import BatchColumns, Join, Joined
+from calmon.engine.enginestate import COUNTER_KEYS as COUNTER_KEYS  # for importers
+from calmon.engine.enginestate import TOPICS as TOPICS
+from calmon.engine.enginestate import Rejected as Rejected
+from calmon.engine.estimates import Estimates, LiveCalibrators
+from calmon.engine.estimating import PendingCounts, estimate, pending_sums, score_psi
+from calmon.engine.join import BatchColumns, Join
 from calmon.engine.keys import mismatches as key_mismatches
 from calmon.engine.parsed import LABEL, PRED, REJECT, Parsed
 from calmon.engine.rawbatch import RawBatch
-from calmon.engine.records import MULTICLASS, SCORE_KINDS, Kind, Label, Prediction, Raw, ScoreKind
+from calmon.engine.records import SCORE_KINDS, Kind, Label, Prediction, Raw
 from calmon.engine.rows import Row as Row  # its old place, for importers
 from calmon.engine.rows import WorstClass
-from calmon.engine.scoring import probs_of as _probs
-from calmon.engine.series import ALL, SeriesIndex
-from calmon.engine.windows import CONF_SCALE, Layout, Samples, Windows, bin_index
-from calmon.names import sigmoid
+from calmon.engine.series import ALL
+from calmon.engine.windows import CONF_SCALE, Layout
 
 log = logging.getLogger(__name__)
 
-COUNTER_KEYS = ("predictions", "labels", "joined", "invalid", "expired", "duplicates")
-TOPICS = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
 SNAPSHOT_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """A record that broke the contract: what the dead-letter topic receives."""
-
-    kind: Kind
-    value: bytes | None
-    source: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -95,75 +82,7 @@ class WindowSums:
     worst_class: WorstClass | None = None
 
 
-
-
-class Engine:
-    def __init__(self, cfg: Config, calibrators: LiveCalibrators | None = None) -> None:
-        self.cfg = cfg
-        # live calibrators for the label-free estimates; set_calibrators() replaces them
-        self.calibrators: LiveCalibrators = calibrators or {}
-        self.max_models = cfg.limits.max_models
-        self.index = self._new_index()
-        self.join = Join(cfg.join)
-        # a model idle this long on the instance's clock is dropped (contract v3 §2)
-        self._idle_after = max(w.seconds for w in cfg.metrics.windows) + cfg.join.ttl
-        self._combo_last = np.zeros(0)  # combo -> latest prediction ts (idle segments)
-        self._folded_seen = 0
-        self.windows = Windows(cfg.metrics.windows, cfg.metrics.bins, cfg.metrics.fine_bins)
-        # classwise ECE (metrics.classwise): per (series, class) bins of p_k against [y = k],
-        # kept like any series, with a single fine bin since ACE is not asked of them
-        self.classwise: Windows | None = (
-            Windows(cfg.metrics.windows, cfg.metrics.bins, 1) if cfg.metrics.classwise else None)
-        # raw-confidence histograms of every admitted prediction, for score_psi
-        self.scores = ScoreHist(cfg.metrics.windows, cfg.metrics.bins)
-        self.maps = Maps(cfg.estimates, self.windows)  # v5: the estimation maps
-        self.changes: Mapping[tuple[str, str], float] = {}  # set_changes()
-        self._class_series: dict[tuple[int, int], int] = {}  # (series, class) -> id
-        self._classes_of: dict[int, list[int]] = {}  # series -> its class pseudo-series
-        rc = cfg.recalibration
-        self.buffers = Buffers(rc.buffer) if rc.enabled else None
-        self.models: list[str] = []  # model index -> name ("" while the index is free)
-        self._model_idx: dict[str, int] = {}
-        self._free_models: list[int] = []  # indices of dropped models, reused first
-        self.batch_parser = BatchParser(cfg.fields, cfg.kafka.max_record_bytes, cfg.limits,
-                                        cfg.kafka.max_clock_skew)
-        # per model counts of this batch's labels that met no prediction, with one more
-        # slot at the end, [-1], for "model not known yet"
-        self._batch_labels: list[int] = [0]
-        # waiting labels whose prediction came later in the same batch, by its model
-        self._batch_label_models: Counter[str] = Counter()
-        self._combo_model = np.zeros(0, np.int64)  # combo -> model index
-        self._series_model = np.zeros(0, np.int64)  # series id -> model index
-        self._maps_at = (-1, -1)  # the index generation they were built at
-        self._arrivals: list[int] = []  # a batch fed one by one: its arrivals so far
-        self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
-        self.last_delta = Delta()  # what the last feed did (process counters add it up)
-        self.lock = threading.RLock()
-        self.version = 0  # bumped by every feed; lets readers cache views
-        self._evicted_at = -math.inf
-        # the version whose feed last changed each series' window sums (-1: none since
-        # the last restore), and the version every series counts as changed from: what
-        # a reader asks ``changes_since`` (calmon.engine.snapshot)
-        self._changed_at = np.full(0, -1, np.int64)
-        self._all_changed_at = 0
-        self._stale_classes = False  # a class reset happened: check joins for the old K
-        self.class_counts = ClassCounts(max(w.seconds for w in cfg.metrics.windows))
-
-    @property
-    def now(self) -> float:
-        """The instance's event time: the largest prediction ts of any model."""
-        return self.join.clock
-
-    def now_of(self, model: str) -> float:
-        """The model's event time: its largest prediction ts (-inf if unknown)."""
-        with self.lock:
-            midx = self._model_idx.get(model)
-            return -math.inf if midx is None else self.join.nows[midx]
-
-    def _new_index(self) -> SeriesIndex:
-        return SeriesIndex(self.cfg.segments.slices, self.cfg.segments.max_values,
-                           self.cfg.limits.max_series)
-
+class Engine(Counting):
     # ------------------------------------------------------------ writing
 
     def feed(self, batch: Iterable[Raw] | RawBatch,
@@ -285,20 +204,6 @@ class Engine:
             self._reset_classes(midx, classes, pm, b.p_ts)
         return None
 
-    def _rejected(self, b: Parsed, raws: RawBatch | None, i: int, reason: str,
-                  kind: Kind | None = None) -> Rejected:
-        """Record i of the batch as rejected: counted, and what the dead-letter topic
-        receives."""
-        if raws is not None:
-            raw = raws[i]
-            kind_, value, source = raw.kind, raw.value, raw.source
-        else:
-            kind_ = kind if kind is not None else (
-                Kind.LABEL if b.kinds[i] == LABEL else Kind.PREDICTION)
-            value, source = None, ""
-        self._invalid(kind_, reason)
-        return Rejected(kind_, value, source, reason)
-
     def _count_waiting(self, b: Parsed) -> None:
         """Labels that met no prediction count under the model they name, once that
         model is admitted (a label never creates a model), else under "unknown"."""
@@ -351,70 +256,6 @@ class Engine:
         self._model_idx[model] = midx
         self.join.add_model(midx)
         return midx
-
-    def _invalid(self, kind: Kind, reason: str) -> None:
-        self.counters["invalid"] += 1
-        self.last_delta.invalid[(TOPICS[kind], reason)] += 1
-
-    def _mark_changed(self, sids: np.ndarray) -> None:
-        """These series' window sums change in the feed being run (the next version)."""
-        if not len(sids):
-            return
-        top = int(sids.max()) + 1
-        if top > len(self._changed_at):
-            grown = np.full(max(top, 2 * len(self._changed_at)), -1, np.int64)
-            grown[:len(self._changed_at)] = self._changed_at
-            self._changed_at = grown
-        self._changed_at[sids] = self.version + 1
-
-    def _maps(self) -> None:
-        """combo -> model and series -> model, rebuilt when the index changed."""
-        at = (self.index.generation, len(self.index.combos))
-        if self._maps_at != at:
-            get = self._model_idx.get
-            self._combo_model = np.fromiter((get(m, 0) for m, _ in self.index.combos),
-                                            np.int64, len(self.index.combos))
-            self._series_model = np.fromiter((get(m, 0) for m, _ in self.index.series),
-                                             np.int64, len(self.index.series))
-            self._maps_at = at
-
-    def _combo_models(self) -> np.ndarray:
-        self._maps()
-        return self._combo_model
-
-    def _models_of(self, combos: np.ndarray) -> np.ndarray:
-        """The model index of each combo."""
-        out: np.ndarray = self._combo_models()[combos]
-        return out
-
-    def _nows(self) -> np.ndarray:
-        """Each model's now, by model index."""
-        return np.asarray(self.join.nows, np.float64)
-
-    def _now_per(self, models: np.ndarray) -> float | np.ndarray:
-        """The now of each of these models' rows: one number when they are one model
-        (the common batch), else an array."""
-        nows = self.join.nows
-        if len(models) and int(models.min()) == int(models.max()):
-            return float(nows[int(models[0])])
-        out: np.ndarray = self._nows()[models]
-        return out
-
-    def _series_nows(self) -> np.ndarray:
-        """Each series' model's now, by series id."""
-        self._maps()
-        nows = self._nows()
-        out: np.ndarray = nows[self._series_model] if len(nows) else np.full(
-            len(self._series_model), -math.inf)
-        return out
-
-    def _count_models(self, counter: Counter[str], counts: np.ndarray) -> int:
-        total = 0
-        for midx, c in enumerate(counts.tolist()):
-            if c:
-                counter[self.models[midx]] += c
-                total += c
-        return total
 
     def _settle(self, b: Parsed, raws: RawBatch | None, cols: BatchColumns,
                 admitted: np.ndarray, arrivals: np.ndarray, pm: list[int | None],
@@ -571,146 +412,6 @@ class Engine:
         last[cids] = -math.inf
         self._forget_series(sids)
 
-    def _forget_series(self, sids: list[int]) -> None:
-        self.windows.forget(sids)
-        self.scores.forget(sids)
-        if self.classwise is not None:
-            self.classwise.forget([c for sid in sids for c in self._classes_of.get(sid, ())])
-        if self.buffers is not None:
-            for sid in sids:
-                self.buffers.rings.pop(sid, None)
-
-    def _evict(self) -> None:
-        """Buckets that slid out of their series' windows (on their model's clock) go."""
-        nows = self._series_nows()
-        self.windows.evict(nows)
-        self.scores.evict(nows)
-        if self.classwise is not None:
-            self.classwise.evict(self._class_nows(nows))
-
-    def _class_nows(self, series_nows: np.ndarray) -> np.ndarray:
-        """Each classwise pseudo-series' model's now, by its id."""
-        out = np.full(len(self._class_series), -math.inf)
-        for (sid, _c), cid in self._class_series.items():
-            out[cid] = series_nows[sid]
-        return out
-
-    def _add_arrivals(self, cols: BatchColumns, rows: np.ndarray) -> None:
-        """Raw confidences of admitted predictions into the score histograms."""
-        kind = cols.kind[rows]
-        conf = np.empty(len(rows))
-        binary = kind < MULTICLASS
-        x = cols.score[rows[binary]]
-        conf[binary] = np.where(kind[binary] == ScoreKind.LOGIT, sigmoid(x), x)
-        if not binary.all():
-            for at, given in _by_classes(cols.vectors, rows, np.flatnonzero(~binary)):
-                conf[at] = _probs(given, kind[at]).max(axis=1)
-        sample, sid = self.index.fan_out(cols.combo[rows])
-        now = self._now_per(self._models_of(cols.combo[rows]))  # each one's model's now
-        self.scores.add(sid, cols.ts[rows][sample], conf[sample], _take(now, sample))
-
-    def _sample_classes(self, j: Joined) -> np.ndarray:
-        out = np.zeros(len(j), np.int64)
-        for k, (rows, _) in j.vectors.items():
-            out[rows] = k
-        return out
-
-    def _drop_stale(self, joined: Joined, marks: dict[int, tuple[int, int]]) -> Joined:
-        """Samples of a class count their model no longer has (they joined before its
-        reset in this batch, or were pending across it) count as joined, and nowhere
-        else: exactly as if they had been counted and then forgotten by the reset."""
-        models = self._models_of(joined.combo)
-        classes = np.asarray(self.class_counts.classes, np.int64)
-        keep = self._sample_classes(joined) == classes[models]
-        idx = np.arange(len(joined))
-        for m, (at_joined, _) in marks.items():
-            keep &= ~((models == m) & (idx < at_joined))
-        if keep.all():
-            return joined
-        dropped = np.bincount(models[~keep], minlength=len(self.models))
-        self.counters["joined"] += self._count_models(self.last_delta.joined, dropped)
-        return joined.take(np.flatnonzero(keep))
-
-    def _add_joined(self, j: Joined) -> None:
-        """Score the joined samples, then count them. Everything that can raise comes
-        before the first write, so a failure leaves the state as it was."""
-        n = len(j)
-        models = self._models_of(j.combo)
-        ts, label, kinds, combos = j.ts, j.label, j.kind, j.combo
-        conf = np.empty(n)
-        correct = np.empty(n, np.int64)
-        acc = np.empty(n, np.int64)
-        brier = np.empty(n)
-        nll = np.empty(n)
-        binary = np.flatnonzero(kinds < MULTICLASS)
-        scores: dict[int, np.ndarray] = {}  # classes (0 binary) -> scores as given
-        rows: dict[int, np.ndarray] = {}  # classes -> the sample rows they belong to
-        classwise: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, probs) per K
-        if len(binary):
-            score = j.score if len(binary) == n else j.score[binary]
-            scores[0], rows[0] = score, binary
-            p = np.where(kinds[binary] == ScoreKind.LOGIT, sigmoid(score), score)
-            y = label[binary]
-            conf[binary] = p
-            correct[binary] = y
-            acc[binary] = (p >= 0.5).astype(np.int64) == y
-            brier[binary] = (p - y) ** 2
-            nll[binary] = -np.log(np.clip(np.where(y == 1, p, 1.0 - p), 1e-15, 1.0))
-        for k, (ii, given) in j.vectors.items():
-            scores[k], rows[k] = given, ii
-            probs = _probs(given, kinds[ii])
-            y = label[ii]
-            top = probs.max(axis=1)
-            pred = probs.argmax(axis=1)
-            conf[ii] = top
-            correct[ii] = pred == y
-            acc[ii] = pred == y
-            onehot = np.zeros_like(probs)
-            onehot[np.arange(len(ii)), y] = 1.0
-            brier[ii] = ((probs - onehot) ** 2).sum(axis=1)
-            nll[ii] = -np.log(np.clip(probs[np.arange(len(ii)), y], 1e-15, 1.0))
-            if self.classwise is not None:
-                classwise.append((ii, probs))
-        # fan out: every sample counts in its model's __all__ series and each slice
-        sample, sid = self.index.fan_out(combos)
-        samples = Samples(sid, ts[sample], conf[sample], correct[sample], acc[sample],
-                          brier[sample], nll[sample])
-        # the writes
-        self.counters["joined"] += self._count_models(
-            self.last_delta.joined, np.bincount(models, minlength=len(self.models)))
-        now = self._now_per(models)  # each sample's model's now
-        for ii, probs in classwise:
-            onehot = np.zeros_like(probs)
-            onehot[np.arange(len(ii)), label[ii]] = 1.0
-            self._add_classwise(combos[ii], ts[ii], probs, onehot, _take(now, ii))
-        self.windows.add(samples, _take(now, sample))
-        self._mark_changed(sid)
-        self._count_bins(samples)
-        self._count_delays(j.label_ts - ts, models)
-        if self.buffers is not None:
-            self._buffer(combos, ts, label, kinds, scores, rows)
-
-    def _add_classwise(self, combos: np.ndarray, ts: np.ndarray, probs: np.ndarray,
-                       onehot: np.ndarray, now: float | np.ndarray) -> None:
-        """Every class k of every sample, as a sample of the (series, k) pseudo-series."""
-        assert self.classwise is not None
-        sample, sid = self.index.fan_out(combos)
-        k = probs.shape[1]
-        ids = []
-        for s in sid.tolist():
-            for c in range(k):
-                cid = self._class_series.get((s, c))
-                if cid is None:
-                    cid = self._class_series[(s, c)] = len(self._class_series)
-                    self._classes_of.setdefault(s, []).append(cid)
-                ids.append(cid)
-        rows = np.repeat(sample, k)
-        cls = np.tile(np.arange(k), len(sample))
-        zeros = np.zeros(len(rows))
-        self.classwise.add(Samples(np.array(ids, np.int64), ts[rows], probs[rows, cls],
-                                   onehot[rows, cls].astype(np.int64),
-                                   zeros.astype(np.int64), zeros, zeros), _take(now, rows))
-
     def _classwise_ece(self, sid: int, w: int, now: float) -> float | None:
         """Mean over classes of the ECE of p_k against [y = k] (Kull et al. 2019)."""
         assert self.classwise is not None
@@ -744,52 +445,6 @@ class Engine:
                 if worst is None or value > worst.ece:
                     worst = WorstClass(c, value, b)
         return worst
-
-    def _buffer(self, combos: np.ndarray, ts: np.ndarray, label: np.ndarray,
-                kinds: np.ndarray, scores: dict[int, np.ndarray],
-                rows: dict[int, np.ndarray]) -> None:
-        assert self.buffers is not None
-        for classes, idx in rows.items():
-            if self.cfg.recalibration.per_segment:
-                sample, sid = self.index.fan_out(combos[idx])
-            else:  # the model's __all__ series only
-                sample, sid = np.arange(len(idx)), self.index.all_series(combos[idx])
-            order = np.argsort(sid, kind="stable")
-            uniq, starts = np.unique(sid[order], return_index=True)
-            for s, part in zip(uniq.tolist(), np.split(order, starts[1:])):
-                take = sample[part]
-                self.buffers.add(s, classes, ts[idx][take], label[idx][take],
-                                 kinds[idx][take], scores[classes][take])
-
-    def _count_bins(self, s: Samples) -> None:
-        bins = self.cfg.metrics.bins
-        key = s.sid * bins + bin_index(s.conf, bins)
-        top = int(s.sid.max()) + 1
-        count = np.bincount(key, minlength=top * bins).reshape(top, bins)
-        conf = np.bincount(key, s.conf, minlength=top * bins).reshape(top, bins)
-        corr = np.bincount(key, s.correct.astype(np.float64),
-                           minlength=top * bins).reshape(top, bins)
-        out = self.last_delta.bins
-        for sid in np.flatnonzero(count.any(axis=1)).tolist():  # series, not (series, bin)
-            key = self.index.series[sid]
-            arr = out.get(key)
-            if arr is None:
-                arr = out[key] = np.zeros((3, bins))
-            arr[0] += count[sid]
-            arr[1] += conf[sid]
-            arr[2] += corr[sid]
-
-    def _count_delays(self, delays: np.ndarray, models: np.ndarray) -> None:
-        known = np.isfinite(delays)  # NaN where the label had no time
-        if not known.any():
-            return
-        delay, models = delays[known], models[known]
-        lo, hi = int(models.min()), int(models.max())
-        if lo == hi:  # one model: the common batch
-            self.last_delta.delays.append((self.models[lo], delay))
-            return
-        for midx in np.flatnonzero(np.bincount(models - lo)).tolist():
-            self.last_delta.delays.append((self.models[midx + lo], delay[models == midx + lo]))
 
     # ------------------------------------------------------------ reading
 
@@ -860,7 +515,6 @@ class Engine:
                 waiting, self._models_of(waiting[0]), self.index.fan_out, self.index.series,
                 self._model_idx, self._calibrator, self._threshold, self.windows, nows))
 
-
     def estimates(self, sids: Sequence[int], pending: PendingCounts,
                   nows: np.ndarray) -> Mapping[tuple[int, int], Estimates]:
         """The label-free estimates and score PSI of every window of these series, from
@@ -886,15 +540,6 @@ class Engine:
                                              "raw" if live is None else "live", binary, level)
             return MappingProxyType(out)
 
-
-    def _threshold(self, model: str) -> float:
-        """A binary model's decision threshold (``models.<m>.threshold``)."""
-        return self.cfg.model(model).threshold or 0.5
-
-    def _binary(self, sid: int) -> bool:
-        midx = self._model_idx.get(self.index.series[sid][0])
-        return midx is None or self.class_counts.classes[midx] == 0
-
     def set_changes(self, changes: Mapping[tuple[str, str], float]) -> None:
         """Replace the starts of the current regimes ((model, segment) -> ``change_ts``
         of a drift): the estimation maps fit only samples predicted after them."""
@@ -907,11 +552,6 @@ class Engine:
         with self.lock:
             self.calibrators = calibrators
             self.version += 1  # the estimates change: readers read them again
-
-    def _calibrator(self, model: str, segment: str) -> tuple[Any, np.ndarray | None] | None:
-        """The segment's own calibrator, else the model's."""
-        live = self.calibrators.get((model, segment))
-        return live if live is not None else self.calibrators.get((model, ALL))
 
     def samples(self, model: str, segment: str, last: int | None = None) -> SampleSet | None:
         """A copy of the recent joined samples of one series (None without a buffer);
@@ -1071,11 +711,6 @@ class Engine:
         return [min(t, now) if math.isfinite(t) else now for t in out]
 
 
-def _take(now: float | np.ndarray, rows: np.ndarray) -> float | np.ndarray:
-    """``now`` of these rows: a number stays one."""
-    return now[rows] if isinstance(now, np.ndarray) else now
-
-
 def _int_column(values: list[int]) -> np.ndarray:
     """Class indices as int64. One past int64 cannot join (it is out of range for every
     prediction) and is kept as the largest int64."""
@@ -1083,20 +718,3 @@ def _int_column(values: list[int]) -> np.ndarray:
         return np.array(values, np.int64)
     except OverflowError:
         return np.array([min(v, 2**63 - 1) for v in values], np.int64)
-
-
-def _by_classes(vectors: dict[int, np.ndarray], ordinals: np.ndarray,
-                at: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For the positions ``at`` of ``ordinals`` (K-class predictions of a batch):
-    (positions, (m, K) scores as given) per class count K."""
-    by_k: dict[int, list[int]] = {}
-    rows = ordinals[at].tolist()
-    for pos, p in zip(at.tolist(), rows):
-        by_k.setdefault(len(vectors[p]), []).append(pos)
-    out = []
-    for group in by_k.values():
-        idx = np.asarray(group, np.int64)
-        out.append((idx, np.array([vectors[p] for p in ordinals[idx].tolist()], np.float64)))
-    return out
-
-
