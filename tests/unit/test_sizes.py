@@ -13,7 +13,7 @@ MAX_FUNCTION_LINES = 80
 # Temporary: these are being split by concern right now. Each entry goes as soon as
 # its file fits (the test below says when); the list is meant to end empty.
 ALLOWED = frozenset({
-    "engine/engine.py", "engine/join.py",
+    "engine/settling.py", "engine/join.py",
 })
 
 
