@@ -11,7 +11,7 @@ import numpy as np
 
 from calmon.engine.counting import Counting
 from calmon.engine.enginestate import Rejected
-from calmon.engine.join import BatchColumns
+from calmon.engine.joined import BatchColumns, Joined, JoinEvents
 from calmon.engine.parsed import LABEL, Parsed
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind
@@ -35,6 +35,26 @@ class Settling(Counting):
         marks = self.class_counts.marks  # before settle() clears them
         self.join.combo_model = self._combo_models()  # the batch's new combos too
         ev = self.join.finish(arrivals)
+        rejected = self._count_events(b, raws, ev, pairs)
+        self._settle_arrivals(cols, arrivals, pm, marks)
+        self._settle_joined(ev.joined, marks)
+        folded = self.index.folded - self._folded_seen
+        if folded:
+            self.last_delta.series_folded += folded
+            self._folded_seen = self.index.folded
+        self._drop_idle()
+        self.version += 1
+        smallest = min(self.windows.widths)
+        if self.now - self._evicted_at >= smallest:
+            self._evict()
+            self._evicted_at = self.now
+        return rejected
+
+    def _count_events(self, b: Parsed, raws: RawBatch | None, ev: JoinEvents,
+                      pairs: list[tuple[int, Rejected]]) -> list[Rejected]:
+        """What the join did, counted: labels, duplicates, expiries, labels found out of
+        range. Returns the rejected records, in batch order (then labels found out of
+        range when their prediction came)."""
         met = np.bincount(self._models_of(ev.met), minlength=len(self.models))
         self.counters["labels"] += self._count_models(self.last_delta.labels, met)
         for midx, c in enumerate(self._batch_labels):
@@ -73,6 +93,11 @@ class Settling(Counting):
             self._invalid(Kind.LABEL, "label_out_of_range")
             rejected.append(Rejected(Kind.LABEL, lab.dead_letter_value(), lab.source,
                                      "label_out_of_range"))
+        return rejected
+
+    def _settle_arrivals(self, cols: BatchColumns, arrivals: np.ndarray,
+                         pm: list[int | None], marks: dict[int, tuple[int, int]]) -> None:
+        """The arrivals into the class counts and the score histograms."""
         if marks:  # admitted before their model's reset in this batch: forgotten with it
             pm_arr = np.array([-1 if m is None else m for m in pm], np.int64)
             keep = np.ones(len(arrivals), bool)
@@ -89,7 +114,9 @@ class Settling(Counting):
                 log.exception("counting %d arrivals for score_psi raised", len(arrivals))
         else:
             self.class_counts.settle(np.zeros(0, np.int64), np.zeros(0), self.join.nows)
-        joined = ev.joined
+
+    def _settle_joined(self, joined: Joined, marks: dict[int, tuple[int, int]]) -> None:
+        """The joined samples into the windows and buffers (less stale-class ones)."""
         if len(joined) and (self._stale_classes or marks):
             joined = self._drop_stale(joined, marks)
         if len(joined):
@@ -103,17 +130,7 @@ class Settling(Counting):
                         self._add_joined(joined.take(np.array([i])))
                     except Exception:
                         self._invalid(Kind.PREDICTION, "internal")
-        folded = self.index.folded - self._folded_seen
-        if folded:
-            self.last_delta.series_folded += folded
-            self._folded_seen = self.index.folded
-        self._drop_idle()
-        self.version += 1
-        smallest = min(self.windows.widths)
-        if self.now - self._evicted_at >= smallest:
-            self._evict()
-            self._evicted_at = self.now
-        return rejected
+
 
     def _seen(self, combos: np.ndarray, ts: np.ndarray) -> None:
         """The latest prediction ts of each combo (a segment is idle when its combos are)."""
