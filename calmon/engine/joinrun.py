@@ -18,41 +18,19 @@ class JoinRun(JoinCapacity):
         """Records ``lo..hi-1`` of the batch, every prediction among them admitted (its
         model index in the list given to ``prepare``); ``p``, ``q``: the ordinals of the
         range's first prediction and label. Returns the ordinals after the range. Moves
-        ``nows`` and ``clock``.
-
-        A prediction of this batch is ``~p`` in ``_slot`` until the batch ends (most
-        join within their batch and never take a slot); older ones are their slot."""
+        ``nows`` and ``clock``. A prediction of this batch is ``~p`` in ``_slot`` until the
+        batch ends (most join within their batch and never take a slot); older ones are
+        their slot. One loop, its state in locals: it runs per record."""
         kinds = b.kinds if lo == 0 and hi == len(b.kinds) else b.kinds[lo:hi]
         p_id, p_ts, p_kind, p_classes = b.p_id, b.p_ts, b.p_kind, b.p_classes
         l_id, l_label, l_ts = b.l_id, b.l_label, b.l_ts
-        ev = self.events
-        slot_get = self._slot.get
-        slot_of = self._slot
-        pids = self._pid
-        freed = self._freed
-        done = self._done
-        done_order = self._done_order
-        labels = self._labels
-        j_src, j_q = self._j_src, self._j_q
-        ts_item = self._ts.item
-        nows, pm = self.nows, self._pm
-        clock = self.clock
-        ttl = self.ttl
-        implicit = self.implicit is not None
-        after = self.implicit.after if self.implicit is not None else ttl
-        preds = kinds.count(PRED)
-        if preds:  # a lower bound of the deadlines of this range's predictions is enough:
-            # the loop checks a pending prediction's own deadline only past it
-            self._next_deadline = min(self._next_deadline,
-                                      min(p_ts[p:p + preds]) + min(ttl, after))
-        next_deadline = self._next_deadline
+        ev, slot_get, slot_of, pids, freed = (self.events, self._slot.get, self._slot,
+                                              self._pid, self._freed)
+        done, done_order, labels = self._done, self._done_order, self._labels
+        j_src, j_q, ts_item, nows, pm = self._j_src, self._j_q, self._ts.item, self.nows, self._pm
+        clock, ttl, implicit = self.clock, self.ttl, self.implicit is not None
+        full, done_full, next_deadline = self._range_bounds(kinds, p_ts, p)
         undated = self._undated_labels
-        # join.max_pending holds at every record, not just at the batch's end, so what
-        # is evicted never depends on how the input was cut into polls; checked per record
-        # only when this range could reach it
-        full = self._heaps is not None or preds > self.max_pending - self.pending
-        max_pending = self.max_pending
-        done_full = len(kinds) > max_pending - len(done)
         for k in kinds:
             if k == PRED:
                 pid = p_id[p]
@@ -69,27 +47,18 @@ class JoinRun(JoinCapacity):
                     self._date_labels(clock)
                     undated = False
                 v = slot_get(pid)
-                if v is not None:
-                    if self._deadline(v) > self._now_of(v):
-                        ev.duplicate_predictions += 1
-                        ev.dups.append(p)
-                        p += 1
-                        continue
+                if v is not None and self._deadline(v) <= self._now_of(v):
                     self._finish(v, pid)  # overdue: settle it as the sweep would have
-                if done:
-                    d = done.get(pid)
-                    if d is not None and d > clock:  # joined ids go on the clock
-                        ev.duplicate_predictions += 1
-                        ev.dups.append(p)
-                        p += 1
-                        continue
-                if labels and pid in labels and self._meet_waiting(b, p, clock):
-                    p += 1
-                    continue
-                slot_of[pid] = ~p
-                self._fresh += 1
-                if full:
-                    self._make_room(pid, ts, ~p, m)  # type: ignore[arg-type]
+                    v = None
+                # a duplicate: of a pending one, or of a joined id (those go on the clock)
+                if v is not None or (done and done.get(pid, -INF) > clock):
+                    ev.duplicate_predictions += 1
+                    ev.dups.append(p)
+                elif not (labels and pid in labels and self._meet_waiting(b, p, clock)):
+                    slot_of[pid] = ~p
+                    self._fresh += 1
+                    if full:
+                        self._make_room(pid, ts, ~p, m)  # type: ignore[arg-type]
                 p += 1
             elif k == LABEL:
                 lid = l_id[q]
@@ -101,34 +70,44 @@ class JoinRun(JoinCapacity):
                 if v is None:
                     self._wait(b, q)
                     undated = self._undated_labels
-                    q += 1
-                    continue
-                lab = l_label[q]
-                if lab >= 2 and lab >= self._classes(v, p_kind, p_classes):
+                elif (lab := l_label[q]) >= 2 and lab >= self._classes(v, p_kind, p_classes):
                     self.events.out_of_range.append(q)
-                    q += 1
-                    continue
-                if implicit and self._hold(v, lab, l_ts[q], p_kind):
-                    q += 1
-                    continue
-                j_src.append(v)
-                j_q.append(q)
-                if self._heaps is not None:
-                    self._counts[self._model_of(v)] -= 1
-                if v < 0:
-                    done[lid] = p_ts[~v] + ttl
-                    self._fresh -= 1
-                else:
-                    done[lid] = ts_item(v) + ttl
-                    pids[v] = None
-                    freed.append(v)
-                done_order.append(lid)
-                del slot_of[lid]
-                if done_full:  # _trim_done, inline: once a join in a busy sidecar
-                    while len(done) > max_pending and done_order:
-                        done.pop(done_order.popleft(), None)
+                elif not (implicit and self._hold(v, lab, l_ts[q], p_kind)):
+                    j_src.append(v)
+                    j_q.append(q)
+                    if self._heaps is not None:
+                        self._counts[self._model_of(v)] -= 1
+                    if v < 0:
+                        done[lid] = p_ts[~v] + ttl
+                        self._fresh -= 1
+                    else:
+                        done[lid] = ts_item(v) + ttl
+                        pids[v] = None
+                        freed.append(v)
+                    done_order.append(lid)
+                    del slot_of[lid]
+                    if done_full:  # past join.max_pending joined ids (a busy sidecar)
+                        self._trim_done()
                 q += 1
         return p, q
+
+    def _range_bounds(self, kinds: list[int], p_ts: list[float],
+                      p: int) -> tuple[bool, bool, float]:
+        """Before ``run`` walks a range: whether the bounds on pending predictions and on
+        joined ids are checked per record (only when the range could reach them), and a
+        lower bound of every pending deadline (the loop checks a pending prediction's own
+        deadline only past it)."""
+        ttl = self.ttl
+        after = self.implicit.after if self.implicit is not None else ttl
+        preds = kinds.count(PRED)
+        if preds:  # a lower bound of the deadlines of this range's predictions is enough
+            self._next_deadline = min(self._next_deadline,
+                                      min(p_ts[p:p + preds]) + min(ttl, after))
+        # join.max_pending holds at every record, not just at the batch's end, so what
+        # is evicted never depends on how the input was cut into polls
+        full = self._heaps is not None or preds > self.max_pending - self.pending
+        done_full = len(kinds) > self.max_pending - len(self._done)
+        return full, done_full, self._next_deadline
 
     def _meet_waiting(self, b: Parsed, p: int, now: float) -> bool:
         """Prediction p, whose label waits: True when they join at once (no slot)."""
