@@ -62,18 +62,11 @@ class JoinColumns(JoinRun):
         the others go through ``run`` one by one in batch order, with the now they would
         have seen (ids are independent, so their order among plain records does not
         matter), and what both did is merged in batch order. None: use ``run``."""
+        p_of = self._columns_fit(b)
+        if p_of is None:
+            return False
         p_id, l_id = b.p_id, b.l_id
         n_p, n_l = len(p_id), len(l_id)
-        slot_of, done, labels = self._slot, self._done, self._labels
-        cap = self.max_pending
-        if (self.implicit is not None or self._heaps is not None or self._undated_labels
-                or self.clock == -INF or n_p + self.pending > cap or len(labels) + n_l > cap
-                or len(b.kinds) > cap - len(done)):
-            return False
-        p_of = dict(zip(p_id, range(n_p)))
-        if len(p_of) != n_p or len(set(l_id)) != n_l:
-            return False
-        ttl = self.ttl
         cols = self._batch
         kinds = np.frombuffer(bytes(b.kinds), np.uint8)
         p_pos = np.flatnonzero(kinds == PRED)
@@ -83,51 +76,17 @@ class JoinColumns(JoinRun):
         nows0 = list(self.nows)
         runs = self._model_runs(pts)
         if n_p:
-            self._next_deadline = min(self._next_deadline, float(pts.min()) + ttl)
-        before = np.searchsorted(p_pos, l_pos)  # predictions before each label
+            self._next_deadline = min(self._next_deadline, float(pts.min()) + self.ttl)
         # the state of each id before the batch (its slot: what prepare found)
         pair = np.fromiter(map(p_of.get, l_id, repeat(-1)), np.int64, n_l)
         old = self._found[n_p:]
-        # each label's now: that of the model of the prediction it meets, as it stood
-        # at the label (labels that meet none wait, one by one)
-        m_l = np.full(n_l, -1, np.int64)
-        has_old = (pair < 0) & (old >= 0)
-        m_l[pair >= 0] = np.asarray(self._pm, np.int64)[pair[pair >= 0]]
-        m_l[has_old] = self.combo_model[self._combo[old[has_old]]]
-        now_l = np.full(n_l, -INF)
-        for m in np.unique(m_l[m_l >= 0]).tolist():
-            sel = m_l == m
-            run = runs.get(m)
-            now_l[sel] = nows0[m] if run is None else self._now_before(run, before[sel],
-                                                                       nows0[m])
-        odd_p = self._found[:n_p] >= 0  # predictions whose id has state: one by one
-        if done:
-            odd_p |= np.fromiter(map(done.__contains__, p_id), bool, n_p)
-        if labels:
-            odd_p |= np.fromiter(map(labels.has, p_id), bool, n_p)
+        odd_p, odd_l, p_deadline = self._odd(b, pair, old, p_pos, l_pos, runs, nows0)
         paired = pair >= 0
-        pp = pair[paired]
-        old_ts = self._ts[np.where(paired, 0, old)]  # old >= 0 wherever it is read
-        # a label joins in time: its prediction's deadline (ts + ttl) not yet passed
-        p_deadline = np.where(paired, pts[np.where(paired, pair, 0)] if n_p else 0.0,
-                              old_ts) + ttl
-        overdue = p_deadline <= now_l  # (a deadline is never below _next_deadline)
-        odd_l = np.where(paired, False, old < 0) | overdue
-        if len(pp):
-            odd_l[paired] |= odd_p[pp] | (p_pos[pp] > l_pos[paired])
-            odd_p[pp] |= odd_l[paired]
         plain_l = ~odd_l
         # the plain labels: joined, or out of the range of their prediction's classes
         lab = self._labels_of_batch[0]
         src = np.where(paired, ~pair, old)
-        kind_l = np.where(paired, cols.kind[np.where(paired, pair, 0)] if n_p else 0,
-                          self._kind[np.where(paired, 0, old)])
-        classes = np.full(n_l, 2, np.int64)
-        multi = plain_l & (kind_l >= MULTICLASS)
-        if multi.any():
-            classes[multi & paired] = np.asarray(b.p_classes, np.int64)[pair[multi & paired]]
-            codes = self._score[old[multi & ~paired]].astype(np.int64)
-            classes[multi & ~paired] = codes % ROW_SHIFT
+        classes = self._label_classes(b, plain_l, pair, old)
         wrong = plain_l & (lab >= 2) & (lab >= classes)
         joins = np.flatnonzero(plain_l & ~wrong)
         # the others, one by one, in batch order
@@ -146,25 +105,108 @@ class JoinColumns(JoinRun):
         if len(j_ids):
             self._merge_joins(src[joins], joins, l_pos[joins], p_pos, l_pos, j_ids,
                               p_deadline[joins])
-            by_old = joins[~paired[joins]]
-            freed = old[by_old].tolist()
-            if freed:
-                for pid in map(l_id.__getitem__, by_old.tolist()):
-                    del slot_of[pid]
-                pids = self._pid
-                for _ in map(pids.__setitem__, freed, repeat(None)):  # a C loop
-                    pass
-                if odd_freed:  # freed slots are reused in this order: batch order
-                    pos = l_pos[by_old].tolist()
-                    self._freed = [v for _, v in sorted(odd_freed + list(zip(pos, freed)))]
-                else:
-                    self._freed.extend(freed)
+            self._free_joined(l_id, joins[~paired[joins]], old, l_pos, odd_freed)
         # plain predictions left pending: those no plain label joined
         pend = ~odd_p
         pend[pair[joins][paired[joins]]] = False
         # (no plain id is looked up again in this batch: finish gives them their slots)
         self._fresh += int(np.count_nonzero(pend))
         return True
+
+    def _columns_fit(self, b: Parsed) -> dict[str, int] | None:
+        """Each prediction id's ordinal when the batch can be decided over columns (each
+        id once per kind, far from every bound, no implicit negatives), else None."""
+        p_id, l_id = b.p_id, b.l_id
+        n_p, n_l = len(p_id), len(l_id)
+        done, labels = self._done, self._labels
+        cap = self.max_pending
+        if (self.implicit is not None or self._heaps is not None or self._undated_labels
+                or self.clock == -INF or n_p + self.pending > cap or len(labels) + n_l > cap
+                or len(b.kinds) > cap - len(done)):
+            return None
+        p_of = dict(zip(p_id, range(n_p)))
+        if len(p_of) != n_p or len(set(l_id)) != n_l:
+            return None
+        return p_of
+
+    def _odd(self, b: Parsed, pair: np.ndarray, old: np.ndarray, p_pos: np.ndarray,
+             l_pos: np.ndarray, runs: dict[int, tuple[np.ndarray | None, np.ndarray]],
+             nows0: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Which predictions and labels go one by one (their id has state, or the label
+        would not join in time), and the deadline of the prediction each label meets.
+        ``pair``: each label's prediction in this batch (-1: none); ``old``: its slot."""
+        p_id = b.p_id
+        n_p = len(p_id)
+        done, labels = self._done, self._labels
+        pts = self._batch.ts
+        before = np.searchsorted(p_pos, l_pos)  # predictions before each label
+        now_l = self._label_nows(pair, old, before, runs, nows0)
+        odd_p = self._found[:n_p] >= 0  # predictions whose id has state: one by one
+        if done:
+            odd_p |= np.fromiter(map(done.__contains__, p_id), bool, n_p)
+        if labels:
+            odd_p |= np.fromiter(map(labels.has, p_id), bool, n_p)
+        paired = pair >= 0
+        pp = pair[paired]
+        old_ts = self._ts[np.where(paired, 0, old)]  # old >= 0 wherever it is read
+        # a label joins in time: its prediction's deadline (ts + ttl) not yet passed
+        p_deadline = np.where(paired, pts[np.where(paired, pair, 0)] if n_p else 0.0,
+                              old_ts) + self.ttl
+        overdue = p_deadline <= now_l  # (a deadline is never below _next_deadline)
+        odd_l = np.where(paired, False, old < 0) | overdue
+        if len(pp):
+            odd_l[paired] |= odd_p[pp] | (p_pos[pp] > l_pos[paired])
+            odd_p[pp] |= odd_l[paired]
+        return odd_p, odd_l, p_deadline
+
+    def _label_nows(self, pair: np.ndarray, old: np.ndarray, before: np.ndarray,
+                    runs: dict[int, tuple[np.ndarray | None, np.ndarray]],
+                    nows0: list[float]) -> np.ndarray:
+        """Each label's now: that of the model of the prediction it meets, as it stood
+        at the label (labels that meet none wait, one by one)."""
+        m_l = np.full(len(pair), -1, np.int64)
+        has_old = (pair < 0) & (old >= 0)
+        m_l[pair >= 0] = np.asarray(self._pm, np.int64)[pair[pair >= 0]]
+        m_l[has_old] = self.combo_model[self._combo[old[has_old]]]
+        now_l = np.full(len(pair), -INF)
+        for m in np.unique(m_l[m_l >= 0]).tolist():
+            sel = m_l == m
+            run = runs.get(m)
+            now_l[sel] = nows0[m] if run is None else self._now_before(run, before[sel],
+                                                                       nows0[m])
+        return now_l
+
+    def _label_classes(self, b: Parsed, plain_l: np.ndarray, pair: np.ndarray,
+                       old: np.ndarray) -> np.ndarray:
+        """The class count of the prediction each plain label meets (2 for binary)."""
+        paired = pair >= 0
+        cols = self._batch
+        kind_l = np.where(paired, cols.kind[np.where(paired, pair, 0)] if len(b.p_id) else 0,
+                          self._kind[np.where(paired, 0, old)])
+        classes = np.full(len(pair), 2, np.int64)
+        multi = plain_l & (kind_l >= MULTICLASS)
+        if multi.any():
+            classes[multi & paired] = np.asarray(b.p_classes, np.int64)[pair[multi & paired]]
+            codes = self._score[old[multi & ~paired]].astype(np.int64)
+            classes[multi & ~paired] = codes % ROW_SHIFT
+        return classes
+
+    def _free_joined(self, l_id: list[str], by_old: np.ndarray, old: np.ndarray,
+                     l_pos: np.ndarray, odd_freed: list[tuple[int, int]]) -> None:
+        """The slots of earlier batches' predictions the plain labels ``by_old`` joined
+        are freed, in batch order with those the odd records freed."""
+        freed = old[by_old].tolist()
+        if freed:
+            for pid in map(l_id.__getitem__, by_old.tolist()):
+                del self._slot[pid]
+            pids = self._pid
+            for _ in map(pids.__setitem__, freed, repeat(None)):  # a C loop
+                pass
+            if odd_freed:  # freed slots are reused in this order: batch order
+                pos = l_pos[by_old].tolist()
+                self._freed = [v for _, v in sorted(odd_freed + list(zip(pos, freed)))]
+            else:
+                self._freed.extend(freed)
 
     def _run_odd(self, b: Parsed, odd: list[int], p_pos: np.ndarray, l_pos: np.ndarray,
                  runs: dict[int, tuple[np.ndarray | None, np.ndarray]], nows0: list[float],
