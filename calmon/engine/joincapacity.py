@@ -25,22 +25,7 @@ class JoinCapacity(JoinState):
         of predictions that left are skipped when they surface."""
         heaps = self._heaps
         if heaps is None:
-            heaps = self._heaps = {}
-            self._counts = [0] * len(self.nows)
-            pending = [(u, i) for u, i in enumerate(self._pid) if i is not None]
-            pending += [(u, i) for i, u in self._slot.items() if u < 0]
-            for u, i in pending:
-                t = self._ts_of(u)
-                mu = self._model_of(u)
-                self._counts[mu] += 1
-                by_deadline, by_ts = heaps.setdefault(mu, ([], []))
-                by_ts.append((t, i))
-                if self.implicit is not None:
-                    by_deadline.append((self._deadline(u), t, i))
-            for by_deadline, by_ts in heaps.values():
-                heapq.heapify(by_ts)
-                heapq.heapify(by_deadline)
-            self._dirty = set(heaps)
+            heaps = self._build_heaps()
         else:
             by_deadline, by_ts = heaps.setdefault(m, ([], []))
             heapq.heappush(by_ts, (ts, pid))
@@ -81,6 +66,28 @@ class JoinCapacity(JoinState):
         stale = sum(len(a) + len(b) for a, b in heaps.values())
         if stale > 2 * (1 + (self.implicit is not None)) * self.pending + 1024:
             self._heaps = None  # mostly stale entries: built afresh when next needed
+
+    def _build_heaps(self) -> dict[int, tuple[list[Any], list[tuple[float, str]]]]:
+        """The per-model heaps and pending counts of ``_make_room``, built from every
+        pending prediction (the new one included) once they are near the bound."""
+        heaps: dict[int, tuple[list[Any], list[tuple[float, str]]]] = {}
+        self._heaps = heaps
+        self._counts = [0] * len(self.nows)
+        pending = [(u, i) for u, i in enumerate(self._pid) if i is not None]
+        pending += [(u, i) for i, u in self._slot.items() if u < 0]
+        for u, i in pending:
+            t = self._ts_of(u)
+            mu = self._model_of(u)
+            self._counts[mu] += 1
+            by_deadline, by_ts = heaps.setdefault(mu, ([], []))
+            by_ts.append((t, i))
+            if self.implicit is not None:
+                by_deadline.append((self._deadline(u), t, i))
+        for by_deadline, by_ts in heaps.values():
+            heapq.heapify(by_ts)
+            heapq.heapify(by_deadline)
+        self._dirty = set(heaps)
+        return heaps
 
     def _settle_top(self, heap: list[Any]) -> None:
         """Settle the pending prediction at the top of a heap (its deadline passed)."""
