@@ -39,6 +39,12 @@ plus ~50 bytes (its bucket, its id's hash and reference, and the ts, score,
 combo and kind columns);
 a K-class score vector is a row of one float64 matrix per K, found through the
 score column.
+
+The class is put together from one module per concern, each over the state of
+``joinstate.JoinState`` (the slot columns, their storage, ``_finish``): ``joincapacity``
+(the bound held record by record), ``joinrun`` (the sequential join, ``run``),
+``joincolumns`` (the columnar join, ``run_all``), and this module (a batch's start
+and end, the sweep, save/restore); ``joined`` holds the column types.
 """
 
 from __future__ import annotations
@@ -61,9 +67,8 @@ from calmon.engine.records import MULTICLASS
 
 
 class Join(JoinColumns):
-    # ------------------------------------------------------------ queries
-
-    # ------------------------------------------------------------ the batch loop
+    """Pending predictions and labels (see the module). This class holds a batch's
+    start and end (``prepare``, ``finish``), the sweep, and save/restore."""
 
     # ------------------------------------------------------------ the batch's end
 
@@ -254,8 +259,6 @@ class Join(JoinColumns):
         self._kind[idx] = 0
         self._score[idx] = 0.0
         self._free.extend(reversed(slots))
-
-    # ------------------------------------------------------------ storage
 
     # ------------------------------------------------------------ sweeping
 
