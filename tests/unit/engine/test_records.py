@@ -188,7 +188,7 @@ def test_a_huge_class_count_costs_nothing() -> None:
 
 def test_a_bug_while_scoring_a_joined_sample_is_isolated_to_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import calmon.engine.engine as engine_module
+    import calmon.engine.counting as engine_module  # where joined samples are scored
 
     real = engine_module.sigmoid
 
