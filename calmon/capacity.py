@@ -132,7 +132,7 @@ def worst_case(cfg: Config) -> WorstCase:
     parts = {"series": mem_series, "pending": mem_pending, "waiting labels": mem_labels,
              "joined ids": mem_remembered, "buffers": mem_buffers,
              "estimates": maps + pending_hist, "base": BASE}
-    inst = cfg.kafka.instance
+    inst = cfg.kafka.static
     if rc.enabled and inst is not None and inst.count > 1:
         # scaled out, an instance may own every model's recalibration (the others
         # down): the owner's buffers of all of them, beside its own engine's

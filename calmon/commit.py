@@ -75,7 +75,7 @@ class Commit:
             log.warning("checkpoint postponed: dead letters not yet delivered")
             return None
         state: dict[str, Any] = {"engine": self.engine.snapshot(),  # 2
-                                 SHAPE_SECTION: of_config(self.cfg.kafka.instance)}
+                                 SHAPE_SECTION: of_config(self.cfg.kafka.static)}
         totals = self.totals.copy()  # what a roll-back to this checkpoint restores
         if recal is not None:
             state["recal"] = recal

@@ -120,6 +120,8 @@ class Daemon:
                  source: Source | None = None, install_signals: bool = True,
                  rescale: bool = False) -> None:
         self.cfg = cfg
+        if cfg.kafka.group and source is None:  # until the group source is wired in
+            raise ConfigError(["kafka.instance: group is not run by this build yet"])
         # a state of another instance shape is moved aside instead of refused (--rescale)
         self.rescale = rescale
         self.engine = Engine(cfg)
@@ -161,7 +163,7 @@ class Daemon:
         # scaled out (contract §7): one owner per model recalibrates on every instance's
         # samples; otherwise (one instance, the default) the in-process loop does
         self.cluster: Cluster | None = None
-        inst = cfg.kafka.instance
+        inst = cfg.kafka.static
         if (cfg.recalibration.enabled and inst is not None and inst.count > 1
                 and cfg.kafka.joined_topic is not None
                 and cfg.kafka.calibrators_topic is not None):
@@ -390,7 +392,7 @@ class Daemon:
             """Restore from ``ckpt``; whatever it raises leaves the empty state, and the
             store takes the checkpoint for corrupt (``state.on_corrupt`` decides)."""
             saved = of_checkpoint(ckpt.state)
-            problem = mismatch(saved, of_config(self.cfg.kafka.instance), str(self.store.dir))
+            problem = mismatch(saved, of_config(self.cfg.kafka.static), str(self.store.dir))
             if problem is not None:
                 if not self.rescale:
                     raise StateError(problem)

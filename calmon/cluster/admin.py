@@ -37,7 +37,7 @@ REQUEST = b"CMR1"  # a rollback request on the joined topic (not a batch: its ow
 
 
 def scaled_out(cfg: Config) -> bool:
-    inst = cfg.kafka.instance
+    inst = cfg.kafka.static
     return (inst is not None and inst.count > 1 and cfg.recalibration.enabled
             and cfg.kafka.joined_topic is not None and cfg.kafka.calibrators_topic is not None)
 

@@ -83,7 +83,7 @@ class BatchChecks:
         lim = cfg.limits
         self.max_name = lim.max_name_bytes
         self.max_classes = lim.max_classes
-        count = cfg.kafka.instance.count if cfg.kafka.instance is not None else 1
+        count = cfg.kafka.static.count if cfg.kafka.static is not None else 1
         self.count = count
         # an owner holds models and series of every instance: each admits up to the limit
         self.max_models = lim.max_models * count

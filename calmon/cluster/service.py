@@ -80,7 +80,7 @@ class Cluster:
         self.cfg = cfg
         self.topic = kc.joined_topic
         self.group = f"{kc.group_id}-recal"
-        self.sender = JoinedSender(kc.instance.index if kc.instance is not None else 0,
+        self.sender = JoinedSender(kc.static.index if kc.static is not None else 0,
                                    cfg.recalibration.buffer, record_budget(kc))
         signer = Signer.from_config(cfg.calibrators)
         self.producer = JoinedProducer(kc, self.topic, signer=signer)

@@ -18,7 +18,7 @@ def cross_checks(cfg: Config, errors: list[str]) -> None:
     for i, sl in enumerate(cfg.segments.slices):
         if not sl:
             errors.append(f"segments.slices[{i}]: a slice needs at least one key")
-    inst = cfg.kafka.instance
+    inst = cfg.kafka.static
     if inst is not None and inst.index >= inst.count:
         errors.append(f"kafka.instance.index: must be below count ({inst.count}), got {inst.index}")
     if cfg.metrics.fine_bins < cfg.metrics.bins:
@@ -37,6 +37,7 @@ def cross_checks(cfg: Config, errors: list[str]) -> None:
             errors.append(f"metrics.export.windows[{i}]: must be one of metrics.windows "
                           f"{names}, got {wname!r}")
     _check_keys(cfg, errors)
+    _check_group(cfg, errors)
     _check_models(cfg, errors)
     est = cfg.estimates
     if est.samples < est.min_samples:
@@ -71,6 +72,46 @@ def cross_checks(cfg: Config, errors: list[str]) -> None:
     if jt is not None and jt in (cfg.kafka.predictions_topic, cfg.kafka.labels_topic,
                                  cfg.kafka.calibrators_topic, cfg.kafka.dead_letter_topic):
         errors.append("kafka.joined_topic: must be a topic of its own")
+
+
+# v4: the group settings of kafka.client, in kafka-python spelling (§8)
+GROUP_TIMEOUTS = ("session_timeout_ms", "max_poll_interval_ms", "heartbeat_interval_ms")
+
+
+def _check_group(cfg: Config, errors: list[str]) -> None:
+    """``kafka.instance: group``: the group's timeouts are whole milliseconds that a
+    heartbeat fits in, and the changelog is a topic of its own."""
+    kc = cfg.kafka
+    ms: dict[str, int] = {}
+    for key in GROUP_TIMEOUTS:
+        v = kc.client.get(key)
+        if v is None:
+            continue
+        text = v.strip() if isinstance(v, str) else v
+        if isinstance(text, str) and text.isdigit():
+            text = int(text)
+        if isinstance(text, bool) or not isinstance(text, int) or text <= 0:
+            errors.append(f"kafka.client.{key}: expected a positive number of milliseconds, "
+                          f"got {v!r}")
+            continue
+        ms[key] = text
+    hb, session = ms.get("heartbeat_interval_ms"), ms.get("session_timeout_ms", 45_000)
+    if hb is not None and hb >= session:
+        errors.append(f"kafka.client.heartbeat_interval_ms: must be below "
+                      f"session_timeout_ms ({session}), got {hb}")
+    gid = kc.client.get("group_instance_id")
+    if gid is not None and (not isinstance(gid, str) or not gid.strip()):
+        errors.append(f"kafka.client.group_instance_id: expected a non-empty name, got {gid!r}")
+    if kc.state_changelog_topic is not None and not kc.group:
+        errors.append("kafka.state_changelog_topic: only read with kafka.instance: group")
+    if not kc.group:
+        return
+    if not kc.group_id:
+        errors.append("kafka.group_id: required with kafka.instance: group")
+    if kc.changelog_topic in (kc.predictions_topic, kc.labels_topic, kc.calibrators_topic,
+                              kc.dead_letter_topic, kc.joined_topic):
+        errors.append(f"kafka.state_changelog_topic: must be a topic of its own, got "
+                      f"{kc.changelog_topic!r}")
 
 
 def _check_models(cfg: Config, errors: list[str]) -> None:

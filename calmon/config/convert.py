@@ -116,7 +116,13 @@ def _annotated(v: Any, tp: Any, path: str, errors: Errors) -> Any:
 
 def _optional(v: Any, tp: Any, path: str, errors: Errors) -> Any:
     args = [a for a in get_args(tp) if a is not type(None)]
-    return None if v is None else convert(v, args[0], path, errors)
+    if v is None:
+        return None
+    if len(args) > 1 and isinstance(v, str):  # a word among other forms: instance: group
+        word = next((a for a in args if get_origin(a) is Literal), None)
+        if word is not None:
+            return convert(v, word, path, errors)
+    return convert(v, args[0], path, errors)
 
 
 def _literal(v: Any, tp: Any, path: str, errors: Errors) -> Any:

@@ -28,7 +28,10 @@ class KafkaConfig:
     calibrators_topic: str | None = None
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     max_record_bytes: Annotated[int, Range(64, 64 * MIB)] = 1_048_576
-    instance: Instance | None = None
+    # {index, count} (static, §7) or v4 "group": partitions assigned by the consumer group (§8)
+    instance: Instance | Literal["group"] | None = None
+    # v4: each task's state, compacted; None = <group_id>-state-changelog in group mode (§8)
+    state_changelog_topic: str | None = None
     client: Mapping[str, Any] = field(default_factory=dict)
     library: Literal["kafka-python", "confluent"] = "kafka-python"
     # a record ts further than this past its Kafka timestamp is bad_ts: one record from the
@@ -36,6 +39,22 @@ class KafkaConfig:
     max_clock_skew: Annotated[float, DURATION, Range(1.0, 7 * DAY)] = 3600.0
     # v3: joined samples keyed by model, for one owner per model's recalibration (§7)
     joined_topic: str | None = None
+
+    @property
+    def group(self) -> bool:
+        """v4: partitions come from the consumer-group protocol (``instance: group``)."""
+        return self.instance == "group"
+
+    @property
+    def static(self) -> Instance | None:
+        """The fixed ``{index, count}`` share (§7); None with one instance or in group
+        mode, where no instance owns a partition by its number."""
+        return self.instance if isinstance(self.instance, Instance) else None
+
+    @property
+    def changelog_topic(self) -> str:
+        """Where group mode keeps each task's state (§8)."""
+        return self.state_changelog_topic or f"{self.group_id}-state-changelog"
 
 
 @dataclass(frozen=True)

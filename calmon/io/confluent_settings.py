@@ -65,6 +65,11 @@ KAFKA_PYTHON_TO_LIBRDKAFKA: dict[str, tuple[str, frozenset[str], Callable[[Any],
     "max_partition_fetch_bytes": ("max.partition.fetch.bytes", CONSUMER, _same),
     "isolation_level": ("isolation.level", CONSUMER, _same),
     "check_crcs": ("check.crcs", CONSUMER, _same),
+    # v4: the consumer group (kafka.instance: group)
+    "session_timeout_ms": ("session.timeout.ms", CONSUMER, _same),
+    "max_poll_interval_ms": ("max.poll.interval.ms", CONSUMER, _same),
+    "heartbeat_interval_ms": ("heartbeat.interval.ms", CONSUMER, _same),
+    "group_instance_id": ("group.instance.id", CONSUMER, _same),
     # producer
     "acks": ("acks", PRODUCER, _same),
     "retries": ("retries", PRODUCER, _same),

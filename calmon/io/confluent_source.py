@@ -76,7 +76,7 @@ class ConfluentSource(SourceBase):
         size = fetch_bytes(cfg.max_record_bytes)
         fetch_max = max(50 * 1024 * 1024, size)
         settings: dict[str, Any] = {
-            "client.id": "calmon" if cfg.instance is None else f"calmon-{cfg.instance.index}",
+            "client.id": "calmon" if cfg.static is None else f"calmon-{cfg.static.index}",
             "max.partition.fetch.bytes": size,
             "fetch.max.bytes": fetch_max,
             "receive.message.max.bytes": max(100_000_000, fetch_max + 512),

@@ -103,7 +103,7 @@ class KafkaSource(SourceBase):
         cfg = self._config
         size = fetch_bytes(cfg.max_record_bytes)
         defaults: dict[str, Any] = {
-            "client_id": "calmon" if cfg.instance is None else f"calmon-{cfg.instance.index}",
+            "client_id": "calmon" if cfg.static is None else f"calmon-{cfg.static.index}",
             "max_partition_fetch_bytes": size,
             "fetch_max_bytes": max(50 * 1024 * 1024, size),
             # A misspelt input topic must fail loudly, not be created empty.

@@ -134,11 +134,12 @@ def _co_partitioning(cfg: Config, reports: dict[str, TopicReport], rep: ProbeRep
         if p is not None and p == lab:
             rep.ok(f"input topics co-partition ({p} partitions each)")
         return
-    count = cfg.kafka.instance.count if cfg.kafka.instance is not None else 1
+    count = cfg.kafka.static.count if cfg.kafka.static is not None else 1
     msg = (f"input topics have {p} and {lab} partitions: an id's prediction and label land on "
            "different partition numbers")
-    if count > 1:
-        rep.fail(f"{msg}, so instances cannot join them (kafka.instance.count {count}); give "
+    if count > 1 or cfg.kafka.group:
+        shape = "kafka.instance: group" if cfg.kafka.group else f"kafka.instance.count {count}"
+        rep.fail(f"{msg}, so instances cannot join them ({shape}); give "
                  "both topics the same partition count")
     else:
         rep.note(f"warning: {msg}; one instance still joins them, but scaling out needs equal "
@@ -161,7 +162,7 @@ def _starts(cfg: Config, consumer: Any, topic_partition: type, trs: list[TopicRe
         if not tr.partitions:
             continue
         tps = [topic_partition(tr.topic, p)
-               for p in owned_partitions(range(tr.partitions), k.instance)]
+               for p in owned_partitions(range(tr.partitions), k.static)]
         if not tps:
             continue
         begin, end = consumer.beginning_offsets(tps), _true_ends(consumer, tps)

@@ -127,7 +127,7 @@ class SourceBase:
     def __init__(self, config: KafkaConfig) -> None:
         self._kinds = {config.predictions_topic: Kind.PREDICTION,
                        config.labels_topic: Kind.LABEL}
-        self._instance = config.instance
+        self._instance = config.static
         self._owned: list[Position] = []
         self._problem: str | None = None  # why the topics cannot be split, as last seen
         self._skips: list[Skip] = []

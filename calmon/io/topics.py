@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from calmon.config import Instance
 
@@ -27,7 +27,7 @@ def owned_partitions(partitions: Iterable[int], instance: Instance | None) -> li
 
 
 def copartition_problem(predictions: tuple[str, int], labels: tuple[str, int],
-                        instance: Instance | None) -> str | None:
+                        instance: Instance | Literal["group"] | None) -> str | None:
     """Why the two input topics cannot be split over ``instance.count`` instances
     (``(topic, partition count)`` each), with what to do; None when they can.
 
@@ -35,10 +35,14 @@ def copartition_problem(predictions: tuple[str, int], labels: tuple[str, int],
     same partition number: the same key, the same partitioner and the same partition
     count (Kafka Streams refuses topics that are not co-partitioned the same way).
     One instance reads every partition and needs none of this."""
-    if instance is None or instance.count <= 1 or predictions[1] == labels[1]:
+    if instance is None or predictions[1] == labels[1]:
+        return None
+    if instance != "group" and instance.count <= 1:
         return None
     (small, _), (_, n_big) = sorted((predictions, labels), key=lambda x: x[1])
-    return (f"kafka.instance.count: {instance.count} instances need both input topics "
+    who = ("kafka.instance: group members need" if instance == "group" else
+           f"kafka.instance.count: {instance.count} instances need")
+    return (f"{who} both input topics "
             f"co-partitioned, but kafka.predictions_topic {predictions[0]!r} has "
             f"{predictions[1]} partitions and kafka.labels_topic {labels[0]!r} has "
             f"{labels[1]}: a prediction and its label would meet only when their ids "

@@ -13,8 +13,8 @@ and deploy/mixin/config.yaml (selector, windows, links, thresholds). Outputs:
     deploy/prometheus/recording_rules.yml        plain Prometheus rule files
     deploy/prometheus/alert_rules.yml
     deploy/kubernetes/operator/prometheusrule.yaml    PrometheusRule (both files)
-    deploy/kubernetes/operator/podmonitor.yaml        PodMonitor (sidecar, StatefulSet)
-    deploy/kubernetes/operator/servicemonitor.yaml    ServiceMonitor (StatefulSet)
+    deploy/kubernetes/operator/podmonitor.yaml        PodMonitor (every overlay's pods)
+    deploy/kubernetes/operator/servicemonitor.yaml    ServiceMonitor (scaled-out Services)
     deploy/kubernetes/operator/dashboard.yaml         Grafana dashboard ConfigMap
 
 A small Python script rather than a jsonnet mixin: it needs nothing beyond the
@@ -353,6 +353,27 @@ and on ({TARGET}) (
           3 minutes: about 5 minutes after it stopped). /healthz answers 503, so
           Kubernetes restarts the container; elsewhere restart it.""",
           for_="3m", per_series=False),
+        # v4, kafka.instance: group (contract §8): a partition's task restores its state
+        # from the changelog before its records are read
+        a("CalmonTaskRestoreStuck",
+          f"sum by ({TARGET}) (calmon_tasks{{<SEL>, state=\"restoring\"}}) > 0",
+          "calmon on {{ $labels.instance }} is stuck restoring partitions",
+          """{{ $value }} task(s) of {{ $labels.instance }} have been restoring their
+          state from the changelog topic for 15 minutes: their partitions are not read
+          and their windows stand still. /status shows each task's bytes done and
+          total; check the changelog's size and compaction and the broker.""",
+          for_="15m", per_series=False),
+        a("CalmonRebalanceStorm",
+          """sum by (namespace, job) (
+  increase(calmon_restore_seconds_count{<SEL>}[30m])
+) > <rebalance_restores>""",
+          "calmon's consumer group keeps moving partitions",
+          """{{ $value | printf "%.0f" }} partition restores in the last 30 minutes
+          across {{ $labels.job }} (more than <rebalance_restores>), for 10 minutes:
+          the group keeps rebalancing (pods restarting, an autoscaler flapping,
+          session timeouts), and every move restores a partition's state before it is
+          read again.""",
+          for_="10m", per_series=False),
         a("CalmonTargetDown",
           "up{<SEL>} == 0",
           "calmon target {{ $labels.instance }} is down",
@@ -391,7 +412,7 @@ def operator_objects(cfg: dict[str, Any], recording: list[dict[str, Any]],
                          "labels": meta_labels},
             "spec": {"groups": recording + alerts},
         }],
-        # The sidecar pods and the StatefulSet pods carry calmon/job: calmon; jobLabel
+        # Every overlay's pods carry calmon/job: calmon; jobLabel
         # turns it into job="calmon", what the selector in config.yaml expects.
         "podmonitor.yaml": [{
             "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
@@ -402,7 +423,7 @@ def operator_objects(cfg: dict[str, Any], recording: list[dict[str, Any]],
                      "selector": {"matchLabels": {"calmon/job": "calmon"}},
                      "podMetricsEndpoints": [endpoint]},
         }],
-        # Alternative for the StatefulSet's headless Service (use one of the two,
+        # Alternative for the scaled-out overlays' headless Service (use one of the two,
         # or the pods are scraped twice).
         "servicemonitor.yaml": [{
             "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",

@@ -33,6 +33,7 @@ CONTRACT_CONFIG_KEYS: dict[str, set[str] | None] = {
         "library",
         "max_clock_skew",
         "joined_topic",
+        "state_changelog_topic",  # v4
     },
     "limits": {"max_models", "max_classes", "max_id_bytes", "max_name_bytes", "max_series",
                "memory"},
@@ -165,7 +166,7 @@ def expand_env(text: str, env: Mapping[str, str]) -> str:
     return _ENV_REF.sub(repl, text)
 
 
-OVERLAYS = ("sidecar", "scaled-out")
+OVERLAYS = ("sidecar", "scaled-out", "scaled-out-static")
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:

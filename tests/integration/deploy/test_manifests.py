@@ -27,8 +27,8 @@ IMAGE = "ghcr.io/calmon/calmon:0.1.0"
 CONFIG_PATH = "/etc/calmon/config.yaml"
 STATE_MOUNT = "/var/lib/calmon"
 PORT = 9108
-POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"
-SAMPLE_ORDINAL = "2"
+POD_NAME_FIELD = "metadata.name"
+SAMPLE_POD_NAME = "calmon-2"
 
 MANIFESTS = load_manifests()
 WORKLOADS = [(p, d) for p, d in MANIFESTS if d["kind"] in {"Deployment", "StatefulSet"}]
@@ -57,8 +57,8 @@ def container_env(container: dict[str, Any]) -> dict[str, str]:
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = str(var["value"])
-        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == POD_INDEX_FIELD:
-            env[var["name"]] = SAMPLE_ORDINAL
+        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == POD_NAME_FIELD:
+            env[var["name"]] = SAMPLE_POD_NAME
     return env
 
 
@@ -100,6 +100,7 @@ def test_every_manifest_is_a_kubernetes_object() -> None:
     assert {p.name for p, _ in MANIFESTS} >= {
         "sidecar",
         "scaled-out",
+        "scaled-out-static",
         "servicemonitor.yaml",
         "podmonitor.yaml",
         "prometheusrule.yaml",
@@ -110,10 +111,10 @@ def test_every_manifest_is_a_kubernetes_object() -> None:
         assert doc["metadata"].get("name"), path.name
 
 
-def test_there_is_a_sidecar_deployment_and_a_statefulset() -> None:
-    kinds = {(p.name, d["kind"]) for p, d in WORKLOADS}
-    assert ("sidecar", "Deployment") in kinds
-    assert ("scaled-out", "StatefulSet") in kinds
+def test_there_is_a_sidecar_a_scaled_out_deployment_and_a_statefulset() -> None:
+    kinds = sorted((p.name, d["kind"]) for p, d in WORKLOADS)
+    assert kinds == [("scaled-out", "Deployment"), ("scaled-out-static", "StatefulSet"),
+                     ("sidecar", "Deployment")]
 
 
 @pytest.mark.parametrize("item", WORKLOADS, ids=workload_id)
@@ -232,25 +233,67 @@ def test_memory_covers_the_worst_case_of_the_shipped_configs(
     assert limit - worst_case(loads(config_text(path, workload), env)).memory < 2**30
 
 
-def test_statefulset_instance_from_pod_ordinal() -> None:
-    [(path, sts)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "StatefulSet"]
+def scaled_out(name: str) -> tuple[Path, dict[str, Any]]:
+    [item] = [(p, d) for p, d in WORKLOADS if p.name == name]
+    return item
+
+
+@pytest.mark.parametrize("name", ["scaled-out", "scaled-out-static"])
+def test_scaled_out_workloads_join_the_consumer_group(name: str) -> None:
+    """Both scale-out overlays take partitions from the consumer group (contract §8),
+    with the changelog topic named and a session timeout a heartbeat fits in."""
+    path, workload = scaled_out(name)
+    config = parsed_config(path, workload)
+    kafka = config["kafka"]
+    assert kafka["instance"] == "group"
+    assert kafka["state_changelog_topic"] == f"{kafka['group_id']}-state-changelog"
+    client = kafka["client"]
+    assert client["heartbeat_interval_ms"] * 3 <= client["session_timeout_ms"]
+    assert workload["spec"]["replicas"] >= 2
+    # the state dir is a cache: nothing of the static {index, count} mode is left
+    assert "CALMON_INSTANCE" not in config_text(path, workload)
+
+
+def test_deployment_scales_with_an_hpa_one_pod_at_a_time() -> None:
+    path, deployment = scaled_out("scaled-out")
+    assert deployment["kind"] == "Deployment"
+    # dynamic membership: a random pod name would make a new static member each time
+    assert "group_instance_id" not in parsed_config(path, deployment)["kafka"]["client"]
+    [hpa] = same_file(path, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": deployment["metadata"]["name"]}
+    assert 2 <= hpa["spec"]["minReplicas"] <= deployment["spec"]["replicas"]
+    assert hpa["spec"]["maxReplicas"] >= deployment["spec"]["replicas"]
+    # every step is a rebalance: one pod at a time, and scale-down only after a
+    # long calm (a rebalance storm otherwise)
+    for direction in ("scaleUp", "scaleDown"):
+        policies = hpa["spec"]["behavior"][direction]["policies"]
+        assert policies == [{"type": "Pods", "value": 1,
+                             "periodSeconds": policies[0]["periodSeconds"]}]
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
+    strategy = deployment["spec"]["strategy"]
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 0
+    # the state is a cache on an emptyDir: the changelog is the source of truth
+    c = calmon_container(deployment)
+    mount = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}[STATE_MOUNT]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes[mount]
+
+
+def test_statefulset_is_a_static_member_named_by_its_pod() -> None:
+    path, sts = scaled_out("scaled-out-static")
+    assert sts["kind"] == "StatefulSet"
     c = calmon_container(sts)
     env = {e["name"]: e for e in c["env"]}
-    ref = env["CALMON_INSTANCE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert ref == POD_INDEX_FIELD
-    assert "${CALMON_INSTANCE_INDEX}" in config_text(path, sts)
-    config = parsed_config(path, sts)
-    instance = config["kafka"]["instance"]
-    assert instance == {"index": int(SAMPLE_ORDINAL), "count": sts["spec"]["replicas"]}
-    assert sts["spec"]["replicas"] >= 2
-    # The count lives in the pod template (a change is a template change), and no
-    # pod takes a template change until all are deleted together: two counts never
-    # run at once.
-    assert "${CALMON_INSTANCE_COUNT}" in config_text(path, sts)
-    assert env["CALMON_INSTANCE_COUNT"]["value"] == str(sts["spec"]["replicas"])
-    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert "${POD_NAME}" in config_text(path, sts)
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == POD_NAME_FIELD
+    client = parsed_config(path, sts)["kafka"]["client"]
+    assert client["group_instance_id"] == SAMPLE_POD_NAME
+    # a restarted pod is back within the session timeout and keeps its partitions
+    assert client["session_timeout_ms"] >= 60_000
     assert sts["spec"]["podManagementPolicy"] == "Parallel"
-    # One state dir each: a PersistentVolumeClaim per pod.
+    # its cache on its own claim, so a restart reads only the changelog's tail
     [claim] = sts["spec"]["volumeClaimTemplates"]
     mount = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}[STATE_MOUNT]
     assert claim["metadata"]["name"] == mount
@@ -292,7 +335,7 @@ def test_servicemonitor_selects_the_service() -> None:
 
 
 def test_sidecar_shares_the_pod_with_a_model_server() -> None:
-    [(path, dep)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "Deployment"]
+    [(path, dep)] = [(p, d) for p, d in WORKLOADS if p.name == "sidecar"]
     names = [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]]
     assert "calmon" in names and len(names) >= 2
     # One consumer of the topics: replicas would each count every partition.
@@ -315,7 +358,7 @@ def test_sidecar_shares_the_pod_with_a_model_server() -> None:
 def test_sidecar_state_volume_takes_one_pod() -> None:
     """Two replicas on one state volume would each count every sample: the claim
     admits one pod (not one node), and the state dir is calmon's own."""
-    [(path, dep)] = [(p, d) for p, d in WORKLOADS if d["kind"] == "Deployment"]
+    [(path, dep)] = [(p, d) for p, d in WORKLOADS if p.name == "sidecar"]
     state = parsed_config(path, dep)["state"]["dir"]
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["mountPath"]: m for m in calmon_container(dep)["volumeMounts"]}
@@ -397,7 +440,7 @@ def test_disruption_budget_and_network_policies() -> None:
         # listening on every interface only because the pod is scraped from outside
         assert config["server"]["host"] == "0.0.0.0"
         assert pod_labels.get("calmon/job") == "calmon", "selected by the PodMonitor"
-        if workload["kind"] == "StatefulSet":
+        if path.name != "sidecar":
             [pdb] = same_file(path, "PodDisruptionBudget")
             assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
             assert pdb["spec"]["maxUnavailable"] == 1
@@ -512,7 +555,7 @@ def test_manifest_files_are_listed() -> None:
 def test_overlays_render_and_share_the_base() -> None:
     """kubectl kustomize renders both overlays; the config is a generated ConfigMap
     named after its content, and each workload mounts the one of its overlay."""
-    for name in ("sidecar", "scaled-out"):
+    for name in ("sidecar", "scaled-out", "scaled-out-static"):
         docs = [d for p, d in MANIFESTS if p.name == name]
         [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
         assert re.fullmatch(r"calmon-config-[a-z0-9]{10}", cm["metadata"]["name"])

@@ -35,6 +35,8 @@ REQUIRED_ALERTS = {
     "CalmonInvalidRecordsSpike",
     "CalmonConsumerLag",
     "CalmonCheckpointTooOld",
+    "CalmonTaskRestoreStuck",
+    "CalmonRebalanceStorm",
     "CalmonMainLoopStalled",
     "CalmonTargetDown",
     "CalmonTargetMissing",
