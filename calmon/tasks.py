@@ -1,0 +1,195 @@
+"""Group mode's tasks (contract §8): one ``Engine`` per owned input partition (Kafka
+Streams' task: a partition with its own state), restored from the changelog when the
+group assigns the partition, written to it with the group's offsets in one
+transaction at each checkpoint, dropped when the partition goes.
+
+The rebalance hooks run inside the source's ``poll`` on the loop thread, the only
+writer of the tasks; readers get ``status()`` (a new list each call) and the summed
+statistics of ``calmon.engine.summed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calmon.config import Config
+from calmon.engine.engine import Engine
+from calmon.engine.records import Kind
+from calmon.io.changelog import Changelog, ChangelogError
+from calmon.io.group_source import GroupSource, Offsets
+from calmon.io.source import Chunk, to_batch
+from calmon.io.totals import ProcessTotals
+
+log = logging.getLogger(__name__)
+
+# calmon_restore_seconds buckets
+RESTORE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, float("inf"))
+
+
+@dataclass
+class Task:
+    partition: int
+    engine: Engine
+    state: str = "restoring"  # restoring | running
+    bytes_done: int = 0
+    records_done: int = 0
+    records_total: int = 0
+    restored_from: str | None = None  # the checkpoint it was restored from
+    positions: dict[str, int] = field(default_factory=dict)  # topic -> next offset
+
+    def view(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"partition": self.partition, "state": self.state,
+                               "restored_from": self.restored_from,
+                               "positions": dict(self.positions),
+                               "pending": self.engine.join.pending}
+        if self.state == "restoring":
+            out["restore"] = {"bytes_done": self.bytes_done,
+                              "records_done": self.records_done,
+                              "records_total": self.records_total}
+        else:
+            out["restored_bytes"] = self.bytes_done
+        return out
+
+
+class Tasks:
+    """The tasks of one member and the source's rebalance hooks."""
+
+    def __init__(self, cfg: Config, changelog: Changelog, totals: ProcessTotals) -> None:
+        self.cfg = cfg
+        self.changelog = changelog
+        self.totals = totals
+        self.source: GroupSource | None = None  # set once built (it calls these hooks)
+        self.tasks: dict[int, Task] = {}
+        self._kinds = {cfg.kafka.predictions_topic: Kind.PREDICTION,
+                       cfg.kafka.labels_topic: Kind.LABEL}
+        self.restore_counts = [0] * len(RESTORE_BUCKETS)  # cumulative per bucket
+        self.restore_sum = 0.0
+        self.restored_bytes = 0
+        self.last_checkpoint: float | None = None
+        self.fenced = 0  # checkpoint transactions the broker refused
+        # what each task's last checkpoint held (engine version, positions): unchanged
+        # tasks are not written again
+        self._written: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
+
+    def engines(self) -> list[Engine]:
+        return [t.engine for t in self.tasks.values()]
+
+    # ------------------------------------------------------------ hooks
+
+    def lost(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.tasks.pop(p, None)
+            self._written.pop(p, None)
+
+    def assigned(self, committed: Mapping[int, tuple[int | None, str | None]]
+                 ) -> dict[int, Offsets]:
+        """Each new task restored from the changelog to its end, before any record of
+        its partition is read; where each starts (its checkpoint's positions)."""
+        starts: dict[int, Offsets] = {}
+        for p, (offset, ckpt) in sorted(committed.items()):
+            task = self.tasks[p] = Task(p, Engine(self.cfg))
+            began = time.monotonic()
+
+            def progress(done: int, records: int, total: int, task: Task = task) -> None:
+                task.bytes_done, task.records_done, task.records_total = done, records, total
+
+            try:
+                restored = self.changelog.restore(p, offset, ckpt, progress)
+            except (ChangelogError, ValueError, KeyError, TypeError) as e:
+                # a committed checkpoint that cannot be read: the partition is not read
+                # unowned either; the group moves it on when this member leaves
+                log.error("task %d: cannot restore checkpoint %s: %s", p, ckpt, e)
+                raise
+            self._observe(time.monotonic() - began, restored.bytes_read)
+            task.bytes_done = restored.bytes_read
+            if restored.state is not None:
+                task.engine.restore(restored.state["engine"])
+                task.positions = {str(k): int(v)
+                                  for k, v in restored.state["positions"].items()}
+                task.restored_from = ckpt or f"offset {offset}"
+            task.state = "running"
+            starts[p] = (task.positions.get(self.cfg.kafka.predictions_topic),
+                         task.positions.get(self.cfg.kafka.labels_topic))
+            log.info("task %d restored from %s (%d changelog bytes read, %d pending)", p,
+                     task.restored_from or "nothing: a new task", restored.bytes_read,
+                     task.engine.join.pending)
+        return starts
+
+    def _observe(self, seconds: float, nbytes: int) -> None:
+        for i, le in enumerate(RESTORE_BUCKETS):
+            if seconds <= le:
+                self.restore_counts[i] += 1
+        self.restore_sum += seconds
+        self.restored_bytes += nbytes
+
+    # ------------------------------------------------------------ records
+
+    def feed(self, chunks: list[Chunk], not_after: float) -> list[Any]:
+        """Each partition's records into its task; the rejected records."""
+        by_task: dict[int, list[Chunk]] = {}
+        for chunk in chunks:
+            by_task.setdefault(chunk[1], []).append(chunk)
+        rejected: list[Any] = []
+        for p, mine in sorted(by_task.items()):
+            task = self.tasks.get(p)
+            if task is None:  # revoked within this poll: read again by the new owner
+                continue
+            batch = to_batch(mine, self._kinds, columns=True)
+            rejected.extend(task.engine.feed(batch.columns(), not_after))
+            self.totals.add(task.engine.last_delta)
+            for (topic, _), off in batch.positions.items():
+                task.positions[topic] = off
+        return rejected
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint(self, partitions: list[int] | None = None) -> bool:
+        """Steps of group mode's commit: every (or these) task's state and positions,
+        with the predictions offsets, in one transaction; False when refused."""
+        source = self.source
+        if source is None or not self.tasks:
+            return False
+        parts = sorted(self.tasks if partitions is None else partitions)
+        pred = self.cfg.kafka.predictions_topic
+        states: dict[int, dict[str, Any]] = {}
+        offsets: dict[int, int] = {}
+        marks: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
+        for p in parts:
+            task = self.tasks[p]
+            for topic in self._kinds:
+                if topic not in task.positions:
+                    at = source.position(topic, p)
+                    if at is not None:
+                        task.positions[topic] = at
+            if pred not in task.positions:
+                continue  # nowhere to commit yet: its first poll has not resolved
+            marks[p] = (task.engine.version, tuple(sorted(task.positions.items())))
+            if self._written.get(p) == marks[p]:
+                continue  # nothing new since its last checkpoint
+            states[p] = {"engine": task.engine.snapshot(), "positions": dict(task.positions)}
+            offsets[p] = task.positions[pred]
+        if not states:
+            return False
+        try:
+            ckpt = self.changelog.commit(states, offsets, source.group_metadata())
+        except ChangelogError as e:
+            self.fenced += 1
+            log.warning("checkpoint refused, nothing written: %s", e)
+            return False
+        self.last_checkpoint = time.time()
+        self._written.update(marks)
+        log.debug("checkpoint %s: tasks %s at %s", ckpt, sorted(states), offsets)
+        return True
+
+    def status(self) -> list[dict[str, Any]]:
+        return [t.view() for _, t in sorted(self.tasks.items())]
+
+    def counts(self) -> dict[str, int]:
+        out = {"restoring": 0, "running": 0}
+        for t in list(self.tasks.values()):
+            out[t.state] = out.get(t.state, 0) + 1
+        return out
