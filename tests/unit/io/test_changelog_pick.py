@@ -46,4 +46,4 @@ def test_an_incomplete_checkpoint_is_none() -> None:
     cut = LOG[:2]  # a:2's second chunk missing
     assert read(_Found("a:2", "20"), cut) is None
     # without a name, the newest complete one written with that offset
-    assert read(_Found(None, "20"), cut + [rec("b:1", 0, 1, 20, b"later")]) == b"later"
+    assert read(_Found(None, "20"), [*cut, rec("b:1", 0, 1, 20, b"later")]) == b"later"
