@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 GROUP_KEYS = ("group_instance_id", "session_timeout_ms", "heartbeat_interval_ms",
               "max_poll_interval_ms")
+ENDS_EVERY_S = 5.0  # end offsets (the lag gauge) fetched this often
 Offsets = tuple[int | None, int | None]  # where a task starts: (predictions, labels)
 
 
@@ -103,6 +104,8 @@ class GroupSource:
         self.partitions = 0  # of each input topic, once checked
         self.rebalances = 0
         self.events: list[tuple[str, list[int]]] = []  # noted by the listener, in order
+        self._ends: dict[tuple[str, int], int] = {}
+        self._ends_at = 0.0
         self._kinds = {cfg.predictions_topic: Kind.PREDICTION, cfg.labels_topic: Kind.LABEL}
 
     def start(self) -> int:
@@ -207,6 +210,7 @@ class GroupSource:
         out = [c for c in out if c[1] in self.owned]  # a task dropped in this poll
         if self.owned:
             out += self._read(self.labels, timeout_ms // 2, max_records)
+        self._fetch_ends()
         return out
 
     @staticmethod
@@ -234,6 +238,16 @@ class GroupSource:
             return None
 
     def end_offsets(self) -> dict[tuple[str, int], int]:
+        """The owned partitions' end offsets as the loop thread last fetched them (any
+        thread may ask: the consumers are the loop thread's alone)."""
+        return self._ends
+
+    def _fetch_ends(self) -> None:
+        """Every ``ENDS_EVERY_S``, on the loop thread."""
+        now = time.monotonic()
+        if now < self._ends_at:
+            return
+        self._ends_at = now + ENDS_EVERY_S
         out: dict[tuple[str, int], int] = {}
         for consumer, topic in ((self.preds, self.cfg.predictions_topic),
                                 (self.labels, self.cfg.labels_topic)):
@@ -246,7 +260,7 @@ class GroupSource:
                 continue
             out.update({(tp.topic, tp.partition): int(o) for tp, o in ends.items()
                         if o is not None})
-        return out
+        self._ends = out  # replaced whole
 
     def connected(self) -> bool:
         return self.preds is not None

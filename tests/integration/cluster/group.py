@@ -9,10 +9,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kafka import KafkaAdminClient
-from kafka.admin import ConfigResource, ConfigResourceType
-
-from tests.daemon_helpers import CalmonDaemon, scrape, series, write_config
+from calmon.config import from_dict
+from calmon.io.topic_checks import describe
+from tests.daemon_helpers import CalmonDaemon, http_get, scrape, series, write_config
 from tests.integration.cluster.fleet import GROUP_CLIENT
 
 WINDOWS = {"windows": ["1h", "24h"]}
@@ -55,22 +54,24 @@ def summed_samples(daemons: list[CalmonDaemon], window: str = "24h"
 
 
 def owned(d: CalmonDaemon) -> list[int]:
-    """The partitions a member runs tasks for (from /status)."""
-    return [t["partition"] for t in d.status()["group"]["tasks"] if t["state"] == "running"]
+    """The partitions a member runs tasks for (from /status; none while it does not
+    answer yet)."""
+    code, body = http_get(d.port, "/status")
+    if code != 200:
+        return []
+    return [t["partition"] for t in json.loads(body)["group"]["tasks"]
+            if t["state"] == "running"]
 
 
 def cleanup_policy(bootstrap: str, topic: str) -> str | None:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-        for r in res:
-            for entry in getattr(r, "resources", [])[0][4]:
-                if entry[0] == "cleanup.policy":
-                    return str(entry[1])
-        return None
-    finally:
-        admin.close()
+    """The topic's cleanup.policy as DescribeConfigs answers it."""
+    cfg = from_dict({"kafka": {"bootstrap_servers": bootstrap}}, env={})
+    return describe(cfg.kafka, 10.0).get(topic, {}).get("cleanup.policy")
 
 
 def dump(daemons: list[CalmonDaemon]) -> str:
-    return json.dumps([d.status().get("group") for d in daemons if d.running])[:4000]
+    out = []
+    for d in daemons:
+        code, body = http_get(d.port, "/status") if d.running else (0, b"")
+        out.append(json.loads(body).get("group") if code == 200 else code)
+    return json.dumps(out)[:4000]
