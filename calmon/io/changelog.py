@@ -43,7 +43,14 @@ CHUNK_HEADER = "calmon-chunk"  # "<index>/<count>"
 POS_HEADER = "calmon-offset"  # the predictions offset committed with it
 CHUNK_BYTES = 512 * 1024  # well inside the default record and request limits
 RESTORE_POLL_MS = 500
-TRANSACTION_TIMEOUT_MS = 60_000
+# a member killed mid-transaction holds its partitions' committed offsets unstable
+# (and the changelog's last stable offset) until this passes: short, but well above a
+# checkpoint's time
+TRANSACTION_TIMEOUT_MS = 20_000
+# compacted, and in segments small enough that compaction keeps up with a snapshot per
+# task per checkpoint (Kafka never compacts the active segment; the default is 7 days)
+TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "600000",
+                 "min.cleanable.dirty.ratio": "0.1"}
 
 
 class ChangelogError(Exception):
@@ -78,8 +85,7 @@ def ensure_topic(cfg: KafkaConfig, partitions: int, timeout_s: float = 30.0) -> 
     try:
         if cfg.changelog_topic in admin.list_topics():
             return
-        topic = NewTopic(cfg.changelog_topic, partitions, 1,
-                         topic_configs={"cleanup.policy": "compact"})
+        topic = NewTopic(cfg.changelog_topic, partitions, 1, topic_configs=TOPIC_CONFIGS)
         try:
             admin.create_topics([topic], timeout_ms=int(timeout_s * 1000))
             log.info("created the changelog topic %r (%d partitions, compacted)",

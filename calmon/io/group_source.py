@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 GROUP_KEYS = ("group_instance_id", "session_timeout_ms", "heartbeat_interval_ms",
               "max_poll_interval_ms")
+COMMITTED_WAIT_S = 120.0
 ENDS_EVERY_S = 5.0  # end offsets (the lag gauge) fetched this often
 Offsets = tuple[int | None, int | None]  # where a task starts: (predictions, labels)
 
@@ -160,8 +161,7 @@ class GroupSource:
         log.info("partitions assigned: %s", parts)
         committed: dict[int, tuple[int | None, str | None]] = {}
         for p in parts:
-            meta = self.preds.committed(TopicPartition(self.cfg.predictions_topic, p),
-                                        metadata=True)
+            meta = self._committed(p)
             committed[p] = ((None, None) if meta is None else
                             (int(meta.offset), getattr(meta, "metadata", None) or None))
         starts = self.hooks.assigned(committed)
@@ -180,6 +180,24 @@ class GroupSource:
                 else:
                     consumer.seek_to_end(tp)
         self.preds.resume(*[TopicPartition(self.cfg.predictions_topic, p) for p in parts])
+
+    def _committed(self, p: int) -> Any:
+        """The group's committed offset of predictions partition ``p``; retried while
+        the broker cannot say (a killed member's transaction still open keeps it
+        unstable until the transaction times out)."""
+        assert self.preds is not None
+        deadline = time.monotonic() + COMMITTED_WAIT_S
+        while True:
+            try:
+                return self.preds.committed(TopicPartition(self.cfg.predictions_topic, p),
+                                            metadata=True)
+            except KafkaError as e:
+                if time.monotonic() > deadline:
+                    raise KafkaSourceError(f"the committed offset of {p} stays unknown: "
+                                           f"{e!r}") from e
+                log.info("committed offset of partition %d not known yet (%r); retrying",
+                         p, e)
+                time.sleep(0.5)
 
     def _assign_labels(self) -> None:
         assert self.labels is not None

@@ -64,8 +64,10 @@ def owned(d: CalmonDaemon) -> list[int]:
 
 
 def cleanup_policy(bootstrap: str, topic: str) -> str | None:
-    """The topic's cleanup.policy as DescribeConfigs answers it."""
-    cfg = from_dict({"kafka": {"bootstrap_servers": bootstrap}}, env={})
+    """The topic's cleanup.policy as DescribeConfigs answers it (``describe`` reads the
+    config's two input topics: the changelog stands in for one)."""
+    cfg = from_dict({"kafka": {"bootstrap_servers": bootstrap, "predictions_topic": topic,
+                               "labels_topic": f"{topic}-unused"}}, env={})
     return describe(cfg.kafka, 10.0).get(topic, {}).get("cleanup.policy")
 
 
