@@ -74,6 +74,8 @@ class Tasks:
         # what each task's last checkpoint held (engine version, positions): unchanged
         # tasks are not written again
         self._written: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
+        self.careful: set[int] = set()  # tasks read one record at a time (an engine bug)
+        self.poison: set[str] = set()  # sources of records the engine raises on
 
     def engines(self) -> list[Engine]:
         return [t.engine for t in self.tasks.values()]
@@ -129,7 +131,10 @@ class Tasks:
     # ------------------------------------------------------------ records
 
     def feed(self, chunks: list[Chunk], not_after: float) -> list[Any]:
-        """Each partition's records into its task; the rejected records."""
+        """Each partition's records into its task; the rejected records. A task whose
+        engine raises (a calmon bug: bad data is only counted) goes back to its
+        committed checkpoint and reads its partition again one record at a time,
+        the record that raises counted invalid as ``internal`` from then on."""
         by_task: dict[int, list[Chunk]] = {}
         for chunk in chunks:
             by_task.setdefault(chunk[1], []).append(chunk)
@@ -139,11 +144,51 @@ class Tasks:
             if task is None:  # revoked within this poll: read again by the new owner
                 continue
             batch = to_batch(mine, self._kinds, columns=True)
-            rejected.extend(task.engine.feed(batch.columns(), not_after))
-            self.totals.add(task.engine.last_delta)
+            out = self._feed_task(task, batch.columns(), not_after)
+            if out is None:
+                continue  # rolled back: read again from the checkpoint's positions
+            rejected.extend(out)
             for (topic, _), off in batch.positions.items():
                 task.positions[topic] = off
         return rejected
+
+    def _feed_task(self, task: Task, records: Any, not_after: float) -> list[Any] | None:
+        p, engine = task.partition, task.engine
+        if p not in self.careful:
+            try:
+                out = engine.feed(records, not_after)
+            except Exception:
+                log.exception("task %d: the engine raised on a batch of %d records; back "
+                              "to its checkpoint to find the record", p, len(records))
+                self._roll_back(p)
+                return None
+            self.totals.add(engine.last_delta)
+            return out
+        out = []
+        for r in records:
+            if r.source in self.poison:
+                out.append(engine.reject(r, "internal"))
+                self.totals.add(engine.last_delta)
+                continue
+            try:
+                out.extend(engine.feed([r], not_after))
+            except Exception:
+                log.exception("task %d: the engine raises on the record at %s: counted "
+                              "as internal from now on", p, r.source)
+                self.poison.add(r.source)
+                self._roll_back(p)
+                return None
+            self.totals.add(engine.last_delta)
+        return out
+
+    def _roll_back(self, p: int) -> None:
+        """Task ``p`` from its committed checkpoint again, its consumers moved back to
+        the checkpoint's positions, and read one record at a time from now on."""
+        assert self.source is not None
+        self.careful.add(p)
+        self._written.pop(p, None)
+        starts = self.assigned({p: self.source.committed(p)})
+        self.source.seek(p, starts[p])
 
     # ------------------------------------------------------------ checkpoints
 

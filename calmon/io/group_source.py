@@ -159,27 +159,32 @@ class GroupSource:
     def _assigned(self, parts: list[int]) -> None:
         assert self.preds is not None and self.labels is not None
         log.info("partitions assigned: %s", parts)
-        committed: dict[int, tuple[int | None, str | None]] = {}
-        for p in parts:
-            meta = self._committed(p)
-            committed[p] = ((None, None) if meta is None else
-                            (int(meta.offset), getattr(meta, "metadata", None) or None))
-        starts = self.hooks.assigned(committed)
+        starts = self.hooks.assigned({p: self.committed(p) for p in parts})
         self.owned = sorted(set(self.owned) | set(parts))
         self._assign_labels()
         for p in parts:
-            # a task without a checkpoint starts at auto_offset_reset on both topics
-            pred_at, label_at = starts.get(p, (None, None))
-            for consumer, topic, at in ((self.preds, self.cfg.predictions_topic, pred_at),
-                                        (self.labels, self.cfg.labels_topic, label_at)):
-                tp = TopicPartition(topic, p)
-                if at is not None:
-                    consumer.seek(tp, at)
-                elif self.cfg.auto_offset_reset == "earliest":
-                    consumer.seek_to_beginning(tp)
-                else:
-                    consumer.seek_to_end(tp)
+            self.seek(p, starts.get(p, (None, None)))
         self.preds.resume(*[TopicPartition(self.cfg.predictions_topic, p) for p in parts])
+
+    def committed(self, p: int) -> tuple[int | None, str | None]:
+        """Predictions partition ``p``'s committed offset and its metadata."""
+        meta = self._committed(p)
+        return ((None, None) if meta is None else
+                (int(meta.offset), getattr(meta, "metadata", None) or None))
+
+    def seek(self, p: int, start: Offsets) -> None:
+        """Both consumers of partition ``p`` to a task's positions; a task without a
+        checkpoint starts at auto_offset_reset on both topics."""
+        assert self.preds is not None and self.labels is not None
+        for consumer, topic, at in ((self.preds, self.cfg.predictions_topic, start[0]),
+                                    (self.labels, self.cfg.labels_topic, start[1])):
+            tp = TopicPartition(topic, p)
+            if at is not None:
+                consumer.seek(tp, at)
+            elif self.cfg.auto_offset_reset == "earliest":
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek_to_end(tp)
 
     def _committed(self, p: int) -> Any:
         """The group's committed offset of predictions partition ``p``; retried while
