@@ -39,17 +39,23 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def split(data: list[Any], partitions: int) -> list[list[Any]]:
-    """Each poll batch cut into one batch per partition (crc32 of the id, stable)."""
+def split(data: list[Any], partitions: int, at_least: int) -> list[list[Any]]:
+    """Each poll batch cut into one batch per partition (crc32 of the id, stable); a
+    task's records are held until it has ``at_least`` of them (the last poll feeds
+    what is left)."""
     from calmon.engine.rawbatch import RawBatch
 
     out = []
-    for b in data:
-        parts: list[list[Any]] = [[] for _ in range(partitions)]
+    held: list[list[Any]] = [[] for _ in range(partitions)]
+    for k, b in enumerate(data):
         for r in b:
             rid = json.loads(r.value)["id"]
-            parts[zlib.crc32(rid.encode()) % partitions].append(r)
-        out.append([RawBatch.of(p) if p else None for p in parts])
+            held[zlib.crc32(rid.encode()) % partitions].append(r)
+        last = k == len(data) - 1
+        ready = [RawBatch.of(h) if h and (last or len(h) >= at_least) else None
+                 for h in held]
+        held = [[] if r is not None else h for h, r in zip(held, ready)]
+        out.append(ready)
     return out
 
 
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace, side: str) -> dict[str, Any]:
         out["feed_s"] = time.perf_counter() - t
         out["rss"] = _rss() - before
         return out
-    cut = split(data, args.partitions)
+    cut = split(data, args.partitions, args.task_batch)
     engines = [Engine(cfg) for _ in range(args.partitions)]
     written = [-1] * args.partitions
     ckpt_bytes, ckpt_s, fed, feed_s = [], [], 0, 0.0
@@ -107,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--pairs", type=int, default=200_000)
     ap.add_argument("--every", type=int, default=50_000)
+    ap.add_argument("--task-batch", type=int, default=1,
+                    help="feed a task once it holds this many records (1: every poll)")
     ap.add_argument("--child", choices=("one", "tasks"))
     args = ap.parse_args(argv)
     if args.child:

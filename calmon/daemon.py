@@ -260,7 +260,8 @@ class Daemon:
         """After a batch (or a restore): what /status shows, counters and positions of
         the same moment, replaced whole (see the docstring)."""
         self.published_positions = MappingProxyType(dict(self.positions))
-        self._published_status = self.engine.status()
+        self._published_status = (self.engine.status() if self.group is None
+                                  else self.group.engine_status())
 
     def status(self) -> dict[str, Any]:
         # counters only, no window view, so polling it is cheap; published by the loop

@@ -3,7 +3,8 @@ loop for a member of the consumer group. The daemon keeps its lifecycle (HTTP, s
 the dead-letter producer, the ExitStack); this module owns the tasks, the group
 source and the changelog, and the steps of a group checkpoint:
 
-1. the dead letters of this state are delivered (as ``calmon.commit`` step 1);
+1. the records held for the tasks are fed, and the dead letters of this state are
+   delivered (as ``calmon.commit`` step 1);
 2. every owned task's state and positions, and the predictions offsets named by the
    same checkpoint, in one Kafka transaction (``Tasks.checkpoint``); the broker refuses
    it from a member whose generation is gone, so a zombie writes nothing.
@@ -53,6 +54,7 @@ class GroupRun:
         self.tasks.source = self.source
         self.refresher = SummedRefresher(cfg, self.tasks.engines)
         self.started = False
+        self._daemon: Daemon | None = None  # set by loop
 
     def start(self) -> None:
         """Subscribe (CoPartitionError at a configuration that cannot work) and make
@@ -69,9 +71,8 @@ class GroupRun:
             daemon.refresh_statistics()
             if not self.started and not self._try_start(daemon):
                 continue
-            chunks = self.source.poll_chunks(POLL_TIMEOUT_MS, MAX_RECORDS)
-            if chunks:
-                self._feed(daemon, chunks)
+            self._daemon = daemon
+            self._feed(daemon, self.source.poll_chunks(POLL_TIMEOUT_MS, MAX_RECORDS))
             if time.monotonic() >= next_ckpt:
                 self.checkpoint()
                 next_ckpt = time.monotonic() + interval
@@ -90,21 +91,20 @@ class GroupRun:
         daemon._assign_problem = None
         return True
 
-    def _feed(self, daemon: Daemon, chunks: list[Any]) -> None:
-        rejected = self.tasks.feed(chunks, daemon._not_after())
+    def _feed(self, daemon: Daemon, chunks: list[Any], force: bool = False) -> None:
+        rejected = self.tasks.feed(chunks, daemon._not_after(), force=force)
         for rej in rejected:
             daemon.said.invalid(rej.kind, rej.reason, rej.source)
             self.dead_letters.send(rej.value, rej.reason, rej.source)
-        for c in chunks:
-            daemon.positions[(c[0], c[1])] = c[4][-1] + 1
-        daemon.positions = {k: v for k, v in daemon.positions.items()
-                            if k[1] in self.tasks.tasks}
+        daemon.positions = self.tasks.positions()
         daemon._publish()
 
     def checkpoint(self) -> float | None:
         """Steps 1-2 of the module docstring; the time it was written, or None."""
         if not self.started or not self.tasks.tasks:
             return None
+        if self._daemon is not None:  # what is held is fed: the checkpoint reflects it
+            self._feed(self._daemon, [], force=True)
         if not self.dead_letters.flush(timeout=5.0):  # 1
             log.warning("checkpoint postponed: dead letters not yet delivered")
             return None
@@ -113,6 +113,19 @@ class GroupRun:
     def close(self) -> None:
         self.source.close()
         self.changelog.close()
+
+    def engine_status(self) -> dict[str, Any]:
+        """``Engine.status()`` summed over the tasks (counters, pending, event time)."""
+        out: dict[str, Any] = {"counters": {}, "pending": 0, "pending_labels": 0,
+                               "now": float("-inf"), "version": self.refresher.latest.version}
+        for engine in self.tasks.engines():
+            s = engine.status()
+            for k, v in s["counters"].items():
+                out["counters"][k] = out["counters"].get(k, 0) + v
+            out["pending"] += s["pending"]
+            out["pending_labels"] += s["pending_labels"]
+            out["now"] = max(out["now"], s["now"])
+        return out
 
     def status(self) -> dict[str, Any]:
         return {"tasks": self.tasks.status(), "rebalances": self.source.rebalances,

@@ -26,6 +26,8 @@ from calmon.io.totals import ProcessTotals
 
 log = logging.getLogger(__name__)
 
+FEED_AT = 2000  # a task is fed once it holds this many records (the columnar join's size)
+HOLD_S = 0.5  # or once its oldest record waited this long
 # calmon_restore_seconds buckets
 RESTORE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, float("inf"))
 
@@ -75,6 +77,8 @@ class Tasks:
         # tasks are not written again
         self._written: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
         self.careful: set[int] = set()  # tasks read one record at a time (an engine bug)
+        self._held: dict[int, list[Chunk]] = {}  # records read, not yet fed (see feed)
+        self._held_since: dict[int, float] = {}
         self.poison: set[str] = set()  # sources of records the engine raises on
 
     def engines(self) -> list[Engine]:
@@ -86,6 +90,8 @@ class Tasks:
         for p in partitions:
             self.tasks.pop(p, None)
             self._written.pop(p, None)
+            self._held.pop(p, None)
+            self._held_since.pop(p, None)
 
     def assigned(self, committed: Mapping[int, tuple[int | None, str | None]]
                  ) -> dict[int, Offsets]:
@@ -130,18 +136,30 @@ class Tasks:
 
     # ------------------------------------------------------------ records
 
-    def feed(self, chunks: list[Chunk], not_after: float) -> list[Any]:
-        """Each partition's records into its task; the rejected records. A task whose
-        engine raises (a calmon bug: bad data is only counted) goes back to its
-        committed checkpoint and reads its partition again one record at a time,
-        the record that raises counted invalid as ``internal`` from then on."""
-        by_task: dict[int, list[Chunk]] = {}
+    def feed(self, chunks: list[Chunk], not_after: float, *, force: bool = False
+             ) -> list[Any]:
+        """Each partition's records into its task; the rejected records. A task's
+        records are held until it has ``FEED_AT`` of them or the oldest waited
+        ``HOLD_S`` (``force``: all now, before a checkpoint): a poll split over many
+        tasks would otherwise feed each a few hundred records, under the batch size at
+        which the join decides over columns. A task whose engine raises (a calmon bug:
+        bad data is only counted) goes back to its committed checkpoint and reads its
+        partition again one record at a time, the record that raises counted invalid
+        as ``internal`` from then on."""
+        now = time.monotonic()
         for chunk in chunks:
-            by_task.setdefault(chunk[1], []).append(chunk)
+            if chunk[1] in self.tasks:  # else revoked within this poll
+                self._held.setdefault(chunk[1], []).append(chunk)
+                self._held_since.setdefault(chunk[1], now)
         rejected: list[Any] = []
-        for p, mine in sorted(by_task.items()):
+        for p in sorted(self._held):
+            mine = self._held[p]
+            if not (force or sum(len(c[4]) for c in mine) >= FEED_AT
+                    or now - self._held_since[p] >= HOLD_S):
+                continue
+            del self._held[p], self._held_since[p]
             task = self.tasks.get(p)
-            if task is None:  # revoked within this poll: read again by the new owner
+            if task is None:
                 continue
             batch = to_batch(mine, self._kinds, columns=True)
             out = self._feed_task(task, batch.columns(), not_after)
@@ -187,6 +205,8 @@ class Tasks:
         assert self.source is not None
         self.careful.add(p)
         self._written.pop(p, None)
+        self._held.pop(p, None)
+        self._held_since.pop(p, None)
         starts = self.assigned({p: self.source.committed(p)})
         self.source.seek(p, starts[p])
 
@@ -229,6 +249,11 @@ class Tasks:
         self._written.update(marks)
         log.debug("checkpoint %s: tasks %s at %s", ckpt, sorted(states), offsets)
         return True
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """Every task's next offsets of both topics (what its state reflects)."""
+        return {(topic, p): off for p, task in list(self.tasks.items())
+                for topic, off in task.positions.items()}
 
     def status(self) -> list[dict[str, Any]]:
         return [t.view() for _, t in sorted(self.tasks.items())]

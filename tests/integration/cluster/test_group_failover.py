@@ -83,6 +83,8 @@ def test_kill_9_moves_partitions_with_their_state(
                          detail=lambda: (dump(live), want - summed_samples(live),
                                          summed_samples(live) - want))
         assert got == want
+        # /status counts what the tasks hold: every pair joined once over the members
+        assert sum(d.status()["counters"]["joined"] for d in live) == N
         if broker.describes_retention:
             assert cleanup_policy(kafka_bootstrap, f"{group}-state-changelog") == "compact"
     finally:
