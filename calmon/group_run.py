@@ -129,6 +129,8 @@ class GroupRun:
 
     def status(self) -> dict[str, Any]:
         return {"tasks": self.tasks.status(), "rebalances": self.source.rebalances,
+                # assigned, paused until their committed offsets can be read
+                "waiting": sorted(self.source.unrestored),
                 "checkpoints_refused": self.tasks.fenced,
                 "changelog_topic": self.cfg.kafka.changelog_topic}
 

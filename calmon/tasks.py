@@ -204,11 +204,8 @@ class Tasks:
         the checkpoint's positions, and read one record at a time from now on."""
         assert self.source is not None
         self.careful.add(p)
-        self._written.pop(p, None)
-        self._held.pop(p, None)
-        self._held_since.pop(p, None)
-        starts = self.assigned({p: self.source.committed(p)})
-        self.source.seek(p, starts[p])
+        self.lost([p])
+        self.source.reload(p)
 
     # ------------------------------------------------------------ checkpoints
 

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 GROUP_KEYS = ("group_instance_id", "session_timeout_ms", "heartbeat_interval_ms",
               "max_poll_interval_ms")
-COMMITTED_WAIT_S = 120.0
+COMMITTED_TIMEOUT_MS = 2000  # a poll's worth: an unknown committed offset is asked again
 ENDS_EVERY_S = 5.0  # end offsets (the lag gauge) fetched this often
 Offsets = tuple[int | None, int | None]  # where a task starts: (predictions, labels)
 
@@ -106,6 +106,7 @@ class GroupSource:
         self.rebalances = 0
         self.events: list[tuple[str, list[int]]] = []  # noted by the listener, in order
         self._ends: dict[tuple[str, int], int] = {}
+        self.unrestored: set[int] = set()  # assigned, task not restored yet (paused)
         self._ends_at = 0.0
         self._kinds = {cfg.predictions_topic: Kind.PREDICTION, cfg.labels_topic: Kind.LABEL}
 
@@ -154,21 +155,51 @@ class GroupSource:
             self.rebalances += 1
             self.hooks.lost(parts)
             self.owned = [p for p in self.owned if p not in parts]
+            self.unrestored -= set(parts)
             self._assign_labels()
 
     def _assigned(self, parts: list[int]) -> None:
+        """New partitions stay paused on both topics until their task is restored
+        (``_restore``), which may take several polls: a killed member's open transaction
+        keeps their committed offsets unstable until it times out, and the loop polls on
+        meanwhile (a member that stops polling past max_poll_interval_ms is dropped)."""
         assert self.preds is not None and self.labels is not None
         log.info("partitions assigned: %s", parts)
-        starts = self.hooks.assigned({p: self.committed(p) for p in parts})
         self.owned = sorted(set(self.owned) | set(parts))
         self._assign_labels()
-        for p in parts:
+        self.labels.pause(*[TopicPartition(self.cfg.labels_topic, p) for p in parts])
+        self.unrestored |= set(parts)
+        self._restore()
+
+    def _restore(self) -> None:
+        assert self.preds is not None and self.labels is not None
+        for p in sorted(self.unrestored):
+            try:
+                committed = self.committed(p)
+            except KafkaError as e:
+                log.info("committed offset of partition %d not known yet (%r): its task "
+                         "waits", p, e)
+                continue
+            starts = self.hooks.assigned({p: committed})
+            self.unrestored.discard(p)
             self.seek(p, starts.get(p, (None, None)))
-        self.preds.resume(*[TopicPartition(self.cfg.predictions_topic, p) for p in parts])
+            self.preds.resume(TopicPartition(self.cfg.predictions_topic, p))
+            self.labels.resume(TopicPartition(self.cfg.labels_topic, p))
+
+    def reload(self, p: int) -> None:
+        """Partition ``p``'s task again from its committed checkpoint, both topics
+        paused until it is restored (at the next poll, or later)."""
+        assert self.preds is not None and self.labels is not None
+        self.preds.pause(TopicPartition(self.cfg.predictions_topic, p))
+        self.labels.pause(TopicPartition(self.cfg.labels_topic, p))
+        self.unrestored.add(p)
 
     def committed(self, p: int) -> tuple[int | None, str | None]:
-        """Predictions partition ``p``'s committed offset and its metadata."""
-        meta = self._committed(p)
+        """Predictions partition ``p``'s committed offset and its metadata; KafkaError
+        while the broker cannot say."""
+        assert self.preds is not None
+        meta = self.preds.committed(TopicPartition(self.cfg.predictions_topic, p),
+                                    metadata=True, timeout_ms=COMMITTED_TIMEOUT_MS)
         return ((None, None) if meta is None else
                 (int(meta.offset), getattr(meta, "metadata", None) or None))
 
@@ -185,24 +216,6 @@ class GroupSource:
                 consumer.seek_to_beginning(tp)
             else:
                 consumer.seek_to_end(tp)
-
-    def _committed(self, p: int) -> Any:
-        """The group's committed offset of predictions partition ``p``; retried while
-        the broker cannot say (a killed member's transaction still open keeps it
-        unstable until the transaction times out)."""
-        assert self.preds is not None
-        deadline = time.monotonic() + COMMITTED_WAIT_S
-        while True:
-            try:
-                return self.preds.committed(TopicPartition(self.cfg.predictions_topic, p),
-                                            metadata=True)
-            except KafkaError as e:
-                if time.monotonic() > deadline:
-                    raise KafkaSourceError(f"the committed offset of {p} stays unknown: "
-                                           f"{e!r}") from e
-                log.info("committed offset of partition %d not known yet (%r); retrying",
-                         p, e)
-                time.sleep(0.5)
 
     def _assign_labels(self) -> None:
         assert self.labels is not None
@@ -230,6 +243,8 @@ class GroupSource:
         assert self.preds is not None and self.labels is not None
         out = self._read(self.preds, timeout_ms // 2, max_records)
         self._handle_events()
+        if self.unrestored:
+            self._restore()
         out = [c for c in out if c[1] in self.owned]  # a task dropped in this poll
         if self.owned:
             out += self._read(self.labels, timeout_ms // 2, max_records)
