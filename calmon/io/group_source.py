@@ -145,7 +145,9 @@ class GroupSource:
     # ------------------------------------------------------------ the group moves
 
     def _handle_events(self) -> None:
-        """What the listener noted, in order, on the loop thread."""
+        """What the listener noted, in order, on the loop thread; the tasks of the
+        partitions still assigned after all of it are restored by the caller (one that
+        came and went within the poll is never restored)."""
         while self.events:
             what, parts = self.events.pop(0)
             if what == "assigned":
@@ -169,17 +171,16 @@ class GroupSource:
         self._assign_labels()
         self.labels.pause(*[TopicPartition(self.cfg.labels_topic, p) for p in parts])
         self.unrestored |= set(parts)
-        self._restore()
 
     def _restore(self) -> None:
         assert self.preds is not None and self.labels is not None
         for p in sorted(self.unrestored):
             try:
                 committed = self.committed(p)
-            except KafkaError as e:
+            except KafkaError as e:  # the rest at the next poll: the loop must poll on
                 log.info("committed offset of partition %d not known yet (%r): its task "
                          "waits", p, e)
-                continue
+                break
             starts = self.hooks.assigned({p: committed})
             self.unrestored.discard(p)
             self.seek(p, starts.get(p, (None, None)))
@@ -241,11 +242,16 @@ class GroupSource:
         read (tasks dropped, or restored and their consumers moved to their positions).
         Never raises on broker trouble."""
         assert self.preds is not None and self.labels is not None
+        running = set(self.owned) - self.unrestored
         out = self._read(self.preds, timeout_ms // 2, max_records)
+        running -= {p for _, parts in self.events for p in parts}  # moved in this poll
         self._handle_events()
         if self.unrestored:
             self._restore()
-        out = [c for c in out if c[1] in self.owned]  # a task dropped in this poll
+        # only partitions whose task ran before the poll and still runs: a task
+        # dropped, or restored (and sought) in this poll, reads its records afresh
+        keep = running & (set(self.owned) - self.unrestored)
+        out = [c for c in out if c[1] in keep]
         if self.owned:
             out += self._read(self.labels, timeout_ms // 2, max_records)
         self._fetch_ends()
