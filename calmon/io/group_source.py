@@ -77,14 +77,14 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.source = source
 
     # kafka-python 3 runs these on its IO thread, where nothing may block (no committed
-    # offsets, no restore): they only note the event, and pause a new partition so no
-    # record of it is fetched before the loop thread has restored its task
+    # offsets, no restore): they only note the event. Nothing is paused here either (a
+    # partition paused here and revoked before it was resumed once left its member out
+    # of the next rebalances on Apache Kafka): the records of a partition whose task is
+    # not restored yet are dropped by poll_chunks, and the restore seeks.
     def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         self.source.events.append(("revoked", sorted(tp.partition for tp in revoked)))
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        if assigned and self.source.preds is not None:
-            self.source.preds.pause(*assigned)
         self.source.events.append(("assigned", sorted(tp.partition for tp in assigned)))
 
     def on_partitions_lost(self, lost: list[TopicPartition]) -> None:
@@ -106,7 +106,7 @@ class GroupSource:
         self.rebalances = 0
         self.events: list[tuple[str, list[int]]] = []  # noted by the listener, in order
         self._ends: dict[tuple[str, int], int] = {}
-        self.unrestored: set[int] = set()  # assigned, task not restored yet (paused)
+        self.unrestored: set[int] = set()  # assigned, task not restored yet (not read)
         self._ends_at = 0.0
         self._kinds = {cfg.predictions_topic: Kind.PREDICTION, cfg.labels_topic: Kind.LABEL}
 
@@ -161,10 +161,11 @@ class GroupSource:
             self._assign_labels()
 
     def _assigned(self, parts: list[int]) -> None:
-        """New partitions stay paused on both topics until their task is restored
-        (``_restore``), which may take several polls: a killed member's open transaction
-        keeps their committed offsets unstable until it times out, and the loop polls on
-        meanwhile (a member that stops polling past max_poll_interval_ms is dropped)."""
+        """New partitions are not read (their labels paused, their predictions dropped)
+        until their task is restored (``_restore``), which may take several polls: a
+        killed member's open transaction keeps their committed offsets unstable until
+        it times out, and the loop polls on meanwhile (a member that stops polling past
+        max_poll_interval_ms is dropped)."""
         assert self.preds is not None and self.labels is not None
         log.info("partitions assigned: %s", parts)
         self.owned = sorted(set(self.owned) | set(parts))
@@ -184,14 +185,12 @@ class GroupSource:
             starts = self.hooks.assigned({p: committed})
             self.unrestored.discard(p)
             self.seek(p, starts.get(p, (None, None)))
-            self.preds.resume(TopicPartition(self.cfg.predictions_topic, p))
             self.labels.resume(TopicPartition(self.cfg.labels_topic, p))
 
     def reload(self, p: int) -> None:
         """Partition ``p``'s task again from its committed checkpoint, both topics
         paused until it is restored (at the next poll, or later)."""
-        assert self.preds is not None and self.labels is not None
-        self.preds.pause(TopicPartition(self.cfg.predictions_topic, p))
+        assert self.labels is not None
         self.labels.pause(TopicPartition(self.cfg.labels_topic, p))
         self.unrestored.add(p)
 
