@@ -54,7 +54,9 @@ from calmon.engine.engine import Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.engine.snapshot import Refresher
+from calmon.engine.summed import SummedRefresher
 from calmon.errors import ConfigError, StateError
+from calmon.group_run import GroupRun, TaskCollector
 from calmon.io import landing, reliability, start, webconfig
 from calmon.io.calibrator_publisher import CalibratorPublisher
 from calmon.io.checkpoint import Checkpoint, CheckpointStore
@@ -120,17 +122,19 @@ class Daemon:
                  source: Source | None = None, install_signals: bool = True,
                  rescale: bool = False) -> None:
         self.cfg = cfg
-        if cfg.kafka.group and source is None:  # until the group source is wired in
-            raise ConfigError(["kafka.instance: group is not run by this build yet"])
         # a state of another instance shape is moved aside instead of refused (--rescale)
         self.rescale = rescale
         self.engine = Engine(cfg)
         self.store = CheckpointStore(cfg.state.dir)
-        self.source: Source = source if source is not None else ProcessSource(
-            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS,
-            longest_window_s=max(w.seconds for w in cfg.metrics.windows))
         self.outbox = Outbox(cfg.kafka)  # the one producer: dead letters and calibrators
         self.dead_letters = DeadLetters(self.outbox)
+        self.totals = ProcessTotals()  # Prometheus _total counters: each feed's delta added
+        # group mode (§8): tasks per partition, their own loop and checkpoint (group_run)
+        self.group = GroupRun(cfg, self.totals, self.dead_letters) if cfg.kafka.group else None
+        self.source: Source = source if source is not None else self.group.source if (
+            self.group is not None) else ProcessSource(
+            cfg.kafka, metadata_timeout_s=ASSIGN_TIMEOUT_S, max_records=MAX_RECORDS,
+            longest_window_s=max(w.seconds for w in cfg.metrics.windows))
         self.positions: dict[tuple[str, int], int] = {}
         # what readers see of the positions: replaced, never mutated (see the docstring)
         self.published_positions: Mapping[tuple[str, int], int] = MappingProxyType({})
@@ -150,13 +154,13 @@ class Daemon:
         self._stop = threading.Event()
         self._signals = 0
         self._install_signals = install_signals
-        self.totals = ProcessTotals()  # Prometheus _total counters: each feed's delta added
         self.totals.follow = dropped_models(self.engine)  # a dropped model's counters go
         self.stall_after_s = LOOP_STALL_S
         self._beat = time.monotonic()  # the loop's last progress (monotonic, for /healthz)
         self._beat_wall: float | None = None  # the same in Unix time, for the metric
         # statistics as a read model: readers render refresher.latest, never compute
-        self.refresher = Refresher(self.engine)
+        self.refresher: Refresher | SummedRefresher = (
+            Refresher(self.engine) if self.group is None else self.group.refresher)
         self._stats_next = 0.0  # monotonic time of the next statistics update
         self.reading = ReadWatch(lambda: self.consumer_lag())  # an idle run is said
         self.recal: Recalibrator | None = None
@@ -190,7 +194,8 @@ class Daemon:
             dead_letters_failed=lambda: self.dead_letters.dead_letters_failed,
             snapshot=lambda: self.refresher.latest, windows=False,
             statistics_age=self.statistics_age)
-        others = [collector, *standard_collectors()]  # process_*, python_info
+        others = [collector, *standard_collectors(),  # process_*, python_info
+                  *([] if self.group is None else [TaskCollector(self.group.tasks)])]
         for c in (windows, *others):  # a family registered twice is refused here
             self.registry.register(c)
         exposition = Exposition(windows, lambda: self.refresher.latest.serial, others)
@@ -254,7 +259,8 @@ class Daemon:
         """After a batch (or a restore): what /status shows, counters and positions of
         the same moment, replaced whole (see the docstring)."""
         self.published_positions = MappingProxyType(dict(self.positions))
-        self._published_status = self.engine.status()
+        self._published_status = (self.engine.status() if self.group is None
+                                  else self.group.engine_status())
 
     def status(self) -> dict[str, Any]:
         # counters only, no window view, so polling it is cheap; published by the loop
@@ -289,6 +295,7 @@ class Daemon:
                            "age_seconds": self.statistics_age()},
             **({} if self.cluster is None else {"recalibration_owner": self.cluster.status()}),
             **({} if self.recal is None else {"recalibration": self.recal.status()}),
+            **({} if self.group is None else {"group": self.group.status()}),
         }
 
     def _recal_state(self) -> RecalState:
@@ -342,8 +349,9 @@ class Daemon:
                          "https" if self.http.tls else "http", self.cfg.server.host,
                          self.http.port)
                 stack.callback(self.dead_letters.close)
-                stack.callback(self.source.close)
-                self._restore()
+                stack.callback(self.source.close if self.group is None else self.group.close)
+                if self.group is None:
+                    self._restore()
                 stack.callback(self._final_checkpoint)
                 if self.recal is not None:
                     stack.enter_context(self.recal)
@@ -353,7 +361,7 @@ class Daemon:
                 stack.callback(setattr, self, "state", RunState.STOPPING)
                 self._heartbeat()
                 self.state = RunState.RUNNING
-                self._loop()
+                self._loop() if self.group is None else self.group.loop(self)
         finally:
             self.state = RunState.STOPPED
         log.info("stopped cleanly")
@@ -559,7 +567,8 @@ class Daemon:
         """Between two batches: the commit protocol's steps 1-3 (``calmon.commit``), then
         (4) the same offsets committed to the group (lag monitoring; a run without a
         checkpoint starts from them)."""
-        written = self.commit.save(self.positions)
+        written = (self.commit.save(self.positions) if self.group is None
+                   else self.group.checkpoint())
         if written is None:
             return
         self.last_checkpoint = written

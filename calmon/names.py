@@ -68,7 +68,8 @@ UNFILTERED_FAMILIES: Final = (
     "label_delay_seconds", "recalibrations_total", "calibrator_version", "drift",
     "alerts_failed_total", "dead_letters_failed_total", "last_checkpoint_timestamp_seconds",
     "statistics_age_seconds", "build_info", "consumer_lag_records",
-    "loop_heartbeat_timestamp_seconds", "recalibration_owned_models")
+    "loop_heartbeat_timestamp_seconds", "recalibration_owned_models",
+    "tasks", "restore_seconds", "restored_bytes_total")  # v4: group mode (§8)
 """Never filtered (counters, drift, versions, recalibration outcomes, the families without
 a series): known names, so a config may list them."""
 FAMILIES: Final = SERIES_FAMILIES + UNFILTERED_FAMILIES

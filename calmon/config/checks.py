@@ -108,6 +108,9 @@ def _check_group(cfg: Config, errors: list[str]) -> None:
         return
     if not kc.group_id:
         errors.append("kafka.group_id: required with kafka.instance: group")
+    if cfg.recalibration.enabled:  # the owner reads the joined topic by static share
+        errors.append("recalibration.enabled: not yet with kafka.instance: group (set it "
+                      "false, or run kafka.instance {index, count})")
     if kc.changelog_topic in (kc.predictions_topic, kc.labels_topic, kc.calibrators_topic,
                               kc.dead_letter_topic, kc.joined_topic):
         errors.append(f"kafka.state_changelog_topic: must be a topic of its own, got "

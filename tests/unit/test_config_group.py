@@ -14,7 +14,7 @@ from calmon.io.confluent_settings import librdkafka_settings
 from calmon.io.topics import copartition_problem
 from tests.unit.test_cli_config import ERROR_LINE, check
 
-GROUP = "kafka:\n  instance: group\n  group_id: fleet\n"
+GROUP = "recalibration: {enabled: false}\nkafka:\n  instance: group\n  group_id: fleet\n"
 
 
 def _load(_tmp_path: Path, text: str):
@@ -54,9 +54,10 @@ def test_effective_config_prints_the_word(capsys, tmp_path: Path) -> None:
     (GROUP + "  client: {group_instance_id: ''}\n", "kafka.client.group_instance_id"),
     (GROUP + "  state_changelog_topic: predictions\n", "kafka.state_changelog_topic"),
     ("kafka:\n  state_changelog_topic: tasks\n", "kafka.state_changelog_topic"),
+    ("kafka:\n  instance: group\n", "recalibration.enabled"),
 ])
 def test_group_errors_name_their_key(capsys, tmp_path: Path, text: str, key: str) -> None:
-    rc, _, err = check(capsys, tmp_path, text + "recalibration: {enabled: false}\n")
+    rc, _, err = check(capsys, tmp_path, text)
     assert rc == 2
     lines = err.strip().splitlines()
     assert [line.split(": ", 1)[0] for line in lines] == [key], err
@@ -67,8 +68,7 @@ def test_group_settings_from_the_environment_are_numbers(capsys, tmp_path: Path,
                                                          monkeypatch) -> None:
     monkeypatch.setenv("CALMON_TEST_SESSION", "6000")
     rc, _, err = check(capsys, tmp_path, GROUP + "  client: {session_timeout_ms: "
-                       "${CALMON_TEST_SESSION}, heartbeat_interval_ms: 2000}\n"
-                       "recalibration: {enabled: false}\n")
+                       "${CALMON_TEST_SESSION}, heartbeat_interval_ms: 2000}\n")
     assert rc == 0, err
 
 

@@ -166,7 +166,7 @@ def expand_env(text: str, env: Mapping[str, str]) -> str:
     return _ENV_REF.sub(repl, text)
 
 
-OVERLAYS = ("sidecar", "scaled-out", "scaled-out-static")
+OVERLAYS = ("sidecar", "scaled-out", "group", "group-static")
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,146 @@
+"""Group mode's tasks, in one process (contract §8): what one engine per partition costs
+next to one engine for the same stream.
+
+    python bench/tasks.py [--models 100] [--values 50] [--partitions 12]
+                          [--pairs 200000] [--every 50000]
+
+No broker. The stream of ``bench.fleet_scrape.batches`` (each label right after its
+prediction) is fed twice, each in a fresh process: once into one ``Engine`` (the static
+mode's instance), once split by partition (a hash of the id, as a producer keyed by
+id) into ``--partitions`` engines (one member owning every task). Every ``--every``
+input records a "checkpoint": the tasks that changed are encoded whole
+(``calmon.io.checkpoint.encode``, the changelog's record values), their bytes counted
+and timed. At the end every task is decoded and restored into a new engine (the
+restore, without the broker's read). Printed: the feed rate of both (records/s), the
+changelog bytes per checkpoint (full snapshots of every changed task: incremental
+writes are not there yet), the restore time, and the RSS growth of each process.
+Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.fleet_scrape import batches, config
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def split(data: list[Any], partitions: int, at_least: int) -> list[list[Any]]:
+    """Each poll batch cut into one batch per partition (crc32 of the id, stable); a
+    task's records are held until it has ``at_least`` of them (the last poll feeds
+    what is left)."""
+    from calmon.engine.rawbatch import RawBatch
+
+    out = []
+    held: list[list[Any]] = [[] for _ in range(partitions)]
+    for k, b in enumerate(data):
+        for r in b:
+            rid = json.loads(r.value)["id"]
+            held[zlib.crc32(rid.encode()) % partitions].append(r)
+        last = k == len(data) - 1
+        ready = [RawBatch.of(h) if h and (last or len(h) >= at_least) else None
+                 for h in held]
+        held = [[] if r is not None else h for h, r in zip(held, ready)]
+        out.append(ready)
+    return out
+
+
+def run(args: argparse.Namespace, side: str) -> dict[str, Any]:
+    from calmon.engine.engine import Engine
+    from calmon.io.checkpoint import decode, encode
+
+    cfg = config(args.values)
+    data = batches(args.models, args.values, args.pairs)
+    records = sum(len(b) for b in data)
+    before = _rss()
+    out: dict[str, Any] = {"side": side, "records": records}
+    if side == "one":
+        engine = Engine(cfg)
+        t = time.perf_counter()
+        for b in data:
+            engine.feed(b, not_after=2e9)
+        out["feed_s"] = time.perf_counter() - t
+        out["rss"] = _rss() - before
+        return out
+    cut = split(data, args.partitions, args.task_batch)
+    engines = [Engine(cfg) for _ in range(args.partitions)]
+    written = [-1] * args.partitions
+    ckpt_bytes, ckpt_s, fed, feed_s = [], [], 0, 0.0
+    for parts in cut:
+        t = time.perf_counter()
+        for e, b in zip(engines, parts):
+            if b is not None:
+                e.feed(b, not_after=2e9)
+        feed_s += time.perf_counter() - t
+        fed += sum(len(b) for b in parts if b is not None)
+        if fed >= args.every:
+            fed, t, n = 0, time.perf_counter(), 0
+            for i, e in enumerate(engines):
+                if e.version != written[i]:
+                    n += len(encode({"engine": e.snapshot(), "positions": {}}))
+                    written[i] = e.version
+            ckpt_s.append(time.perf_counter() - t)
+            ckpt_bytes.append(n)
+    out["feed_s"] = feed_s
+    out["rss"] = _rss() - before
+    blobs = [encode({"engine": e.snapshot(), "positions": {}}) for e in engines]
+    t = time.perf_counter()
+    for blob in blobs:
+        Engine(cfg).restore(decode(blob)["engine"])
+    out.update(restore_s=time.perf_counter() - t, state_bytes=sum(map(len, blobs)),
+               ckpt_bytes=ckpt_bytes, ckpt_s=ckpt_s)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", type=int, default=100)
+    ap.add_argument("--values", type=int, default=50)
+    ap.add_argument("--partitions", type=int, default=12)
+    ap.add_argument("--pairs", type=int, default=200_000)
+    ap.add_argument("--every", type=int, default=50_000)
+    ap.add_argument("--task-batch", type=int, default=1,
+                    help="feed a task once it holds this many records (1: every poll)")
+    ap.add_argument("--child", choices=("one", "tasks"))
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(run(args, args.child)))
+        return 0
+    rows = {}
+    for side in ("one", "tasks"):
+        argv_ = [sys.executable, __file__, *(argv or sys.argv[1:]), "--child", side]
+        rows[side] = json.loads(subprocess.run(argv_, capture_output=True, text=True,
+                                               check=True).stdout)
+    one, tasks = rows["one"], rows["tasks"]
+    print(f"{args.models} models x {args.values} values, {args.partitions} partitions, "
+          f"{one['records']:,} records")
+    print(f"feed: one engine {one['records'] / one['feed_s']:,.0f} rec/s, tasks "
+          f"{tasks['records'] / tasks['feed_s']:,.0f} rec/s "
+          f"({one['feed_s'] / tasks['feed_s']:.2f}x)")
+    print(f"RSS growth: one engine {one['rss'] / 2**20:.0f} MiB, tasks "
+          f"{tasks['rss'] / 2**20:.0f} MiB")
+    cb = tasks["ckpt_bytes"]
+    print(f"changelog per checkpoint of {args.every:,} records: "
+          f"{', '.join(f'{b / 2**20:.1f} MiB' for b in cb)} "
+          f"(encode {', '.join(f'{s:.2f}s' for s in tasks['ckpt_s'])})")
+    print(f"restore of every task: {tasks['state_bytes'] / 2**20:.1f} MiB decoded and "
+          f"restored in {tasks['restore_s']:.2f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

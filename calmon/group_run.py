@@ -1,0 +1,169 @@
+"""``calmon run`` in group mode (``kafka.instance: group``, contract §8): the daemon's
+loop for a member of the consumer group. The daemon keeps its lifecycle (HTTP, signals,
+the dead-letter producer, the ExitStack); this module owns the tasks, the group
+source and the changelog, and the steps of a group checkpoint:
+
+1. the records held for the tasks are fed, and the dead letters of this state are
+   delivered (as ``calmon.commit`` step 1);
+2. every owned task's state and positions, and the predictions offsets named by the
+   same checkpoint, in one Kafka transaction (``Tasks.checkpoint``); the broker refuses
+   it from a member whose generation is gone, so a zombie writes nothing.
+
+``state.dir`` is not read or written in group mode yet: the changelog is the state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from calmon.config import Config
+from calmon.engine.summed import SummedRefresher
+from calmon.errors import ConfigError
+from calmon.io import changelog
+from calmon.io.changelog import Changelog
+from calmon.io.dead_letter import DeadLetters
+from calmon.io.group_source import GroupSource
+from calmon.io.source import CoPartitionError, KafkaSourceError
+from calmon.io.totals import ProcessTotals
+from calmon.tasks import RESTORE_BUCKETS, Tasks
+
+if TYPE_CHECKING:
+    from calmon.daemon import Daemon
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_MS = 250
+MAX_RECORDS = 5000
+START_RETRY_S = 2.0
+
+
+class GroupRun:
+    """A member's tasks, source and changelog, driven by ``loop`` on the loop thread."""
+
+    def __init__(self, cfg: Config, totals: ProcessTotals, dead_letters: DeadLetters) -> None:
+        self.cfg = cfg
+        self.dead_letters = dead_letters
+        self.changelog = Changelog(cfg.kafka)
+        self.tasks = Tasks(cfg, self.changelog, totals)
+        self.source = GroupSource(cfg.kafka, self.tasks)
+        self.tasks.source = self.source
+        self.refresher = SummedRefresher(cfg, self.tasks.engines)
+        self.started = False
+        self._daemon: Daemon | None = None  # set by loop
+
+    def start(self) -> None:
+        """Subscribe (CoPartitionError at a configuration that cannot work) and make
+        the changelog topic when it is missing."""
+        partitions = self.source.start()
+        changelog.ensure_topic(self.cfg.kafka, partitions)
+        self.started = True
+
+    def loop(self, daemon: Daemon) -> None:
+        interval = self.cfg.state.checkpoint_interval
+        next_ckpt = time.monotonic() + interval
+        while not daemon._stop.is_set():
+            daemon._heartbeat()
+            daemon.refresh_statistics()
+            if not self.started and not self._try_start(daemon):
+                continue
+            self._daemon = daemon
+            self._feed(daemon, self.source.poll_chunks(POLL_TIMEOUT_MS, MAX_RECORDS))
+            if time.monotonic() >= next_ckpt:
+                self.checkpoint()
+                next_ckpt = time.monotonic() + interval
+
+    def _try_start(self, daemon: Daemon) -> bool:
+        try:
+            self.start()
+        except CoPartitionError as e:
+            raise ConfigError([str(e)]) from None
+        except KafkaSourceError as e:
+            daemon._assign_problem = str(e)
+            log.warning("cannot join the group yet (%s); retrying", e)
+            daemon._stop.wait(START_RETRY_S)
+            return False
+        daemon.assigned = daemon._ever_assigned = True
+        daemon._assign_problem = None
+        return True
+
+    def _feed(self, daemon: Daemon, chunks: list[Any], force: bool = False) -> None:
+        rejected = self.tasks.feed(chunks, daemon._not_after(), force=force)
+        for rej in rejected:
+            daemon.said.invalid(rej.kind, rej.reason, rej.source)
+            self.dead_letters.send(rej.value, rej.reason, rej.source)
+        daemon.positions = self.tasks.positions()
+        daemon._publish()
+
+    def checkpoint(self) -> float | None:
+        """Steps 1-2 of the module docstring; the time it was written, or None."""
+        if not self.started or not self.tasks.tasks:
+            return None
+        if self._daemon is not None:  # what is held is fed: the checkpoint reflects it
+            self._feed(self._daemon, [], force=True)
+        if not self.dead_letters.flush(timeout=5.0):  # 1
+            log.warning("checkpoint postponed: dead letters not yet delivered")
+            return None
+        return self.tasks.last_checkpoint if self.tasks.checkpoint() else None  # 2
+
+    def close(self) -> None:
+        self.source.close()
+        self.changelog.close()
+
+    def engine_status(self) -> dict[str, Any]:
+        """``Engine.status()`` summed over the tasks (counters, pending, event time)."""
+        out: dict[str, Any] = {"counters": {}, "pending": 0, "pending_labels": 0,
+                               "now": float("-inf"), "version": self.refresher.latest.version}
+        for engine in self.tasks.engines():
+            s = engine.status()
+            for k, v in s["counters"].items():
+                out["counters"][k] = out["counters"].get(k, 0) + v
+            out["pending"] += s["pending"]
+            out["pending_labels"] += s["pending_labels"]
+            out["now"] = max(out["now"], s["now"])
+        return out
+
+    def status(self) -> dict[str, Any]:
+        return {"tasks": self.tasks.status(), "rebalances": self.source.rebalances,
+                # assigned, paused until their committed offsets can be read
+                "waiting": sorted(self.source.unrestored),
+                "checkpoints_refused": self.tasks.fenced,
+                "changelog_topic": self.cfg.kafka.changelog_topic}
+
+
+class TaskCollector:
+    """calmon_tasks{state}, calmon_restore_seconds, calmon_restored_bytes_total."""
+
+    def __init__(self, tasks: Tasks) -> None:
+        self.tasks = tasks
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> list[Metric]:
+        return list(self._families(self.tasks))
+
+    @staticmethod
+    def _families(tasks: Tasks | None) -> list[Metric]:
+        g = GaugeMetricFamily("calmon_tasks", "Tasks (input partitions) this instance owns, "
+                              "by state", labels=("state",))
+        counts = tasks.counts() if tasks is not None else {"restoring": 0, "running": 0}
+        for state, n in sorted(counts.items()):
+            g.add_metric([state], n)
+        h = HistogramMetricFamily("calmon_restore_seconds",
+                                  "Time to restore a task from the changelog")
+        if tasks is not None:
+            h.add_metric([], [(_le(le), n) for le, n in zip(RESTORE_BUCKETS,
+                                                            tasks.restore_counts)],
+                         tasks.restore_sum)
+        c = CounterMetricFamily("calmon_restored_bytes", "Changelog bytes read by restores",
+                                value=tasks.restored_bytes if tasks is not None else 0)
+        return [g, h, c]
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)

@@ -1,0 +1,262 @@
+"""Group mode's tasks (contract §8): one ``Engine`` per owned input partition (Kafka
+Streams' task: a partition with its own state), restored from the changelog when the
+group assigns the partition, written to it with the group's offsets in one
+transaction at each checkpoint, dropped when the partition goes.
+
+The rebalance hooks run inside the source's ``poll`` on the loop thread, the only
+writer of the tasks; readers get ``status()`` (a new list each call) and the summed
+statistics of ``calmon.engine.summed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calmon.config import Config
+from calmon.engine.engine import Engine
+from calmon.engine.records import Kind
+from calmon.io.changelog import Changelog, ChangelogError
+from calmon.io.group_source import GroupSource, Offsets
+from calmon.io.source import Chunk, to_batch
+from calmon.io.totals import ProcessTotals
+
+log = logging.getLogger(__name__)
+
+FEED_AT = 2000  # a task is fed once it holds this many records (the columnar join's size)
+HOLD_S = 0.5  # or once its oldest record waited this long
+# calmon_restore_seconds buckets
+RESTORE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, float("inf"))
+
+
+@dataclass
+class Task:
+    partition: int
+    engine: Engine
+    state: str = "restoring"  # restoring | running
+    bytes_done: int = 0
+    records_done: int = 0
+    records_total: int = 0
+    restored_from: str | None = None  # the checkpoint it was restored from
+    positions: dict[str, int] = field(default_factory=dict)  # topic -> next offset
+
+    def view(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"partition": self.partition, "state": self.state,
+                               "restored_from": self.restored_from,
+                               "positions": dict(self.positions),
+                               "pending": self.engine.join.pending}
+        if self.state == "restoring":
+            out["restore"] = {"bytes_done": self.bytes_done,
+                              "records_done": self.records_done,
+                              "records_total": self.records_total}
+        else:
+            out["restored_bytes"] = self.bytes_done
+        return out
+
+
+class Tasks:
+    """The tasks of one member and the source's rebalance hooks."""
+
+    def __init__(self, cfg: Config, changelog: Changelog, totals: ProcessTotals) -> None:
+        self.cfg = cfg
+        self.changelog = changelog
+        self.totals = totals
+        self.source: GroupSource | None = None  # set once built (it calls these hooks)
+        self.tasks: dict[int, Task] = {}
+        self._kinds = {cfg.kafka.predictions_topic: Kind.PREDICTION,
+                       cfg.kafka.labels_topic: Kind.LABEL}
+        self.restore_counts = [0] * len(RESTORE_BUCKETS)  # cumulative per bucket
+        self.restore_sum = 0.0
+        self.restored_bytes = 0
+        self.last_checkpoint: float | None = None
+        self.fenced = 0  # checkpoint transactions the broker refused
+        # what each task's last checkpoint held (engine version, positions): unchanged
+        # tasks are not written again
+        self._written: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
+        self.careful: set[int] = set()  # tasks read one record at a time (an engine bug)
+        self._held: dict[int, list[Chunk]] = {}  # records read, not yet fed (see feed)
+        self._held_since: dict[int, float] = {}
+        self.poison: set[str] = set()  # sources of records the engine raises on
+
+    def engines(self) -> list[Engine]:
+        return [t.engine for t in self.tasks.values()]
+
+    # ------------------------------------------------------------ hooks
+
+    def lost(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.tasks.pop(p, None)
+            self._written.pop(p, None)
+            self._held.pop(p, None)
+            self._held_since.pop(p, None)
+
+    def assigned(self, committed: Mapping[int, tuple[int | None, str | None]]
+                 ) -> dict[int, Offsets]:
+        """Each new task restored from the changelog to its end, before any record of
+        its partition is read; where each starts (its checkpoint's positions)."""
+        starts: dict[int, Offsets] = {}
+        for p, (offset, ckpt) in sorted(committed.items()):
+            task = self.tasks[p] = Task(p, Engine(self.cfg))
+            began = time.monotonic()
+
+            def progress(done: int, records: int, total: int, task: Task = task) -> None:
+                task.bytes_done, task.records_done, task.records_total = done, records, total
+
+            try:
+                restored = self.changelog.restore(p, offset, ckpt, progress)
+            except (ChangelogError, ValueError, KeyError, TypeError) as e:
+                # a committed checkpoint that cannot be read: the partition is not read
+                # unowned either; the group moves it on when this member leaves
+                log.error("task %d: cannot restore checkpoint %s: %s", p, ckpt, e)
+                raise
+            self._observe(time.monotonic() - began, restored.bytes_read)
+            task.bytes_done = restored.bytes_read
+            if restored.state is not None:
+                task.engine.restore(restored.state["engine"])
+                task.positions = {str(k): int(v)
+                                  for k, v in restored.state["positions"].items()}
+                task.restored_from = ckpt or f"offset {offset}"
+            task.state = "running"
+            starts[p] = (task.positions.get(self.cfg.kafka.predictions_topic),
+                         task.positions.get(self.cfg.kafka.labels_topic))
+            log.info("task %d restored from %s (%d changelog bytes read, %d pending)", p,
+                     task.restored_from or "nothing: a new task", restored.bytes_read,
+                     task.engine.join.pending)
+        return starts
+
+    def _observe(self, seconds: float, nbytes: int) -> None:
+        for i, le in enumerate(RESTORE_BUCKETS):
+            if seconds <= le:
+                self.restore_counts[i] += 1
+        self.restore_sum += seconds
+        self.restored_bytes += nbytes
+
+    # ------------------------------------------------------------ records
+
+    def feed(self, chunks: list[Chunk], not_after: float, *, force: bool = False
+             ) -> list[Any]:
+        """Each partition's records into its task; the rejected records. A task's
+        records are held until it has ``FEED_AT`` of them or the oldest waited
+        ``HOLD_S`` (``force``: all now, before a checkpoint): a poll split over many
+        tasks would otherwise feed each a few hundred records, under the batch size at
+        which the join decides over columns. A task whose engine raises (a calmon bug:
+        bad data is only counted) goes back to its committed checkpoint and reads its
+        partition again one record at a time, the record that raises counted invalid
+        as ``internal`` from then on."""
+        now = time.monotonic()
+        for chunk in chunks:
+            if chunk[1] in self.tasks:  # else revoked within this poll
+                self._held.setdefault(chunk[1], []).append(chunk)
+                self._held_since.setdefault(chunk[1], now)
+        rejected: list[Any] = []
+        for p in sorted(self._held):
+            mine = self._held[p]
+            if not (force or sum(len(c[4]) for c in mine) >= FEED_AT
+                    or now - self._held_since[p] >= HOLD_S):
+                continue
+            del self._held[p], self._held_since[p]
+            task = self.tasks.get(p)
+            if task is None:
+                continue
+            batch = to_batch(mine, self._kinds, columns=True)
+            out = self._feed_task(task, batch.columns(), not_after)
+            if out is None:
+                continue  # rolled back: read again from the checkpoint's positions
+            rejected.extend(out)
+            for (topic, _), off in batch.positions.items():
+                task.positions[topic] = off
+        return rejected
+
+    def _feed_task(self, task: Task, records: Any, not_after: float) -> list[Any] | None:
+        p, engine = task.partition, task.engine
+        if p not in self.careful:
+            try:
+                out = engine.feed(records, not_after)
+            except Exception:
+                log.exception("task %d: the engine raised on a batch of %d records; back "
+                              "to its checkpoint to find the record", p, len(records))
+                self._roll_back(p)
+                return None
+            self.totals.add(engine.last_delta)
+            return out
+        out = []
+        for r in records:
+            if r.source in self.poison:
+                out.append(engine.reject(r, "internal"))
+                self.totals.add(engine.last_delta)
+                continue
+            try:
+                out.extend(engine.feed([r], not_after))
+            except Exception:
+                log.exception("task %d: the engine raises on the record at %s: counted "
+                              "as internal from now on", p, r.source)
+                self.poison.add(r.source)
+                self._roll_back(p)
+                return None
+            self.totals.add(engine.last_delta)
+        return out
+
+    def _roll_back(self, p: int) -> None:
+        """Task ``p`` from its committed checkpoint again, its consumers moved back to
+        the checkpoint's positions, and read one record at a time from now on."""
+        assert self.source is not None
+        self.careful.add(p)
+        self.lost([p])
+        self.source.reload(p)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint(self, partitions: list[int] | None = None) -> bool:
+        """Steps of group mode's commit: every (or these) task's state and positions,
+        with the predictions offsets, in one transaction; False when refused."""
+        source = self.source
+        if source is None or not self.tasks:
+            return False
+        parts = sorted(self.tasks if partitions is None else partitions)
+        pred = self.cfg.kafka.predictions_topic
+        states: dict[int, dict[str, Any]] = {}
+        offsets: dict[int, int] = {}
+        marks: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
+        for p in parts:
+            task = self.tasks[p]
+            for topic in self._kinds:
+                if topic not in task.positions:
+                    at = source.position(topic, p)
+                    if at is not None:
+                        task.positions[topic] = at
+            if pred not in task.positions:
+                continue  # nowhere to commit yet: its first poll has not resolved
+            marks[p] = (task.engine.version, tuple(sorted(task.positions.items())))
+            if self._written.get(p) == marks[p]:
+                continue  # nothing new since its last checkpoint
+            states[p] = {"engine": task.engine.snapshot(), "positions": dict(task.positions)}
+            offsets[p] = task.positions[pred]
+        if not states:
+            return False
+        try:
+            ckpt = self.changelog.commit(states, offsets, source.group_metadata())
+        except ChangelogError as e:
+            self.fenced += 1
+            log.warning("checkpoint refused, nothing written: %s", e)
+            return False
+        self.last_checkpoint = time.time()
+        self._written.update(marks)
+        log.debug("checkpoint %s: tasks %s at %s", ckpt, sorted(states), offsets)
+        return True
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """Every task's next offsets of both topics (what its state reflects)."""
+        return {(topic, p): off for p, task in list(self.tasks.items())
+                for topic, off in task.positions.items()}
+
+    def status(self) -> list[dict[str, Any]]:
+        return [t.view() for _, t in sorted(self.tasks.items())]
+
+    def counts(self) -> dict[str, int]:
+        out = {"restoring": 0, "running": 0}
+        for t in list(self.tasks.values()):
+            out[t.state] = out.get(t.state, 0) + 1
+        return out

@@ -1,0 +1,92 @@
+"""``kafka.instance: group`` (contract §8), kill -9 with failover: members of one
+consumer group split a 6-partition stream; one is killed mid-stream and not
+restarted, the others take its partitions with their state from the changelog, a
+fresh member joins later, and the summed window counts equal the stream exactly per
+(model, segment). Labels produced after the move join the predictions that were
+pending on the killed member."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
+from tests.integration.cluster.group import (
+    cleanup_policy,
+    dump,
+    expected_counts,
+    member,
+    owned,
+    summed_samples,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+N = 1200
+PARTITIONS = 6
+
+
+def test_kill_9_moves_partitions_with_their_state(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
+        broker) -> None:
+    preds_topic, labels_topic = kafka_topics(count=2, partitions=PARTITIONS)
+    group = f"calmon-group-{tmp_path.name[-12:]}"
+    preds, labels = make_dataset(N, seed=37, span_s=3600.0)
+    # the first half's predictions and labels, then the second half's predictions only:
+    # their labels come after the kill, so they join on whoever took the partition
+    half = N // 2
+    first = ([(preds_topic, str(p["id"]).encode(), dumps(p)) for p in preds]
+             + [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in labels[:half]])
+    late = [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in labels[half:]]
+    daemons = [member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, f"m{i}")
+               for i in range(4)]
+    live = daemons[:3]
+    try:
+        for d in live:
+            d.start(wait_ready=False)
+        for d in live:
+            d.wait_ready(timeout=90)
+        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
+                   or None, 120, "the 6 partitions split over 3 members")
+        with Producer(kafka_bootstrap) as producer:
+            producer.send(first)
+        pending = expected_counts(preds[:half])
+        wait_until(lambda: summed_samples(live) == pending or None, 120,
+                   "the first half joined")
+        victim = next(d for d in live if owned(d))
+        # its state is in the changelog once a checkpoint after the records is written
+        wait_until(lambda: all(t["positions"] for t in victim.status()["group"]["tasks"])
+                   or None, 60, "the victim's checkpoint")
+        taken = owned(victim)
+        victim.kill()
+        live = [d for d in live if d is not victim]
+        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
+                   or None, 180, f"the others taking {taken}", detail=lambda: dump(live))
+        # the takers restored the victim's tasks from its checkpoint, not from nothing
+        moved = [t for d in live for t in d.status()["group"]["tasks"]
+                 if t["partition"] in taken]
+        assert moved and all(t["restored_from"] for t in moved), dump(live)
+        assert all(t["restored_bytes"] > 0 for t in moved), dump(live)
+        with Producer(kafka_bootstrap) as producer:
+            producer.send(late)
+        fresh = daemons[3]
+        fresh.start()
+        live.append(fresh)
+        wait_until(lambda: (owned(fresh) and sorted(p for d in live for p in owned(d))
+                   == list(range(PARTITIONS))) or None, 180, "the fresh member taking a share",
+                   detail=lambda: dump(live))
+        want = expected_counts(preds)
+        got = wait_until(lambda: ((c := summed_samples(live)) == want and c) or None, 180,
+                         "every sample counted once",
+                         detail=lambda: (dump(live), want - summed_samples(live),
+                                         summed_samples(live) - want))
+        assert got == want
+        # /status counts what the tasks hold: every pair joined once over the members
+        assert sum(d.status()["counters"]["joined"] for d in live) == N
+        if broker.describes_retention:
+            assert cleanup_policy(kafka_bootstrap, f"{group}-state-changelog") == "compact"
+    finally:
+        for d in daemons:
+            d.stop()
