@@ -268,8 +268,8 @@ class Policy:
             if undo is not None:
                 events.append(undo)
                 return events
-        if cooled and len(post) >= self.rc.min_samples and not self._deferred(
-                model, segment, keys):
+        if cooled and len(post) >= self.rc.min_samples and not (self._deferred(
+                model, segment, keys) and not st.latch.expired(now, self.rc.retry_after)):
             events.append(self._refit(now, model, segment, st, post, live,
                                       fired[0], keys, samples_of, cycle))
         elif len(post) < self.rc.min_samples and st.latch.expired(now, self.rc.retry_after):
@@ -360,7 +360,9 @@ class Policy:
         """With per_segment, a model-level refit waits while the drift looks local: in
         some slice, some but fewer than half of the values drift or have a calibrator of
         their own. Those get their own fits; a model-level fit would move the segments
-        that did not drift (they keep what they had)."""
+        that did not drift (they keep what they had). The caller lifts the wait once the
+        alarm has been latched for retry_after (a drift of every value alarms only in
+        the big ones of a Zipf slice): the gate and the segment guards decide then."""
         if segment != ALL or not self.rc.per_segment:
             return False
         slices: dict[tuple[str, ...], list[bool]] = {}
