@@ -55,6 +55,10 @@ def test_kill_9_moves_partitions_with_their_state(
         pending = expected_counts(preds[:half])
         wait_until(lambda: summed_samples(live) == pending or None, 120,
                    "the first half joined")
+        # a rebalance may be under way (eager: a member that rejoins has its partitions
+        # revoked first): the victim is picked once every partition is owned again
+        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
+                   or None, 120, "the group settled")
         victim = next(d for d in live if owned(d))
         # its state is in the changelog once a checkpoint after the records is written
         wait_until(lambda: all(t["positions"] for t in victim.status()["group"]["tasks"])
