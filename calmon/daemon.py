@@ -168,10 +168,13 @@ class Daemon:
         # samples; otherwise (one instance, the default) the in-process loop does
         self.cluster: Cluster | None = None
         inst = cfg.kafka.static
-        if (cfg.recalibration.enabled and inst is not None and inst.count > 1
+        if (cfg.recalibration.enabled and (self.group is not None or (
+                inst is not None and inst.count > 1))
                 and cfg.kafka.joined_topic is not None
                 and cfg.kafka.calibrators_topic is not None):
-            self.cluster = Cluster(cfg, self.engine, self.dead_letters.send)
+            # group mode: the tasks' checkpoints send the joined samples (group_run)
+            self.cluster = Cluster(cfg, self.engine if self.group is None
+                                   else self.group.live, self.dead_letters.send)
         elif cfg.recalibration.enabled:
             topic = cfg.kafka.calibrators_topic
             publish = None if topic is None else CalibratorPublisher(self.outbox, topic)

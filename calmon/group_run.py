@@ -7,7 +7,10 @@ source and the changelog, and the steps of a group checkpoint:
    delivered (as ``calmon.commit`` step 1);
 2. every owned task's state and positions, and the predictions offsets named by the
    same checkpoint, in one Kafka transaction (``Tasks.checkpoint``); the broker refuses
-   it from a member whose generation is gone, so a zombie writes nothing.
+   it from a member whose generation is gone, so a zombie writes nothing. With
+   recalibration on, each task's joined samples since its last checkpoint go to
+   ``kafka.joined_topic`` in the same transaction (``cluster.group_sender``), read by
+   the model's owner (``cluster.service``, as in the static mode).
 
 ``state.dir`` is not read or written in group mode yet: the changelog is the state.
 """
@@ -15,13 +18,20 @@ source and the changelog, and the steps of a group checkpoint:
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from calmon.calibrators.signing import Signer
+from calmon.cluster.group_sender import GroupSender
+from calmon.cluster.kafka import record_budget
 from calmon.config import Config
+from calmon.engine.engine import Engine
 from calmon.engine.summed import SummedRefresher
 from calmon.errors import ConfigError
 from calmon.io import changelog
@@ -50,6 +60,11 @@ class GroupRun:
         self.dead_letters = dead_letters
         self.changelog = Changelog(cfg.kafka)
         self.tasks = Tasks(cfg, self.changelog, totals)
+        kc = cfg.kafka
+        if cfg.recalibration.enabled and kc.joined_topic is not None:
+            self.tasks.joined = GroupSender(kc.joined_topic, record_budget(kc),
+                                            Signer.from_config(cfg.calibrators))
+        self.live = TaskEngines()  # the owner's live calibrators, for every task
         self.source = GroupSource(cfg.kafka, self.tasks)
         self.tasks.source = self.source
         self.refresher = SummedRefresher(cfg, self.tasks.engines)
@@ -73,6 +88,7 @@ class GroupRun:
                 continue
             self._daemon = daemon
             self._feed(daemon, self.source.poll_chunks(POLL_TIMEOUT_MS, MAX_RECORDS))
+            self.live.push(self.tasks.engines())
             if time.monotonic() >= next_ckpt:
                 self.checkpoint()
                 next_ckpt = time.monotonic() + interval
@@ -133,6 +149,42 @@ class GroupRun:
                 "waiting": sorted(self.source.unrestored),
                 "checkpoints_refused": self.tasks.fenced,
                 "changelog_topic": self.cfg.kafka.changelog_topic}
+
+
+class TaskEngines:
+    """The engine the recalibration owner hands the live calibrators and regime starts
+    to (``recal.live.Engineish``), for every task's label-free estimates. The owner's
+    thread only keeps the newest; the loop thread, the tasks' one writer, hands them to
+    each engine that has not had them (tasks restored since included)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, Any] = {}
+        self._serial = 0
+        self._given: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
+
+    def set_calibrators(self, calibrators: Any) -> None:
+        self._set("calibrators", calibrators)
+
+    def set_changes(self, changes: Mapping[tuple[str, str], float]) -> None:
+        self._set("changes", changes)
+
+    def _set(self, what: str, value: Any) -> None:
+        with self._lock:
+            self._latest[what] = value
+            self._serial += 1
+
+    def push(self, engines: list[Engine]) -> None:
+        with self._lock:
+            latest, serial = dict(self._latest), self._serial
+        for engine in engines:
+            if self._given.get(engine, 0) >= serial:
+                continue
+            if "calibrators" in latest:
+                engine.set_calibrators(latest["calibrators"])
+            if "changes" in latest:
+                engine.set_changes(latest["changes"])
+            self._given[engine] = serial
 
 
 class TaskCollector:

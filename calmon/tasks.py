@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from calmon.cluster.group_sender import GroupSender
 from calmon.config import Config
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind
@@ -80,6 +81,8 @@ class Tasks:
         self._held: dict[int, list[Chunk]] = {}  # records read, not yet fed (see feed)
         self._held_since: dict[int, float] = {}
         self.poison: set[str] = set()  # sources of records the engine raises on
+        # scaled-out recalibration: each task's joined samples, in its checkpoint
+        self.joined: GroupSender | None = None
 
     def engines(self) -> list[Engine]:
         return [t.engine for t in self.tasks.values()]
@@ -92,6 +95,8 @@ class Tasks:
             self._written.pop(p, None)
             self._held.pop(p, None)
             self._held_since.pop(p, None)
+            if self.joined is not None:
+                self.joined.drop(p)
 
     def assigned(self, committed: Mapping[int, tuple[int | None, str | None]]
                  ) -> dict[int, Offsets]:
@@ -120,6 +125,8 @@ class Tasks:
                                   for k, v in restored.state["positions"].items()}
                 task.restored_from = ckpt or f"offset {offset}"
             task.state = "running"
+            if self.joined is not None:
+                self.joined.restored(p, task.engine, task.positions)
             starts[p] = (task.positions.get(self.cfg.kafka.predictions_topic),
                          task.positions.get(self.cfg.kafka.labels_topic))
             log.info("task %d restored from %s (%d changelog bytes read, %d pending)", p,
@@ -236,14 +243,19 @@ class Tasks:
             offsets[p] = task.positions[pred]
         if not states:
             return False
+        extra = [] if self.joined is None else self.joined.collect(
+            {p: (self.tasks[p].engine, self.tasks[p].positions) for p in states})
         try:
-            ckpt = self.changelog.commit(states, offsets, source.group_metadata())
+            ckpt = self.changelog.commit(states, offsets, source.group_metadata(),
+                                         extra=extra)
         except ChangelogError as e:
             self.fenced += 1
             log.warning("checkpoint refused, nothing written: %s", e)
             return False
         self.last_checkpoint = time.time()
         self._written.update(marks)
+        if self.joined is not None:
+            self.joined.committed()
         log.debug("checkpoint %s: tasks %s at %s", ckpt, sorted(states), offsets)
         return True
 

@@ -58,16 +58,18 @@ def cross_checks(cfg: Config, errors: list[str]) -> None:
                       "(pip install 'calmon[fast]'), which cannot be imported here")
     if cfg.kafka.predictions_topic == cfg.kafka.labels_topic:
         errors.append("kafka.labels_topic: must differ from kafka.predictions_topic")
-    if inst is not None and inst.index < inst.count > 1 and cfg.recalibration.enabled:
-        # scaled out, one owner per model recalibrates on every instance's samples (§7)
+    scaled = cfg.kafka.group or (inst is not None and inst.index < inst.count > 1)
+    if scaled and cfg.recalibration.enabled:
+        # scaled out, one owner per model recalibrates on every instance's samples (§7, §8)
+        shape = "kafka.instance: group" if cfg.kafka.group else "kafka.instance.count > 1"
         if cfg.kafka.joined_topic is None:
-            errors.append("kafka.joined_topic: required with kafka.instance.count > 1 and "
-                          "recalibration enabled (every instance's joined samples reach "
-                          "each model's one owner through it)")
+            errors.append(f"kafka.joined_topic: required with {shape} and recalibration "
+                          "enabled (every instance's joined samples reach each model's "
+                          "one owner through it)")
         if cfg.kafka.calibrators_topic is None:
-            errors.append("kafka.calibrators_topic: required with kafka.instance.count > 1 "
-                          "and recalibration enabled (versions come from it, not from a "
-                          "local output_dir)")
+            errors.append(f"kafka.calibrators_topic: required with {shape} and "
+                          "recalibration enabled (versions come from it, not from a local "
+                          "output_dir)")
     jt = cfg.kafka.joined_topic
     if jt is not None and jt in (cfg.kafka.predictions_topic, cfg.kafka.labels_topic,
                                  cfg.kafka.calibrators_topic, cfg.kafka.dead_letter_topic):
@@ -108,9 +110,6 @@ def _check_group(cfg: Config, errors: list[str]) -> None:
         return
     if not kc.group_id:
         errors.append("kafka.group_id: required with kafka.instance: group")
-    if cfg.recalibration.enabled:  # the owner reads the joined topic by static share
-        errors.append("recalibration.enabled: not yet with kafka.instance: group (set it "
-                      "false, or run kafka.instance {index, count})")
     if kc.changelog_topic in (kc.predictions_topic, kc.labels_topic, kc.calibrators_topic,
                               kc.dead_letter_topic, kc.joined_topic):
         errors.append(f"kafka.state_changelog_topic: must be a topic of its own, got "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,11 @@ TRANSACTION_TIMEOUT_MS = 20_000
 # task per checkpoint (Kafka never compacts the active segment; the default is 7 days)
 TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "600000",
                  "min.cleanable.dirty.ratio": "0.1"}
+
+
+# a record written in a checkpoint's transaction besides the state: (topic, key, value,
+# headers)
+Extra = tuple[str, bytes, bytes, list[tuple[str, bytes]]]
 
 
 class ChangelogError(Exception):
@@ -161,10 +166,11 @@ class Changelog:
         return self._producer
 
     def commit(self, states: Mapping[int, dict[str, Any]], offsets: Mapping[int, int],
-               group_metadata: Any) -> str:
+               group_metadata: Any, extra: Sequence[Extra] = ()) -> str:
         """One transaction: every task's state (partition -> plain data) and the
-        predictions offsets of the same partitions, named by one checkpoint id.
-        Returns the id; raises ChangelogError when nothing was committed."""
+        predictions offsets of the same partitions, named by one checkpoint id, and the
+        ``extra`` records (topic, key, value, headers: the joined batches of scaled-out
+        recalibration). Returns the id; raises ChangelogError when nothing was committed."""
         self._serial += 1
         ckpt = f"{self.transactional_id}:{self._serial}:{int(time.time())}"
         p = self._writer()
@@ -182,6 +188,10 @@ class Changelog:
             meta = {TopicPartition(self.cfg.predictions_topic, part):
                     OffsetAndMetadata(off, ckpt, -1) for part, off in offsets.items()}
             p.send_offsets_to_transaction(meta, group_metadata)
+            # after the offsets, where the broker checks the member's generation: a
+            # zombie writes none of them (Tansu serves aborted records)
+            for topic, key, value, headers in extra:
+                p.send(topic, key=key, value=value, headers=headers)
             p.commit_transaction()
         except Exception as e:
             self._drop(p)

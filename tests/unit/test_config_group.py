@@ -54,7 +54,9 @@ def test_effective_config_prints_the_word(capsys, tmp_path: Path) -> None:
     (GROUP + "  client: {group_instance_id: ''}\n", "kafka.client.group_instance_id"),
     (GROUP + "  state_changelog_topic: predictions\n", "kafka.state_changelog_topic"),
     ("kafka:\n  state_changelog_topic: tasks\n", "kafka.state_changelog_topic"),
-    ("kafka:\n  instance: group\n", "recalibration.enabled"),
+    # recalibration (on by default) reads the joined topic and the calibrators topic
+    ("kafka:\n  instance: group\n  calibrators_topic: cal\n", "kafka.joined_topic"),
+    ("kafka:\n  instance: group\n  joined_topic: joined\n", "kafka.calibrators_topic"),
 ])
 def test_group_errors_name_their_key(capsys, tmp_path: Path, text: str, key: str) -> None:
     rc, _, err = check(capsys, tmp_path, text)
@@ -62,6 +64,12 @@ def test_group_errors_name_their_key(capsys, tmp_path: Path, text: str, key: str
     lines = err.strip().splitlines()
     assert [line.split(": ", 1)[0] for line in lines] == [key], err
     assert all(ERROR_LINE.match(line) for line in lines), err
+
+
+def test_group_mode_recalibrates_through_the_joined_topic(capsys, tmp_path: Path) -> None:
+    rc, _, err = check(capsys, tmp_path, "kafka:\n  instance: group\n  joined_topic: joined"
+                       "\n  calibrators_topic: cal\n")
+    assert rc == 0, err
 
 
 def test_group_settings_from_the_environment_are_numbers(capsys, tmp_path: Path,
