@@ -255,10 +255,11 @@ def test_scaled_out_workloads_join_the_consumer_group(name: str) -> None:
     client = kafka["client"]
     assert client["heartbeat_interval_ms"] * 3 <= client["session_timeout_ms"]
     assert workload["spec"]["replicas"] >= 2
-    # nothing of the static {index, count} mode is left; recalibration is not yet
-    # available in group mode (calmon refuses it there)
+    # nothing of the static {index, count} mode is left; recalibration has one owner
+    # per model through the joined topic, as in the static mode
     assert "CALMON_INSTANCE" not in config_text(path, workload)
-    assert config["recalibration"]["enabled"] is False
+    assert config["recalibration"]["enabled"] is True
+    assert kafka["joined_topic"] and kafka["calibrators_topic"]
 
 
 def test_deployment_scales_with_an_hpa_one_pod_at_a_time() -> None:

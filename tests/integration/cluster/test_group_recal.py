@@ -1,0 +1,128 @@
+"""Recalibration scaled out in group mode (contract §8 with §7): three members of one
+consumer group on a 6-partition stream whose model drifts. Each task's joined samples go
+to the joined topic in its checkpoint transaction; one member owns the model's
+recalibration and publishes the drift's calibrator once, and the samples it took equal
+the stream's labelled samples exactly, also after a member is killed with kill -9
+mid-stream (its partitions, with the predictions still waiting for their labels, move to
+the others)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.daemon_helpers import CalmonDaemon, Producer, dumps, wait_until, write_config
+from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, WINDOWS, documents, owner_view
+from tests.integration.cluster.group import dump, owned
+from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTITIONS = 6
+N = 3000  # calibrated, then as many drifted
+
+
+def _members(tmp_path: Path, bootstrap: str, preds: str, labels: str, joined: str,
+             cal: str, group: str) -> list[CalmonDaemon]:
+    return [CalmonDaemon(write_config(
+        tmp_path / f"m{i}.yaml", bootstrap, preds, labels,
+        kafka={"group_id": group, "instance": "group", "joined_topic": joined,
+               "calibrators_topic": cal, "client": GROUP_CLIENT},
+        metrics=WINDOWS, state={"checkpoint_interval": "1s"},
+        recalibration={**RECAL, "output_dir": str(tmp_path / f"calibrators{i}")}),
+        log=tmp_path / f"m{i}.log") for i in range(3)]
+
+
+def _records(topic: str, rows: list[dict]) -> list[tuple[str, bytes, bytes]]:
+    return [(topic, str(r["id"]).encode(), dumps(r)) for r in rows]
+
+
+def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    preds_topic, labels_topic = kafka_topics(count=2, partitions=PARTITIONS)
+    (joined_topic,) = kafka_topics(count=1, partitions=3)
+    (cal_topic,) = kafka_topics(count=1, partitions=1)
+    group = f"calmon-grecal-{tmp_path.name[-12:]}"
+    rng = np.random.default_rng(37)
+    stream = Stream()
+    stream.extend(binary_logit_stream(rng, "ctr", N, BASE_TS, 2400.0, prefix="a"))
+    t2 = BASE_TS + 2400.0 + 3600.0 + 1200.0  # the calibrated half is out of the 1h window
+    stream.extend(binary_logit_stream(rng, "ctr", N, t2, 2400.0, scale=2.5, prefix="b"))
+    labelled = len(stream.labels)  # every prediction has its label
+    assert labelled == 2 * N
+    # before the kill: the calibrated predictions and half their labels; the rest of
+    # those labels (joining predictions that wait on whichever member holds their
+    # partition) and the drifted half after it
+    before = (_records(preds_topic, stream.preds[:N])
+              + _records(labels_topic, stream.labels[:N // 2]))
+    after = (_records(labels_topic, stream.labels[N // 2:N])
+             + _records(preds_topic, stream.preds[N:]) + _records(labels_topic,
+                                                                  stream.labels[N:]))
+    daemons = _members(tmp_path, kafka_bootstrap, preds_topic, labels_topic, joined_topic,
+                       cal_topic, group)
+    live = list(daemons)
+
+    def owner_samples() -> int | None:
+        view = owner_view(live)
+        return None if view is None else int(view[1]["models"]["ctr"]["samples"])
+
+    try:
+        for d in live:
+            d.start(wait_ready=False)
+        for d in live:
+            d.wait_ready(timeout=90)
+        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
+                   or None, 120, "the 6 partitions split over 3 members")
+        with Producer(kafka_bootstrap) as producer:
+            producer.send(before)
+        # the model has an owner once some member's checkpoint carried its samples
+        wait_until(lambda: owner_samples() or None, 120, "an owner of ctr",
+                   detail=lambda: dump(live))
+        # a member that is not the owner, holding tasks with state: killed while the
+        # stream goes on
+        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
+                   or None, 120, "the group settled")
+        view = wait_until(lambda: owner_view(live), 60, "one owner of ctr")
+        victim = next(d for i, d in enumerate(live) if i != view[0] and owned(d))
+        taken = owned(victim)
+        victim.kill()
+        live = [d for d in live if d is not victim]
+        with Producer(kafka_bootstrap) as producer:
+            producer.send(after)
+        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
+                   or None, 180, f"the others taking {taken}", detail=lambda: dump(live))
+
+        # every labelled sample reaches the owner once: the count climbs to the stream's
+        # and not past it
+        got = wait_until(lambda: (lambda n: n if n is not None and n >= labelled else None)(
+            owner_samples()), 180, "the owner holding every labelled sample",
+            detail=lambda: (owner_samples(), dump(live)))
+        assert got == labelled
+        assert sum(d.status()["counters"]["joined"] for d in live) == labelled
+
+        # the drift is published once, by the one owner
+        wait_until(lambda: documents(kafka_bootstrap, cal_topic) or None, 180,
+                   "a published calibrator on the topic")
+        docs = documents(kafka_bootstrap, cal_topic)
+        assert Counter((d["model"], d["segment"], d["version"]) for d in docs) == {
+            ("ctr", "__all__", 1): 1}, docs
+        fitted = int(docs[0]["fit"]["samples"]) + int(docs[0]["fit"]["holdout_samples"])
+        assert fitted >= RECAL["min_samples"]
+        # the temperature undoes the 2.5x sharpening (1/2.5 from the data's construction)
+        assert 1.8 < float(docs[0]["params"]["temperature"]) < 3.4, docs[0]["params"]
+        owners = [sum(d.scrape().get("calmon_recalibration_owned_models", {}).values())
+                  for d in live]
+        assert sorted(owners) == [0, 1], owners
+        # still exact once the publish came (checks and checkpoints went on meanwhile)
+        assert owner_samples() == labelled
+        view = owner_view(live)
+        assert view is not None and view[1]["bad_batches"] == 0, view
+    finally:
+        for d in daemons:
+            d.stop()
+    for d in live:
+        assert "Traceback" not in d.log_tail(100_000)
