@@ -148,7 +148,10 @@ class GroupRun:
                 # assigned, paused until their committed offsets can be read
                 "waiting": sorted(self.source.unrestored),
                 "checkpoints_refused": self.tasks.fenced,
-                "changelog_topic": self.cfg.kafka.changelog_topic}
+                "changelog_topic": self.cfg.kafka.changelog_topic,
+                # committed to the joined topic by this member's checkpoints
+                **({} if (j := self.tasks.joined) is None else
+                   {"joined_sent": {"batches": j.batches, "samples": j.samples}})}
 
 
 class TaskEngines:

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kafka import KafkaConsumer, TopicPartition
 
+from calmon import config as config_mod
+from calmon.io import changelog
+from calmon.io.changelog import Changelog, ChangelogError
+from tests.conftest import FAST_CLIENT
 from tests.daemon_helpers import CalmonDaemon, Producer, dumps, wait_until, write_config
 from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, WINDOWS, documents, owner_view
 from tests.integration.cluster.group import dump, owned
@@ -126,3 +131,67 @@ def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
             d.stop()
     for d in live:
         assert "Traceback" not in d.log_tail(100_000)
+
+
+@pytest.mark.brokers("kafka")  # Tansu takes a stale generation's offsets and serves aborts
+def test_a_member_the_group_moved_on_from_writes_no_joined_batch(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    """The joined batches ride in the checkpoint's transaction: a member whose generation
+    is gone (a zombie) has the whole transaction refused, batches included."""
+    preds_topic, joined_topic = kafka_topics(count=2, partitions=2)
+    group = f"calmon-grecal-{tmp_path.name[-12:]}"
+    cfg = config_mod.from_dict({
+        "kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group,
+                  "instance": "group", "predictions_topic": preds_topic,
+                  "labels_topic": f"{preds_topic}-labels", "joined_topic": joined_topic,
+                  "calibrators_topic": f"{joined_topic}-cal", "client": GROUP_CLIENT}},
+        env={})
+    changelog.ensure_topic(cfg.kafka, 2)
+    settings = dict(group_id=group, bootstrap_servers=kafka_bootstrap,
+                    enable_auto_commit=False, auto_offset_reset="earliest", **GROUP_CLIENT)
+    first = KafkaConsumer(preds_topic, **settings)
+    second: KafkaConsumer | None = None
+    log = Changelog(cfg.kafka)
+    try:
+        wait_until(lambda: (first.poll(200) is not None and first.assignment()) or None, 60,
+                   "the first member assigned")
+        stale = first.group_metadata()
+        extra = [(joined_topic, b"ctr", b"batch of the zombie", [])]
+        second = KafkaConsumer(preds_topic, **settings)  # a rebalance: a new generation
+
+        def moved_on() -> bool:
+            assert second is not None
+            second.poll(200)
+            first.poll(200)
+            return bool(second.assignment()) and (
+                first.group_metadata().generation_id != stale.generation_id)
+
+        wait_until(moved_on, 60, "the group's next generation")
+        with pytest.raises(ChangelogError):
+            log.commit({0: {"x": 1}}, {0: 0}, stale, extra=extra)
+        fresh = first.group_metadata()
+        part = next(tp.partition for tp in first.assignment())
+        log.commit({part: {"x": 2}}, {part: 0}, fresh,
+                   extra=[(joined_topic, b"ctr", b"batch of the member", [])])
+        reader = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False,
+                               isolation_level="read_committed", **FAST_CLIENT)
+        try:
+            tps = [TopicPartition(joined_topic, p) for p in (0, 1)]
+            reader.assign(tps)
+            reader.seek_to_beginning(*tps)
+            seen: list[bytes] = []
+            ends = reader.end_offsets(tps)  # both transactions are over: aborted, committed
+
+            def read_to_end() -> bool:
+                seen.extend(r.value for rs in reader.poll(300).values() for r in rs)
+                return all(reader.position(tp) >= ends[tp] for tp in tps)
+
+            wait_until(read_to_end, 60, "the joined topic read to its end")
+            assert seen == [b"batch of the member"]
+        finally:
+            reader.close()
+    finally:
+        log.close()
+        first.close()
+        if second is not None:
+            second.close()
