@@ -92,7 +92,15 @@ def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
         wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
                    or None, 120, "the group settled")
         view = wait_until(lambda: owner_view(live), 60, "one owner of ctr")
-        victim = next(d for i, d in enumerate(live) if i != view[0] and owned(d))
+
+        def committed_samples(d: CalmonDaemon) -> int:
+            return int(d.status()["group"]["joined_sent"]["samples"])
+
+        # its checkpoints committed joined samples: the takers go on from them
+        victim = wait_until(lambda: next((d for i, d in enumerate(live) if i != view[0]
+                                          and owned(d) and committed_samples(d)), None),
+                            60, "a checkpoint of a member that is not the owner",
+                            detail=lambda: dump(live))
         taken = owned(victim)
         victim.kill()
         live = [d for d in live if d is not victim]
@@ -100,6 +108,10 @@ def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
             producer.send(after)
         wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
                    or None, 180, f"the others taking {taken}", detail=lambda: dump(live))
+        # the takers went on from the victim's checkpoints, not from nothing
+        moved = [t for d in live for t in d.status()["group"]["tasks"]
+                 if t["partition"] in taken]
+        assert moved and all(t["restored_from"] for t in moved), dump(live)
 
         # every labelled sample reaches the owner once: the count climbs to the stream's
         # and not past it
@@ -126,6 +138,9 @@ def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
         assert owner_samples() == labelled
         view = owner_view(live)
         assert view is not None and view[1]["bad_batches"] == 0, view
+        # what the survivors' checkpoints committed, with the victim's, is what the owner
+        # took: at least the survivors' share went through them
+        assert all(committed_samples(d) > 0 for d in live)
     finally:
         for d in daemons:
             d.stop()
