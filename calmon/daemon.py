@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from prometheus_client.registry import CollectorRegistry
 
+from calmon.cluster.admin import scaled_out
 from calmon.cluster.service import Cluster
 from calmon.commit import Commit
 from calmon.config import Config
@@ -167,11 +168,7 @@ class Daemon:
         # scaled out (contract §7): one owner per model recalibrates on every instance's
         # samples; otherwise (one instance, the default) the in-process loop does
         self.cluster: Cluster | None = None
-        inst = cfg.kafka.static
-        if (cfg.recalibration.enabled and (self.group is not None or (
-                inst is not None and inst.count > 1))
-                and cfg.kafka.joined_topic is not None
-                and cfg.kafka.calibrators_topic is not None):
+        if scaled_out(cfg):
             # group mode: the tasks' checkpoints send the joined samples (group_run)
             self.cluster = Cluster(cfg, self.engine if self.group is None
                                    else self.group.live, self.dead_letters.send)

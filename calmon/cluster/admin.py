@@ -37,8 +37,11 @@ REQUEST = b"CMR1"  # a rollback request on the joined topic (not a batch: its ow
 
 
 def scaled_out(cfg: Config) -> bool:
+    """Whether a model's recalibration has one owner among instances (§7, and §8's
+    group mode), its versions on the calibrators topic."""
     inst = cfg.kafka.static
-    return (inst is not None and inst.count > 1 and cfg.recalibration.enabled
+    return ((cfg.kafka.group or (inst is not None and inst.count > 1))
+            and cfg.recalibration.enabled
             and cfg.kafka.joined_topic is not None and cfg.kafka.calibrators_topic is not None)
 
 

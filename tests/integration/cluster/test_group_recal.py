@@ -8,6 +8,7 @@ the others)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,14 @@ from calmon import config as config_mod
 from calmon.io import changelog
 from calmon.io.changelog import Changelog, ChangelogError
 from tests.conftest import FAST_CLIENT
-from tests.daemon_helpers import CalmonDaemon, Producer, dumps, wait_until, write_config
+from tests.daemon_helpers import (
+    CalmonDaemon,
+    Producer,
+    dumps,
+    run_calmon,
+    wait_until,
+    write_config,
+)
 from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, WINDOWS, documents, owner_view
 from tests.integration.cluster.group import dump, owned
 from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream
@@ -151,6 +159,21 @@ def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
         # what the survivors' checkpoints committed, with the victim's, is what the owner
         # took: at least the survivors' share went through them
         assert all(committed_samples(d) > 0 for d in live)
+
+        # list and rollback act on the topic's history from a member that is not the
+        # owner: the owner republishes, once
+        other = next(d for d, n in zip(live, owners, strict=True) if not n)
+        listed = run_calmon("calibrators", "list", "--json", "-c", str(other.config))
+        assert listed.returncode == 0, listed.stderr
+        rows = {(e["model"], e["segment"]): e for e in json.loads(listed.stdout)}
+        assert rows[("ctr", "__all__")]["versions"] == [1]
+        rolled = run_calmon("calibrators", "rollback", "--model", "ctr", "--to", "1",
+                            "-c", str(other.config))
+        assert rolled.returncode == 0, rolled.stderr
+        assert "republished as v2 by its owner" in rolled.stdout
+        docs = documents(kafka_bootstrap, cal_topic)
+        assert [(d["version"], d.get("rollback_of")) for d in docs] == [(1, None), (2, 1)]
+        assert docs[1].get("request_id"), docs[1]  # the owner's, asked through the topic
     finally:
         for d in daemons:
             d.stop()

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from calmon import config as config_mod
+from calmon.cluster import admin
 from calmon.cluster.batch import decode
 from calmon.cluster.group_sender import GroupSender
 from calmon.cluster.owner import Owner
@@ -95,8 +96,9 @@ def test_batches_cover_what_the_committed_checkpoints_did_not(tmp_path: Path) ->
 
 
 def test_group_mode_runs_the_owner_and_sends_from_the_tasks(tmp_path: Path) -> None:
-    d = Daemon(config(tmp_path), registry=new_registry(), source=ListSource({}),
-               install_signals=False)
+    cfg = config(tmp_path)
+    assert admin.scaled_out(cfg)  # calibrators list/rollback read and ask the topic
+    d = Daemon(cfg, registry=new_registry(), source=ListSource({}), install_signals=False)
     assert d.group is not None and d.recal is None
     assert d.cluster is not None and d.group.tasks.joined is not None
     assert d.cluster.engine is d.group.live  # live calibrators reach every task
