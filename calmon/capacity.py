@@ -133,7 +133,7 @@ def worst_case(cfg: Config) -> WorstCase:
              "joined ids": mem_remembered, "buffers": mem_buffers,
              "estimates": maps + pending_hist, "base": BASE}
     inst = cfg.kafka.static
-    if rc.enabled and inst is not None and inst.count > 1:
+    if rc.enabled and (cfg.kafka.group or (inst is not None and inst.count > 1)):
         # scaled out, an instance may own every model's recalibration (the others
         # down): the owner's buffers of all of them, beside its own engine's
         parts["owner_buffers"] = mem_buffers
