@@ -11,8 +11,12 @@ task's partition, ``from`` the positions of the task's last committed checkpoint
 commit that failed leaves the marks where they were, so the next attempt's batches
 cover what the refused one did.
 
-The extras are sent after the group's offsets are in the transaction (the broker checks
-the member's generation there), so a member the group has moved on from writes none.
+The records are sent after the group's offsets are in the transaction, where Apache
+Kafka checks the member's generation: a member the group has moved on from does not
+even write them as aborted records. Tansu serves aborted records and checks no
+generation there, so on it a member killed between sending them and the end of its
+transaction (milliseconds a checkpoint), or a zombie, can have its batches counted
+beside its successor's.
 """
 
 from __future__ import annotations

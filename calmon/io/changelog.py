@@ -188,8 +188,8 @@ class Changelog:
             meta = {TopicPartition(self.cfg.predictions_topic, part):
                     OffsetAndMetadata(off, ckpt, -1) for part, off in offsets.items()}
             p.send_offsets_to_transaction(meta, group_metadata)
-            # after the offsets, where the broker checks the member's generation: a
-            # zombie writes none of them (Tansu serves aborted records)
+            # after the offsets, where Apache Kafka checks the member's generation: a
+            # zombie's are not even written as aborted records (which Tansu serves)
             for topic, key, value, headers in extra:
                 p.send(topic, key=key, value=value, headers=headers)
             p.commit_transaction()
