@@ -11,18 +11,22 @@ that takes over is a real ``calmon run``."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer
 
 from calmon.config import from_dict
 from calmon.group_run import GroupRun
+from calmon.io import changelog
+from calmon.io.changelog import Changelog, ChangelogError
 from calmon.io.totals import ProcessTotals
 from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
 from tests.fakes import DeadLetterLog
+from tests.integration.cluster.fleet import GROUP_CLIENT
 from tests.integration.cluster.group import member, owned
 
 pytestmark = pytest.mark.integration
@@ -116,3 +120,44 @@ def test_a_member_out_of_the_group_commits_nothing(
     finally:
         zombie.close()
         other.stop()
+
+
+def test_the_broker_refuses_a_checkpoint_of_a_former_member(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], broker) -> None:
+    """The broker's side of the fencing (KIP-447): a checkpoint transaction carrying the
+    generation of a member the group has dropped is refused, and nothing of it is
+    committed."""
+    if not broker.fences_stale_members:
+        pytest.skip(f"{broker.kind} does not check the group generation of a "
+                    "transactional offset commit (TxnOffsetCommit of a dropped member "
+                    "answers no error): only calmon's own refusal fences there")
+    topic, labels = kafka_topics(count=2, partitions=1)
+    group = f"calmon-stale-{uuid.uuid4().hex[:8]}"
+    cfg = from_dict({"kafka": {"bootstrap_servers": kafka_bootstrap, "group_id": group,
+                               "predictions_topic": topic, "labels_topic": labels,
+                               "instance": "group", "client": GROUP_CLIENT},
+                     "recalibration": {"enabled": False}}, env={})
+    changelog.ensure_topic(cfg.kafka, 1)
+    members = []
+    log = Changelog(cfg.kafka)
+    try:
+        for _ in range(2):
+            c = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group,
+                              enable_auto_commit=False, **GROUP_CLIENT)
+            c.subscribe([topic])
+            members.append(c)
+        first, second = members
+        wait_until(lambda: (first.poll(200) is not None and first.assignment()) or None, 60,
+                   "the first member assigned")
+        stale = first.group_metadata()
+        log.commit({0: {"n": 1}}, {0: 1}, stale)  # a member's checkpoint: committed
+        # the first stops polling: the group drops it and gives the partition to the second
+        wait_until(lambda: (second.poll(200) is not None and second.assignment()) or None, 90,
+                   "the second member assigned")
+        with pytest.raises(ChangelogError):
+            log.commit({0: {"n": 2}}, {0: 2}, stale)
+        assert _committed(kafka_bootstrap, group, topic) == {0: 1}
+    finally:
+        log.close()
+        for c in members:
+            c.close()
