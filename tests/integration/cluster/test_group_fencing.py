@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kafka import KafkaAdminClient, KafkaConsumer
+from kafka import KafkaConsumer
 
 from calmon.config import from_dict
 from calmon.group_run import GroupRun
@@ -27,20 +27,11 @@ from calmon.io.totals import ProcessTotals
 from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
 from tests.fakes import DeadLetterLog
 from tests.integration.cluster.fleet import GROUP_CLIENT
-from tests.integration.cluster.group import member, owned
+from tests.integration.cluster.group import committed, member, owned
 
 pytestmark = pytest.mark.integration
 
 N = 400
-
-
-def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        got = admin.list_group_offsets({group: None})[group]
-    finally:
-        admin.close()
-    return {tp.partition: int(om.offset) for tp, om in got.items() if tp.topic == topic}
 
 
 def test_a_member_out_of_the_group_commits_nothing(
@@ -82,7 +73,7 @@ def test_a_member_out_of_the_group_commits_nothing(
             lambda: joined() + other.status()["counters"]["joined"] == half), 60,
             "the first half joined")
         assert zombie.checkpoint() is not None  # a member of the group commits
-        mine = _committed(kafka_bootstrap, group, preds_topic)[p]
+        mine = committed(kafka_bootstrap, group, preds_topic)[p]
         with Producer(kafka_bootstrap) as producer:
             producer.send(records(preds[half:], preds_topic))
         # read, not checkpointed: what a paused member holds past its last checkpoint
@@ -97,7 +88,7 @@ def test_a_member_out_of_the_group_commits_nothing(
         ends = wait_until(lambda: (e := {t["partition"]: t["positions"].get(preds_topic)
                                          for t in other.status()["group"]["tasks"]})
                           and all(e.values()) and e
-                          and _committed(kafka_bootstrap, group, preds_topic) == e and e,
+                          and committed(kafka_bootstrap, group, preds_topic) == e and e,
                           60, "the other member's checkpoint committed")
         assert ends[p] > mine, (ends, mine)
         # the paused member's consumer leaves the group past max_poll_interval_ms
@@ -106,7 +97,7 @@ def test_a_member_out_of_the_group_commits_nothing(
         assert list(zombie.tasks.tasks) == [p]  # the loop has not heard of it yet
         assert zombie.checkpoint() is None  # refused
         assert zombie.status()["checkpoints_refused"] == 1
-        assert _committed(kafka_bootstrap, group, preds_topic) == ends  # nothing stale
+        assert committed(kafka_bootstrap, group, preds_topic) == ends  # nothing stale
         # it rejoins: its task is dropped, what it gets is restored from the other's
         # checkpoints, and every pair joins once over the two members
         with Producer(kafka_bootstrap) as producer:
@@ -156,7 +147,7 @@ def test_the_broker_refuses_a_checkpoint_of_a_former_member(
                    "the second member assigned")
         with pytest.raises(ChangelogError):
             log.commit({0: {"n": 2}}, {0: 2}, stale)
-        assert _committed(kafka_bootstrap, group, topic) == {0: 1}
+        assert committed(kafka_bootstrap, group, topic) == {0: 1}
     finally:
         log.close()
         for c in members:
