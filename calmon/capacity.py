@@ -151,8 +151,14 @@ def worst_case(cfg: Config, tasks: int = 1) -> WorstCase:
     arrays = (n * (ckpt_series + maps + pending_hist + mem_buffers)
               + parts.get("owner_buffers", 0))
     parts["checkpoint write"] = arrays  # the snapshot's copy of the arrays
+    exported = series
+    if cfg.kafka.group:
+        # the tasks fold segments each on its own: an instance exports their union, and
+        # a refresh sums every window of it into one vector each (engine/summed)
+        exported = min(models * per_model, n * series)
+        parts["summed windows"] = exported * windows * cell
     return WorstCase(per_model, models, series, sum(parts.values()),
-                     arrays + n * ckpt_join, parts, exported_series(cfg, series))
+                     arrays + n * ckpt_join, parts, exported_series(cfg, exported))
 
 
 def cgroup_limit(files: tuple[str, ...] = CGROUP_FILES) -> int | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from calmon.capacity import cgroup_limit, series_per_model, worst_case
+from calmon.capacity import cgroup_limit, exported_series, series_per_model, worst_case
 from calmon.config import from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +102,8 @@ JOIN = 1000 * (240 + 100 + 32 + 16) + 1000 * (190 + 50 + 16) + 1000 * (180 + 80 
 # copied into the snapshot
 ESTIMATES = 512 + 40 * 100 + 1000 * 32
 PER_TASK = SERIES + JOIN + ESTIMATES + SERIES_SNAP + ESTIMATES
+# a refresh sums the tasks' window vectors of the one series into one: 8 x (3B + 3F + 3)
+SUMMED = 8 * 333
 
 
 def test_group_mode_counts_an_engine_per_owned_partition() -> None:
@@ -109,15 +111,28 @@ def test_group_mode_counts_an_engine_per_owned_partition() -> None:
     12 partitions holds 12 engines' worst case, and a checkpoint the snapshot of each."""
     assert PER_TASK == 1_161_792
     cfg = from_dict(SMALL_GROUP)
-    assert worst_case(cfg).memory == BASE + PER_TASK
-    assert worst_case(cfg, 12).memory == BASE + 12 * PER_TASK
+    assert worst_case(cfg).memory == BASE + SUMMED + PER_TASK
+    assert worst_case(cfg, 12).memory == BASE + SUMMED + 12 * PER_TASK
     static = from_dict({**SMALL_GROUP, "kafka": {}})
     assert worst_case(static, 12).memory == worst_case(static).memory == BASE + PER_TASK
 
 
+def test_group_mode_exports_the_union_of_its_tasks_series() -> None:
+    """Each task folds segments past limits.max_series on its own, so an instance's
+    tasks may hold different ones: it exports (and sums) their union, up to every
+    series the models and slices allow (3 models x (1 + 4 + 4) here)."""
+    small = {"limits": {"max_models": 3, "max_series": 4}, "recalibration": {"enabled": False},
+             "segments": {"slices": [["country"], ["device"]], "max_values": 3}}
+    group = from_dict({**small, "kafka": {"instance": "group"}})
+    assert worst_case(group).series == 4 + 3 * 2  # per task, as one instance
+    assert worst_case(group).exported == worst_case(from_dict(small)).exported
+    assert worst_case(group, 2).exported == exported_series(group, 2 * 10)
+    assert worst_case(group, 5).exported == exported_series(group, 27)  # every one
+
+
 def test_check_config_in_group_mode_says_how_many_tasks_fit_the_budget(
         tmp_path: Path) -> None:
-    budget = BASE + 5 * PER_TASK + 1000  # the base and five tasks, not six
+    budget = BASE + SUMMED + 5 * PER_TASK + 1000  # the base and five tasks, not six
     out = _check(tmp_path, yaml.safe_dump({**SMALL_GROUP, "limits": {
         **SMALL_GROUP["limits"], "memory": budget}}))  # type: ignore[dict-item]
     assert out.returncode == 0, out.stderr
