@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calmon.config import Config
+from calmon.engine.delta import Delta
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind
 from calmon.io.changelog import Changelog, ChangelogError
@@ -213,7 +214,7 @@ class Tasks:
             self._count(p, r.source, engine.last_delta)
         return out
 
-    def _count(self, p: int, source: str, delta: Any) -> None:
+    def _count(self, p: int, source: str, delta: Delta) -> None:
         """A careful task's record into the process totals, unless it was counted before
         its task was rolled back (``_counted``): a ``_total`` counter counts a record once."""
         topic, _, offset = source.rsplit("/", 2)
