@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from kafka import KafkaAdminClient
 
 from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
 from tests.integration.cluster.group import (
@@ -106,7 +107,12 @@ def test_kill_9_moves_partitions_with_their_state(
                    60, "the last checkpoint committed",
                    detail=lambda: (committed(kafka_bootstrap, group, preds_topic), ends))
         assert sum(ends.values()) == N
-        if broker.describes_retention:
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        try:
+            assert f"{group}-state-changelog" in admin.list_topics()
+        finally:
+            admin.close()
+        if broker.describes_retention:  # (Tansu does not describe a topic's configs)
             assert cleanup_policy(kafka_bootstrap, f"{group}-state-changelog") == "compact"
     finally:
         for d in daemons:
