@@ -34,6 +34,7 @@ pytestmark = pytest.mark.integration
 N = 400
 
 
+@pytest.mark.slow
 def test_a_member_out_of_the_group_commits_nothing(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
     preds_topic, labels_topic = kafka_topics(count=2, partitions=2)
