@@ -90,7 +90,15 @@ def series_per_model(cfg: Config) -> int:
     return 1 + sum(int(values ** len(keys)) for keys in cfg.segments.slices)
 
 
-def worst_case(cfg: Config) -> WorstCase:
+# what one engine holds: in group mode one engine per owned partition (a task), each
+# bound by the limits on its own
+TASK_PARTS = ("series", "pending", "waiting labels", "joined ids", "buffers", "estimates")
+
+
+def worst_case(cfg: Config, tasks: int = 1) -> WorstCase:
+    """The worst case of an instance; in group mode (``kafka.instance: group``) of one
+    owning ``tasks`` partitions, each task's engine as full as the limits allow (and
+    every task's snapshot held at once by a checkpoint, written in one transaction)."""
     lim, m = cfg.limits, cfg.metrics
     per_model = series_per_model(cfg)
     models = lim.max_models
@@ -132,15 +140,25 @@ def worst_case(cfg: Config) -> WorstCase:
     parts = {"series": mem_series, "pending": mem_pending, "waiting labels": mem_labels,
              "joined ids": mem_remembered, "buffers": mem_buffers,
              "estimates": maps + pending_hist, "base": BASE}
+    n = tasks if cfg.kafka.group else 1
+    for key in TASK_PARTS:
+        parts[key] *= n
     inst = cfg.kafka.static
     if rc.enabled and (cfg.kafka.group or (inst is not None and inst.count > 1)):
         # scaled out, an instance may own every model's recalibration (the others
         # down): the owner's buffers of all of them, beside its own engine's
         parts["owner_buffers"] = mem_buffers
-    arrays = ckpt_series + maps + pending_hist + mem_buffers + parts.get("owner_buffers", 0)
+    arrays = (n * (ckpt_series + maps + pending_hist + mem_buffers)
+              + parts.get("owner_buffers", 0))
     parts["checkpoint write"] = arrays  # the snapshot's copy of the arrays
-    return WorstCase(per_model, models, series, sum(parts.values()), arrays + ckpt_join,
-                     parts, exported_series(cfg, series))
+    exported = series
+    if cfg.kafka.group:
+        # the tasks fold segments each on its own: an instance exports their union, and
+        # a refresh sums every window of it into one vector each (engine/summed)
+        exported = min(models * per_model, n * series)
+        parts["summed windows"] = exported * windows * cell
+    return WorstCase(per_model, models, series, sum(parts.values()),
+                     arrays + n * ckpt_join, parts, exported_series(cfg, exported))
 
 
 def cgroup_limit(files: tuple[str, ...] = CGROUP_FILES) -> int | None:
@@ -167,9 +185,11 @@ def human(n: float) -> str:
     return f"{math.ceil(n)} B"
 
 
-def report(cfg: Config, budget: int | None) -> tuple[list[str], str | None]:
+def report(cfg: Config, budget: int | None, partitions: int | None = None
+           ) -> tuple[list[str], str | None]:
     """Lines for check-config (YAML comments) and a warning when the worst case is
-    over ``budget``."""
+    over ``budget``. In group mode, ``partitions``: the predictions topic's partition
+    count when known (``--probe``), the most tasks an instance can own."""
     w = worst_case(cfg)
     lim = cfg.limits
     slices = " + ".join(f"{cfg.segments.max_values + 1}^{len(k)}" if len(k) > 1
@@ -186,10 +206,41 @@ def report(cfg: Config, budget: int | None) -> tuple[list[str], str | None]:
         f"#   exported series: {w.exported:,} (window families, series gauges and per-bin "
         f"counters as metrics.export keeps them)",
     ]
+    worst = w.memory
+    if cfg.kafka.group:
+        more, worst = _group_lines(cfg, budget, partitions)
+        lines[2] = lines[2].replace("#   series per instance:", "#   series per task:", 1)
+        lines[3] = lines[3].replace("#   memory:", "#   memory with one task:", 1)
+        lines += more
     warning = None
-    if budget is not None and w.memory > budget:
-        warning = (f"warning: the worst case of this config, {human(w.memory)}, exceeds the "
+    if budget is not None and worst > budget:
+        warning = (f"warning: the worst case of this config, {human(worst)}, exceeds the "
                    f"memory budget of {human(budget)}; lower limits.max_series, "
                    f"limits.max_models, limits.max_classes or join.max_pending, or raise "
                    f"the budget")
     return lines, warning
+
+
+def _group_lines(cfg: Config, budget: int | None, partitions: int | None
+                 ) -> tuple[list[str], int]:
+    """Group mode: the limits bind each task, so an instance's worst case grows with the
+    partitions it owns, up to all of them (the other members down); the lines, and the
+    worst case to hold against the budget (one task's while the count is unknown)."""
+    one = worst_case(cfg, 1)
+    per_task = worst_case(cfg, 2).memory - one.memory
+    topic = cfg.kafka.predictions_topic
+    lines = [f"#   group mode: the limits bind each task (one per owned partition of "
+             f"{topic}): {human(per_task)} a task more"]
+    worst = one.memory
+    if partitions:
+        worst = worst_case(cfg, partitions).memory
+        lines.append(f"#   an instance owning all {partitions} partitions (the other "
+                     f"members down): {human(worst)}")
+    else:
+        lines.append("#   an instance may own every partition (the other members down): "
+                     "--probe counts them")
+    if budget is not None:
+        fit = max(0, (budget - one.memory) // per_task + 1) if one.memory <= budget else 0
+        lines.append(f"#   tasks an instance can own within the budget of {human(budget)}: "
+                     f"{fit:,}")
+    return lines, worst

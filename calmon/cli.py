@@ -72,24 +72,25 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if rc.enabled and rc.min_samples > rc.buffer:  # a refit could never start
         print(f"warning: recalibration.min_samples ({rc.min_samples}) cannot fit in "
               f"recalibration.buffer ({rc.buffer}): no refit will ever run", file=sys.stderr)
-    _print_worst_case(cfg)
-    if getattr(args, "probe", False):
-        from calmon.io.probe import probe
+    if not getattr(args, "probe", False):
+        _print_worst_case(cfg)
+        return 0
+    from calmon.io.probe import probe
 
-        report = probe(cfg, timeout_s=args.probe_timeout)
-        # as YAML comments after the config, so stdout stays one valid YAML document
-        sys.stdout.write("# probe:\n" + "".join(f"# {line}\n" for line in report.lines))
-        return 1 if report.failed else 0
-    return 0
+    report = probe(cfg, timeout_s=args.probe_timeout)
+    _print_worst_case(cfg, report.partitions)  # group mode: an instance may own them all
+    # as YAML comments after the config, so stdout stays one valid YAML document
+    sys.stdout.write("# probe:\n" + "".join(f"# {line}\n" for line in report.lines))
+    return 1 if report.failed else 0
 
 
-def _print_worst_case(cfg: config_mod.Config) -> None:
+def _print_worst_case(cfg: config_mod.Config, partitions: int | None = None) -> None:
     """The worst case as YAML comments (stdout stays the effective config); a warning
     on stderr when it is over limits.memory, else the cgroup's limit."""
     from calmon import capacity
 
     budget = cfg.limits.memory if cfg.limits.memory is not None else capacity.cgroup_limit()
-    lines, warning = capacity.report(cfg, budget)
+    lines, warning = capacity.report(cfg, budget, partitions)
     sys.stdout.write("\n".join(lines) + "\n")
     if warning is not None:
         where = "limits.memory" if cfg.limits.memory is not None else "the cgroup memory limit"

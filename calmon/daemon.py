@@ -155,7 +155,9 @@ class Daemon:
         self._stop = threading.Event()
         self._signals = 0
         self._install_signals = install_signals
-        self.totals.follow = dropped_models(self.engine)  # a dropped model's counters go
+        # a dropped model's counters go (group mode: a model no task holds)
+        self.totals.follow = (dropped_models(self.engine) if self.group is None
+                              else self.group.tasks.dropped_models)
         self.stall_after_s = LOOP_STALL_S
         self._beat = time.monotonic()  # the loop's last progress (monotonic, for /healthz)
         self._beat_wall: float | None = None  # the same in Unix time, for the metric

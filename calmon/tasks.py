@@ -18,6 +18,7 @@ from typing import Any
 
 from calmon.cluster.group_sender import GroupSender
 from calmon.config import Config
+from calmon.engine.delta import Delta
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind
 from calmon.io.changelog import Changelog, ChangelogError
@@ -83,9 +84,23 @@ class Tasks:
         self.poison: set[str] = set()  # sources of records the engine raises on
         # scaled-out recalibration: each task's joined samples, in its checkpoint
         self.joined: GroupSender | None = None
+        # a rolled-back task's records already in the process totals: topic -> the next
+        # offset not yet counted (its records are read again, one at a time)
+        self._counted: dict[int, dict[str, int]] = {}
 
     def engines(self) -> list[Engine]:
         return [t.engine for t in self.tasks.values()]
+
+    def dropped_models(self, known: set[str]) -> set[str]:
+        """``ProcessTotals.follow`` in group mode: of ``known``, the models no task holds
+        (none while a task waits for its restore: its models are not known yet)."""
+        if self.source is not None and self.source.unrestored:
+            return set()
+        held: set[str] = set()
+        for engine in self.engines():
+            with engine.lock:
+                held.update(m for m in engine.models if m)
+        return known - held
 
     # ------------------------------------------------------------ hooks
 
@@ -193,7 +208,7 @@ class Tasks:
         for r in records:
             if r.source in self.poison:
                 out.append(engine.reject(r, "internal"))
-                self.totals.add(engine.last_delta)
+                self._count(p, r.source, engine.last_delta)
                 continue
             try:
                 out.extend(engine.feed([r], not_after))
@@ -203,14 +218,30 @@ class Tasks:
                 self.poison.add(r.source)
                 self._roll_back(p)
                 return None
-            self.totals.add(engine.last_delta)
+            self._count(p, r.source, engine.last_delta)
         return out
+
+    def _count(self, p: int, source: str, delta: Delta) -> None:
+        """A careful task's record into the process totals, unless it was counted before
+        its task was rolled back (``_counted``): a ``_total`` counter counts a record once."""
+        topic, _, offset = source.rsplit("/", 2)
+        at = int(offset)
+        counted = self._counted.setdefault(p, {})
+        if at < counted.get(topic, 0):
+            return
+        self.totals.add(delta)
+        counted[topic] = at + 1
 
     def _roll_back(self, p: int) -> None:
         """Task ``p`` from its committed checkpoint again, its consumers moved back to
-        the checkpoint's positions, and read one record at a time from now on."""
+        the checkpoint's positions, and read one record at a time from now on; what it
+        fed since that checkpoint stays in the process totals and is not counted again."""
         assert self.source is not None
         self.careful.add(p)
+        task = self.tasks.get(p)
+        counted = self._counted.setdefault(p, {})
+        for topic, at in (task.positions.items() if task is not None else ()):
+            counted[topic] = max(counted.get(topic, 0), at)  # fed since its checkpoint
         self.lost([p])
         self.source.reload(p)
 

@@ -29,6 +29,7 @@ from kafka.errors import KafkaError
 
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
+from calmon.io.changelog import ChangelogError
 from calmon.io.source import Batch, Chunk, CoPartitionError, KafkaSourceError, to_batch
 from calmon.io.topics import client_settings, copartition_problem, fetch_bytes
 
@@ -268,8 +269,17 @@ class GroupSource:
                  [r.key for r in recs]) for tp, recs in polled.items() if recs]
 
     def group_metadata(self) -> Any:
+        """The member's group generation for the checkpoint's transaction; ChangelogError
+        once the consumer has left the group (a paused member's heartbeat thread leaves
+        past max_poll_interval_ms before the loop hears of it): a commit without a
+        generation (-1, no member id) is not checked by the broker (KIP-447 keeps it for
+        producers of no group), so it would write a zombie's state over the new owner's."""
         assert self.preds is not None
-        return self.preds.group_metadata()
+        meta = self.preds.group_metadata()
+        if meta.generation_id < 0 or not meta.member_id:
+            raise ChangelogError("this member is not in the group (no generation): its "
+                                 "partitions may be another member's")
+        return meta
 
     def position(self, topic: str, partition: int) -> int | None:
         """The next offset the consumer of ``topic`` reads on ``partition``."""

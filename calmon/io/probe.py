@@ -56,6 +56,7 @@ class TopicReport:
 class ProbeReport:
     lines: list[str] = field(default_factory=list)
     failed: bool = False
+    partitions: int | None = None  # of the predictions topic, once known
 
     def fail(self, line: str) -> None:
         self.failed = True
@@ -114,6 +115,8 @@ def probe(cfg: Config, *, sample: int = SAMPLE, timeout_s: float = 15.0,
                 continue
             parts = consumer.partitions_for_topic(topic)
             tr.partitions = len(parts or ())
+            if role == "predictions":
+                rep.partitions = tr.partitions
             rep.ok(f"{role} topic {topic!r}: {tr.partitions} partitions")
         _co_partitioning(cfg, reports, rep)
         _starts(cfg, consumer, TopicPartition, [reports["predictions"], reports["labels"]], rep)

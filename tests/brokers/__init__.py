@@ -46,6 +46,9 @@ class Capabilities:
     - ``accepts_corrupt_batches``: a produced batch that does not decode (bad CRC,
       garbage or a bomb under gzip) is stored as sent (Tansu); Apache Kafka
       validates each batch and refuses it, so no consumer ever fetches one.
+    - ``fences_stale_members``: a transactional offset commit (TxnOffsetCommit) with
+      the group metadata of a member the group no longer has is refused (KIP-447;
+      Tansu answers it with no error).
     """
 
     serves_aborted: bool
@@ -55,17 +58,18 @@ class Capabilities:
     describes_retention: bool
     fetch_past_end_is_out_of_range: bool
     accepts_corrupt_batches: bool
+    fences_stale_members: bool
 
 
 CAPABILITIES = {
     "tansu": Capabilities(serves_aborted=True, can_add_partitions=False,
                           exact_end_offsets=False, keeps_data_on_restart=False,
                           describes_retention=False, fetch_past_end_is_out_of_range=False,
-                          accepts_corrupt_batches=True),
+                          accepts_corrupt_batches=True, fences_stale_members=False),
     "kafka": Capabilities(serves_aborted=False, can_add_partitions=True,
                           exact_end_offsets=True, keeps_data_on_restart=True,
                           describes_retention=True, fetch_past_end_is_out_of_range=True,
-                          accepts_corrupt_batches=False),
+                          accepts_corrupt_batches=False, fences_stale_members=True),
 }
 
 
@@ -114,6 +118,10 @@ class Broker:
     @property
     def accepts_corrupt_batches(self) -> bool:
         return self.caps.accepts_corrupt_batches
+
+    @property
+    def fences_stale_members(self) -> bool:
+        return self.caps.fences_stale_members
 
     # ------------------------------------------------ a private broker's lifecycle
 

@@ -9,21 +9,31 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from kafka import KafkaAdminClient
+
 from calmon.config import from_dict
 from calmon.io.topic_checks import describe
+from tests import oracle
 from tests.daemon_helpers import CalmonDaemon, http_get, scrape, series, write_config
 from tests.integration.cluster.fleet import GROUP_CLIENT
 
 WINDOWS = {"windows": ["1h", "24h"]}
 
 
+# the plug-in means exported for every series too: times the series' samples they are
+# the window's sums, which add up over members as the counts do
+SUMMED = ("mean_confidence", "accuracy", "brier", "nll", "observed_rate")
+EXPORT_SUMS = {**WINDOWS, "export": {"segment_families": ["window_samples", *SUMMED]}}
+
+
 def member(tmp_path: Path, bootstrap: str, preds: str, labels: str, group: str,
-           name: str) -> CalmonDaemon:
+           name: str, metrics: dict[str, Any] | None = None) -> CalmonDaemon:
     """A member of ``group`` (not started), with a state dir and config of its own."""
     return CalmonDaemon(write_config(
         tmp_path / f"{name}.yaml", bootstrap, preds, labels,
         kafka={"group_id": group, "instance": "group", "client": GROUP_CLIENT},
-        metrics=WINDOWS, state={"checkpoint_interval": "1s"}),
+        metrics=metrics or WINDOWS, state={"checkpoint_interval": "1s"}),
         log=tmp_path / f"{name}.log")
 
 
@@ -39,6 +49,49 @@ def expected_counts(preds: list[dict[str, Any]]) -> Counter[tuple[str, str]]:
     return out
 
 
+def expected_sums(preds: list[dict[str, Any]], labels: list[dict[str, Any]]
+                  ) -> dict[tuple[str, str], dict[str, float]]:
+    """What ``summed_sums`` reads when every prediction has joined its label, computed
+    from the records by the oracle's per-sample terms (``tests/oracle``)."""
+    y = {lab["id"]: int(lab["label"]) for lab in labels}
+    terms: dict[tuple[str, str], list[oracle.PerSample]] = {}
+    for p in preds:
+        one = np.array([y[p["id"]]])
+        if "prob" in p:
+            t = oracle.binary_terms(np.array([p["prob"]]), one)
+        elif "logit" in p:
+            t = oracle.binary_from_logits(np.array([p["logit"]]), one)
+        elif "probs" in p:
+            t = oracle.multiclass_terms(np.array([p["probs"]]), one)
+        else:
+            t = oracle.multiclass_from_logits(np.array([p["logits"]]), one)
+        for segment in ["__all__", *(f"{k}={v}" for k, v in p["segment"].items())]:
+            terms.setdefault((p["model"], segment), []).append(t)
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for key, parts in terms.items():
+        s = oracle.concat(parts)
+        out[key] = {"mean_confidence": float(s.conf.sum()), "accuracy": float(s.acc.sum()),
+                    "brier": float(s.brier.sum()), "nll": float(s.nll.sum())}
+        if s.binary:
+            out[key]["observed_rate"] = float(s.correct.sum())
+    return out
+
+
+def assert_sums(got: dict[tuple[str, str], dict[str, float]],
+                want: dict[tuple[str, str], dict[str, float]],
+                counts: Counter[tuple[str, str]]) -> None:
+    """Equal to 1e-9 relative, beyond the fixed point the window sums are kept in
+    (2**-32 a confidence or Brier term, 2**-30 an NLL term, ``calmon.engine.windows``;
+    ``counts``: the samples of each series, each term rounded once)."""
+    assert got.keys() == want.keys(), (got.keys() - want.keys(), want.keys() - got.keys())
+    for key, sums in want.items():
+        assert got[key].keys() == sums.keys(), (key, got[key])
+        for name, v in sums.items():
+            quantum = (2.0**-30 if name == "nll" else 2.0**-32) * counts[key]
+            assert abs(got[key][name] - v) <= 1e-9 * abs(v) + quantum, (key, name,
+                                                                     got[key][name], v)
+
+
 def summed_samples(daemons: list[CalmonDaemon], window: str = "24h"
                    ) -> Counter[tuple[str, str]]:
     """calmon_window_samples{window} summed over the running members."""
@@ -51,6 +104,35 @@ def summed_samples(daemons: list[CalmonDaemon], window: str = "24h"
             if w == window and v:
                 out[(model, segment)] += int(v)
     return out
+
+
+def summed_sums(daemons: list[CalmonDaemon], window: str = "24h"
+                ) -> dict[tuple[str, str], dict[str, float]]:
+    """(model, segment) -> each of ``SUMMED`` times the series' samples (the window's
+    sum of confidences, hits, Brier and NLL terms), summed over the running members."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for d in daemons:
+        if not d.running:
+            continue
+        text = scrape(d.port)
+        n = series(text, "calmon_window_samples", "model", "segment", "window")
+        for name in SUMMED:
+            for (model, segment, w), v in series(text, f"calmon_{name}", "model", "segment",
+                                                 "window").items():
+                if w == window and n.get((model, segment, w)):
+                    sums = out.setdefault((model, segment), {})
+                    sums[name] = sums.get(name, 0.0) + v * n[(model, segment, w)]
+    return out
+
+
+def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offsets of ``topic`` (partition -> offset)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        got = admin.list_group_offsets({group: None})[group]
+    finally:
+        admin.close()
+    return {tp.partition: int(om.offset) for tp, om in got.items() if tp.topic == topic}
 
 
 def owned(d: CalmonDaemon) -> list[int]:

@@ -66,3 +66,51 @@ def test_an_engine_bug_costs_one_record_in_group_mode(
     assert [(v, reason) for v, reason, _ in sent] == [(boom, "internal")]
     assert sent[0][2].startswith(f"{preds_topic}/0/")
     assert d.group is not None and 0 in d.group.tasks.careful
+
+
+def test_a_roll_back_counts_no_record_twice_in_the_process_totals(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records a task fed since its checkpoint (none here: no checkpoint is due) are
+    read again after the roll-back; the ``_total`` counters (contract §5) count each
+    record once, as the task's own counters do."""
+    preds_topic, labels_topic = kafka_topics(count=2, partitions=2)
+    path = write_config(tmp_path / "m.yaml", kafka_bootstrap, preds_topic, labels_topic,
+                        kafka={"instance": "group", "client": GROUP_CLIENT},
+                        state={"checkpoint_interval": "1h"})
+    d = Daemon(from_dict(yaml.safe_load(path.read_text())), registry=new_registry(),
+               install_signals=False)
+    d.dead_letters = d.group.dead_letters = DeadLetterLog()  # type: ignore[union-attr,assignment]
+    real_parse = fastparse.BatchParser.parse
+
+    def buggy(self: fastparse.BatchParser, raws: RawBatch):  # a bug only "boom" reaches
+        if any(v is not None and b'"boom"' in v for v in raws.values):
+            raise RuntimeError("a bug")
+        return real_parse(self, raws)
+
+    monkeypatch.setattr(fastparse.BatchParser, "parse", buggy)
+    records = [(preds_topic, f"id{i}".encode(), pred_bytes(f"id{i}", T0 + i, "m", prob=0.3), i % 2)
+               for i in range(N)]
+    records += [(labels_topic, f"id{i}".encode(), label_bytes(f"id{i}", i % 2, T0 + i + 1), i % 2)
+                for i in range(N)]
+
+    def counters(name: str) -> int:
+        assert d.group is not None
+        return sum(e.status()["counters"][name] for e in d.group.tasks.engines())
+
+    with Running(d) as run:
+        run.wait(lambda: d.group is not None and len(d.group.tasks.tasks) == 2, "2 tasks")
+        with Producer(kafka_bootstrap) as producer:
+            producer.send(records)
+        run.wait(lambda: sum(d.totals.copy().joined.values()) == N, "every pair joined")
+        with Producer(kafka_bootstrap) as producer:
+            producer.send([(preds_topic, b"boom", pred_bytes("boom", T0 + 5, "m", prob=0.5), 0)])
+        run.wait(lambda: counters("invalid") == 1 and counters("joined") == N,
+                 "partition 0 read again, the culprit invalid")
+        totals = d.totals.copy()
+    assert d.group is not None and 0 in d.group.tasks.careful
+    # N predictions, N labels, N pairs: half of them on the partition read twice
+    assert (sum(totals.predictions.values()), sum(totals.labels.values()),
+            sum(totals.joined.values())) == (N, N, N)
+    assert dict(totals.invalid) == {("predictions", "internal"): 1}
+    assert int(totals.bins[("m", "__all__")][0].sum()) == N  # calmon_bin_samples_total

@@ -11,15 +11,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from kafka import KafkaAdminClient
 
 from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
 from tests.integration.cluster.group import (
+    EXPORT_SUMS,
+    assert_sums,
     cleanup_policy,
+    committed,
     dump,
     expected_counts,
+    expected_sums,
     member,
     owned,
     summed_samples,
+    summed_sums,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,8 +46,8 @@ def test_kill_9_moves_partitions_with_their_state(
     first = ([(preds_topic, str(p["id"]).encode(), dumps(p)) for p in preds]
              + [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in labels[:half]])
     late = [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in labels[half:]]
-    daemons = [member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, f"m{i}")
-               for i in range(4)]
+    daemons = [member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, f"m{i}",
+                      metrics=EXPORT_SUMS) for i in range(4)]
     live = daemons[:3]
     try:
         for d in live:
@@ -50,6 +56,7 @@ def test_kill_9_moves_partitions_with_their_state(
             d.wait_ready(timeout=90)
         wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
                    or None, 120, "the 6 partitions split over 3 members")
+        assert committed(kafka_bootstrap, group, preds_topic) == {}  # nothing read yet
         with Producer(kafka_bootstrap) as producer:
             producer.send(first)
         pending = expected_counts(preds[:half])
@@ -89,7 +96,23 @@ def test_kill_9_moves_partitions_with_their_state(
         assert got == want
         # /status counts what the tasks hold: every pair joined once over the members
         assert sum(d.status()["counters"]["joined"] for d in live) == N
-        if broker.describes_retention:
+        # not only the counts: the window's sums (confidence, hits, Brier, NLL terms) of
+        # every series are those of the stream, as one instance holds them
+        assert_sums(summed_sums(live), expected_sums(preds, labels), want)
+        # the group's committed offsets advanced to every prediction: to each task's
+        # position, N in all (the input topics are not transactional: offsets are dense)
+        ends = {t["partition"]: t["positions"][preds_topic]
+                for d in live for t in d.status()["group"]["tasks"]}
+        wait_until(lambda: committed(kafka_bootstrap, group, preds_topic) == ends or None,
+                   60, "the last checkpoint committed",
+                   detail=lambda: (committed(kafka_bootstrap, group, preds_topic), ends))
+        assert sum(ends.values()) == N
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        try:
+            assert f"{group}-state-changelog" in admin.list_topics()
+        finally:
+            admin.close()
+        if broker.describes_retention:  # (Tansu does not describe a topic's configs)
             assert cleanup_policy(kafka_bootstrap, f"{group}-state-changelog") == "compact"
     finally:
         for d in daemons:

@@ -13,10 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaAdminClient
 
 from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
-from tests.integration.cluster.group import dump, expected_counts, member, owned, summed_samples
+from tests.integration.cluster.group import (
+    committed,
+    dump,
+    expected_counts,
+    member,
+    owned,
+    summed_samples,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -78,15 +84,6 @@ def test_rescale_2_3_1_keeps_every_window(
             d.stop()
 
 
-def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        got = admin.list_group_offsets({group: None})[group]
-    finally:
-        admin.close()
-    return {tp.partition: int(om.offset) for tp, om in got.items() if tp.topic == topic}
-
-
 def test_a_paused_member_writes_nothing_stale(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
     preds_topic, labels_topic = kafka_topics(count=2, partitions=PARTITIONS)
@@ -116,7 +113,7 @@ def test_a_paused_member_writes_nothing_stale(
                        "every sample on the other member")
             ends = {t["partition"]: t["positions"][preds_topic]
                     for t in other.status()["group"]["tasks"]}
-            wait_until(lambda: _committed(kafka_bootstrap, group, preds_topic) == ends or None,
+            wait_until(lambda: committed(kafka_bootstrap, group, preds_topic) == ends or None,
                        60, "the other member's checkpoint committed")
         finally:
             os.kill(zombie.pid, signal.SIGCONT)
@@ -124,8 +121,8 @@ def test_a_paused_member_writes_nothing_stale(
         # the newer offsets, and the counts stay exact whoever owns what
         wait_until(lambda: _all_owned(both)() and all(owned(d) for d in both), 120,
                    "the resumed member back in the group", detail=lambda: dump(both))
-        committed = _committed(kafka_bootstrap, group, preds_topic)
-        assert all(committed[p] >= ends[p] for p in ends), (committed, ends)
+        now = committed(kafka_bootstrap, group, preds_topic)
+        assert all(now[p] >= ends[p] for p in ends), (now, ends)
         wait_until(lambda: summed_samples(both) == want or None, 120, "exact after the rejoin",
                    detail=lambda: (dump(both), want - summed_samples(both),
                                    summed_samples(both) - want))
