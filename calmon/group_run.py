@@ -22,7 +22,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 
 from calmon.config import Config
-from calmon.engine.summed import SummedRefresher
+from calmon.engine.snapshot import Refresher
+from calmon.engine.summed import SummedEngine
 from calmon.errors import ConfigError
 from calmon.io import changelog
 from calmon.io.changelog import Changelog
@@ -52,7 +53,7 @@ class GroupRun:
         self.tasks = Tasks(cfg, self.changelog, totals)
         self.source = GroupSource(cfg.kafka, self.tasks)
         self.tasks.source = self.source
-        self.refresher = SummedRefresher(cfg, self.tasks.engines)
+        self.refresher = Refresher(SummedEngine(cfg, self.tasks.engines))
         self.started = False
         self._daemon: Daemon | None = None  # set by loop
 

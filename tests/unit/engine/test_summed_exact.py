@@ -1,0 +1,139 @@
+"""Group mode (contract §8) exports every statistic one instance would: the tasks'
+engines read through ``calmon.engine.summed.SummedEngine`` by the regular ``Refresher``
+give, row for row and field for field, the full snapshot of one engine fed the whole
+stream (the reference here), the expensive statistics, the label-free estimates and
+their band, PSI and the classwise ECE included; and so after a task is replaced by a
+restored copy of its engine (a rebalance)."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+import numpy as np
+
+from calmon.config import from_dict
+from calmon.engine.engine import Engine
+from calmon.engine.records import Raw
+from calmon.engine.rows import Row, Snapshot
+from calmon.engine.snapshot import Refresher, full_snapshot
+from calmon.engine.summed import SummedEngine
+from tests.oracle import T0, L, P
+
+CFG = {"metrics": {"windows": ["1h", "24h"], "classwise": True},
+       "recalibration": {"window": "24h"},
+       "estimates": {"min_samples": 120, "samples": 400}}
+TASKS = 3
+N = 3000
+SPAN = 3 * 3600.0  # the 1h window slides; the 24h one holds everything
+COUNTRIES = ("US", "DE", "FR")
+SHARES = (0.7, 0.25, 0.05)  # FR's series holds too few labels for its own map
+
+
+def stream(seed: int) -> list[tuple[float, str, Raw]]:
+    """(arrival time, id, record) of two models in arrival order: predictions, their
+    labels a little later (about one in ten first), about one in six never labelled."""
+    rng = np.random.default_rng(seed)
+    ts = T0 + np.sort(rng.uniform(0, SPAN, N))
+    out: list[tuple[float, str, Raw]] = []
+    for i in range(N):
+        pid = f"id{i}"
+        seg = {"country": COUNTRIES[rng.choice(3, p=SHARES)],
+               "device": "ios" if rng.random() < 0.5 else "web"}
+        if i % 2:
+            z = rng.normal(0, 1.5)
+            p = 1 / (1 + math.exp(-z))
+            y = int(rng.random() < min(1.0, p * 1.15))  # a little off: the map matters
+            pred = P(pid, float(ts[i]), "bin", prob=p, segment=seg)
+        else:
+            probs = rng.dirichlet([1.0, 0.7, 0.4])
+            y = int(rng.choice(3, p=probs))
+            pred = P(pid, float(ts[i]), "multi", probs=probs.tolist(), segment=seg)
+        out.append((float(ts[i]), pid, pred))
+        if rng.random() < 1 / 6:
+            continue  # pending for good
+        first = rng.random() < 0.1
+        at = ts[i] - rng.uniform(1, 900) if first else ts[i] + rng.uniform(1, 600)
+        out.append((float(at), pid, L(pid, y, float(at))))
+    out.sort(key=lambda r: r[0])
+    return out
+
+
+def task_of(pid: str) -> int:
+    """The partition an id's records go to (both topics keyed by id)."""
+    return zlib.crc32(pid.encode()) % TASKS
+
+
+def feed(engine: Engine, records: list[Raw]) -> None:
+    for i in range(0, len(records), 700):
+        assert engine.feed(records[i:i + 700], not_after=T0 + 10 * SPAN) == []
+
+
+def same(a: Any, b: Any, path: str) -> None:
+    """Every field equal; numbers within 1e-9."""
+    if is_dataclass(a) and not isinstance(a, type):
+        assert type(a) is type(b), path
+        for f in fields(a):
+            same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=0,
+                                   atol=1e-9, err_msg=path)
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a is not None and b is not None, f"{path}: {a} != {b}"
+        assert (math.isnan(a) and math.isnan(b)) or a == b or abs(a - b) <= 1e-9, \
+            f"{path}: {a} != {b}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def assert_equal_snapshots(got: Snapshot, want: Snapshot) -> None:
+    def key(r: Row) -> tuple[str, str, str]:
+        return r.model, r.segment, r.window
+
+    assert [key(r) for r in got.rows] == [key(r) for r in want.rows]
+    for g, w in zip(got.rows, want.rows):
+        same(g, w, "/".join(key(w)))
+    assert got.counters == want.counters
+    assert (got.pending, got.pending_labels) == (want.pending, want.pending_labels)
+    assert got.now == want.now
+    assert sorted(s for s in got.series if s[0]) == sorted(s for s in want.series if s[0])
+
+
+def test_the_tasks_read_as_one_engine_fed_every_record() -> None:
+    cfg = from_dict(CFG)
+    records = stream(37)
+    half = len(records) // 2
+    one = Engine(cfg)
+    tasks = [Engine(cfg) for _ in range(TASKS)]
+    summed = Refresher(SummedEngine(cfg, lambda: tasks))
+
+    def feed_all(part: list[tuple[float, str, Raw]]) -> None:
+        feed(one, [r for _, _, r in part])
+        for t in range(TASKS):
+            feed(tasks[t], [r for _, pid, r in part if task_of(pid) == t])
+
+    feed_all(records[:half])
+    want = full_snapshot(one)
+    assert_equal_snapshots(summed.update(full=True), want)
+    # the test reads what it means to: every family filled, every basis met
+    rows = want.rows
+    assert all(r.stats.smece is not None and r.stats.ece_upper is not None
+               for r in rows if r.stats.samples)
+    assert all(r.estimates.pending_samples and r.estimates.estimated_accuracy_lower
+               is not None for r in rows)
+    assert all(r.estimates.score_psi is not None for r in rows if r.window == "1h")
+    assert {r.estimates.estimate_basis for r in rows} >= {"series", "model"}
+    assert all(r.classwise_ece is not None and r.worst_class is not None
+               for r in rows if r.model == "multi" and r.stats.samples)
+    assert want.pending and want.pending_labels
+
+    # a rebalance: task 1 moves to a new owner, restored from its checkpoint
+    moved = Engine(cfg)
+    moved.restore(tasks[1].snapshot())
+    tasks[1] = moved
+    feed_all(records[half:])
+    want = full_snapshot(one)
+    assert_equal_snapshots(summed.update(full=True), want)
+    assert_equal_snapshots(full_snapshot(SummedEngine(cfg, lambda: tasks)), want)
