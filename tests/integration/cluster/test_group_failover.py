@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
+from tests.daemon_helpers import (
+    CalmonDaemon,
+    Producer,
+    dumps,
+    make_dataset,
+    scrape,
+    series,
+    wait_until,
+)
 from tests.integration.cluster.group import (
     cleanup_policy,
     dump,
@@ -87,6 +95,12 @@ def test_kill_9_moves_partitions_with_their_state(
                          detail=lambda: (dump(live), want - summed_samples(live),
                                          summed_samples(live) - want))
         assert got == want
+        # every statistic is exported in group mode, the expensive ones too (issue 37):
+        # each series a member counts gets its ECE interval and smooth ECE within a
+        # refresh round (metrics.refresh, 30 s)
+        wait_until(lambda: all(expensive_missing(d) == set() for d in live) or None, 120,
+                   "the expensive statistics of every series",
+                   detail=lambda: [expensive_missing(d) for d in live])
         # /status counts what the tasks hold: every pair joined once over the members
         assert sum(d.status()["counters"]["joined"] for d in live) == N
         if broker.describes_retention:
@@ -94,3 +108,13 @@ def test_kill_9_moves_partitions_with_their_state(
     finally:
         for d in daemons:
             d.stop()
+
+
+def expensive_missing(d: CalmonDaemon) -> set[tuple[str, ...]]:
+    """(model, segment, window) a member counts samples in but exports no ECE interval
+    or smooth ECE for."""
+    sc = scrape(d.port)
+    counted = {k for k, v in series(sc, "calmon_window_samples", "model", "segment",
+                                     "window").items() if v}
+    return {k for name in ("calmon_ece_upper", "calmon_ece_lower", "calmon_smece")
+            for k in counted - set(series(sc, name, "model", "segment", "window"))}

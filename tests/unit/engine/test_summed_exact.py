@@ -137,3 +137,33 @@ def test_the_tasks_read_as_one_engine_fed_every_record() -> None:
     want = full_snapshot(one)
     assert_equal_snapshots(summed.update(full=True), want)
     assert_equal_snapshots(full_snapshot(SummedEngine(cfg, lambda: tasks)), want)
+
+
+def test_a_task_fed_alone_or_gone_is_read_again() -> None:
+    """The rows follow the tasks between updates: records fed to one task only, then a
+    task dropped (its partition revoked) read as one engine fed the records of the
+    tasks still held."""
+    cfg = from_dict(CFG)
+    records = stream(5)
+    cut = len(records) // 3
+    tasks = [Engine(cfg) for _ in range(TASKS)]
+    summed = Refresher(SummedEngine(cfg, lambda: tasks))
+    fed: list[tuple[float, str, Raw]] = []
+
+    def give(part: list[tuple[float, str, Raw]], to: set[int]) -> None:
+        mine = [r for r in part if task_of(r[1]) in to]
+        fed.extend(mine)
+        for t in to:
+            feed(tasks[t], [r for _, pid, r in mine if task_of(pid) == t])
+
+    def reference(held: set[int]) -> Snapshot:
+        one = Engine(cfg)
+        feed(one, [r for _, pid, r in sorted(fed, key=lambda x: x[0]) if task_of(pid) in held])
+        return full_snapshot(one)
+
+    give(records[:cut], {0, 1, 2})
+    summed.update()
+    give(records[cut:cut + 300], {0})  # minutes: no label waits join.label_ttl
+    assert_equal_snapshots(summed.update(full=True), reference({0, 1, 2}))
+    del tasks[2]
+    assert_equal_snapshots(summed.update(full=True), reference({0, 1}))
