@@ -20,8 +20,10 @@ in the order that task met them; an idle model is dropped per task. And the esti
 maps kept after the labels pause (basis ``last``) live in this process only: a new
 member (or a restart) has none until a map is fitted again.
 
-One thread feeds the engines and reads them through this object (group mode's loop
-thread): the ids kept here are those of the last ``read_state``.
+One thread feeds the engines and one reader (a ``Refresher``) reads them through this
+object, both on group mode's loop thread: the ids kept here are those of the last
+``read_state``, and an id freed there is given to another series only at a later one,
+once the reader has dropped its rows.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class SummedEngine:
         self._version = 0
         self._seen: tuple[tuple[Engine, int], ...] = ()
         self._history: dict[int, tuple[tuple[Engine, int], ...]] = {0: ()}
-        self._journal = Journal()  # what the engines forgot, and when they changed
+        self._journal = Journal()  # what the engines forgot
         self._following: list[tuple[Engine, Cursor]] = []
 
     # ------------------------------------------------------------ Reads
@@ -101,23 +103,22 @@ class SummedEngine:
         return _Following(self, self._journal.cursor())
 
     def follow(self) -> None:
-        """What the engines forgot, into our journal; when the engines are others, or one
-        was restored, every reader re-syncs."""
+        """What the engines forgot (a model dropped as idle, a class count reset), into
+        our journal. Engines that come or go, or one restored whole, forget nothing
+        here: our ids name (model, segment) whatever engine holds them, and the next
+        ``read_state`` says every series may have changed, so a reader keeps its rows
+        (their expensive statistics too, until its next round: a rebalance does not
+        empty the families)."""
         engines = list(self.engines())
         if len(self._following) != len(engines) or any(
                 a is not b for (a, _), b in zip(self._following, engines)):
             self._following = [(e, e.forgotten_cursor()) for e in engines]
             for _, cursor in self._following:
                 cursor.take()  # the first take re-syncs: from now on
-            self._journal.restored()
             return
         for _, cursor in self._following:
-            gone = cursor.take()
-            if gone is None:
-                self._journal.restored()
-            else:
-                for model, why in gone:
-                    self._journal.add(model, why)
+            for model, why in cursor.take() or ():
+                self._journal.add(model, why)
 
     def read_state(self, since: int) -> ReadState:
         version = self.version

@@ -95,16 +95,16 @@ def test_kill_9_moves_partitions_with_their_state(
                          detail=lambda: (dump(live), want - summed_samples(live),
                                          summed_samples(live) - want))
         assert got == want
+        # /status counts what the tasks hold: every pair joined once over the members
+        assert sum(d.status()["counters"]["joined"] for d in live) == N
+        if broker.describes_retention:
+            assert cleanup_policy(kafka_bootstrap, f"{group}-state-changelog") == "compact"
         # every statistic is exported in group mode, the expensive ones too (issue 37):
         # each series a member counts gets its ECE interval and smooth ECE within a
         # refresh round (metrics.refresh, 30 s)
         wait_until(lambda: all(expensive_missing(d) == set() for d in live) or None, 120,
                    "the expensive statistics of every series",
                    detail=lambda: [expensive_missing(d) for d in live])
-        # /status counts what the tasks hold: every pair joined once over the members
-        assert sum(d.status()["counters"]["joined"] for d in live) == N
-        if broker.describes_retention:
-            assert cleanup_policy(kafka_bootstrap, f"{group}-state-changelog") == "compact"
     finally:
         for d in daemons:
             d.stop()

@@ -147,7 +147,8 @@ def test_a_task_fed_alone_or_gone_is_read_again() -> None:
     records = stream(5)
     cut = len(records) // 3
     tasks = [Engine(cfg) for _ in range(TASKS)]
-    summed = Refresher(SummedEngine(cfg, lambda: tasks))
+    # a clock that stands still: no refresh round is due unless asked for
+    summed = Refresher(SummedEngine(cfg, lambda: tasks), clock=lambda: T0)
     fed: list[tuple[float, str, Raw]] = []
 
     def give(part: list[tuple[float, str, Raw]], to: set[int]) -> None:
@@ -166,4 +167,10 @@ def test_a_task_fed_alone_or_gone_is_read_again() -> None:
     give(records[cut:cut + 300], {0})  # minutes: no label waits join.label_ttl
     assert_equal_snapshots(summed.update(full=True), reference({0, 1, 2}))
     del tasks[2]
+    # before the next round the rows keep their expensive statistics (as of the counts
+    # they were computed on: said stale), a rebalance does not empty the families
+    between = summed.update()
+    assert between.stale_since is not None
+    assert all(r.stats.ece_upper is not None and r.stats.smece is not None
+               for r in between.rows if r.stats.samples)
     assert_equal_snapshots(summed.update(full=True), reference({0, 1}))
