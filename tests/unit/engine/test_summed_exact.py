@@ -13,6 +13,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 import numpy as np
+import pytest
 
 from calmon.config import from_dict
 from calmon.engine.engine import Engine
@@ -174,3 +175,29 @@ def test_a_task_fed_alone_or_gone_is_read_again() -> None:
     assert all(r.stats.ece_upper is not None and r.stats.smece is not None
                for r in between.rows if r.stats.samples)
     assert_equal_snapshots(summed.update(full=True), reference({0, 1}))
+
+
+@pytest.mark.parametrize("calibration", ["labelled", "live"])
+def test_live_calibrators_and_a_regime_change_read_as_one_engine(calibration: str) -> None:
+    """With live calibrators (one with a reference histogram for PSI) and the start of a
+    new regime set on every engine alike, the estimates read through maps, through the
+    calibrator or raw (too few labels since the change) are those of one engine."""
+    cfg = from_dict({**CFG, "estimates": {**CFG["estimates"], "calibration": calibration}})
+    records = stream(11)
+    one = Engine(cfg)
+    tasks = [Engine(cfg) for _ in range(TASKS)]
+    ref = np.arange(1, cfg.metrics.bins + 1)
+    live = {("bin", "country=DE"): (lambda s, k: s ** 1.2, ref),
+            ("bin", "__all__"): (lambda s, k: np.clip(0.9 * s, 0, 1), None)}
+    for e in [one, *tasks]:
+        e.set_calibrators(live)
+        e.set_changes({("multi", "__all__"): T0 + SPAN - 600.0})
+    feed(one, [r for _, _, r in records])
+    for t in range(TASKS):
+        feed(tasks[t], [r for _, pid, r in records if task_of(pid) == t])
+    want = full_snapshot(one)
+    bases = {(r.model, r.segment): r.estimates.estimate_basis for r in want.rows}
+    assert {b for (m, _), b in bases.items() if m == "multi"} == {"raw"}
+    assert bases[("bin", "country=DE")] == ("series" if calibration == "labelled" else "live")
+    assert bases[("bin", "country=US")] == ("series" if calibration == "labelled" else "live")
+    assert_equal_snapshots(full_snapshot(SummedEngine(cfg, lambda: tasks)), want)
