@@ -55,7 +55,6 @@ from calmon.engine.engine import Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
 from calmon.engine.snapshot import Refresher
-from calmon.engine.summed import SummedRefresher
 from calmon.errors import ConfigError, StateError
 from calmon.group_run import GroupRun, TaskCollector
 from calmon.io import landing, reliability, start, webconfig
@@ -162,7 +161,7 @@ class Daemon:
         self._beat = time.monotonic()  # the loop's last progress (monotonic, for /healthz)
         self._beat_wall: float | None = None  # the same in Unix time, for the metric
         # statistics as a read model: readers render refresher.latest, never compute
-        self.refresher: Refresher | SummedRefresher = (
+        self.refresher: Refresher = (
             Refresher(self.engine) if self.group is None else self.group.refresher)
         self._stats_next = 0.0  # monotonic time of the next statistics update
         self.reading = ReadWatch(lambda: self.consumer_lag())  # an idle run is said

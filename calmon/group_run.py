@@ -32,7 +32,8 @@ from calmon.cluster.group_sender import GroupSender
 from calmon.cluster.kafka import record_budget
 from calmon.config import Config
 from calmon.engine.engine import Engine
-from calmon.engine.summed import SummedRefresher
+from calmon.engine.snapshot import Refresher
+from calmon.engine.summed import SummedEngine
 from calmon.errors import ConfigError
 from calmon.io import changelog
 from calmon.io.changelog import Changelog
@@ -67,7 +68,7 @@ class GroupRun:
         self.live = TaskEngines()  # the owner's live calibrators, for every task
         self.source = GroupSource(cfg.kafka, self.tasks)
         self.tasks.source = self.source
-        self.refresher = SummedRefresher(cfg, self.tasks.engines)
+        self.refresher = Refresher(SummedEngine(cfg, self.tasks.engines))
         self.started = False
         self._daemon: Daemon | None = None  # set by loop
 

@@ -27,17 +27,18 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Protocol
 
 import numpy as np
 
 from calmon.config import EstimatesConfig
 from calmon.engine.decisions import binary_decided, multi_decided
-from calmon.engine.estimates import Estimates, ScoreHist, psi
+from calmon.engine.estimates import Estimates, psi
 from calmon.engine.estmap import Fit, Reading, Side, fit_stack, read
 from calmon.engine.records import MULTICLASS, SCORE_KINDS
 from calmon.engine.scoring import raw_probs
-from calmon.engine.windows import BUCKETS, CONF_SCALE, Windows, bin_index
+from calmon.engine.windows import BUCKETS, CONF_SCALE, Layout, Windows, bin_index
 from calmon.names import ALL
 
 log = logging.getLogger(__name__)
@@ -196,12 +197,34 @@ def _sides(fbin: np.ndarray, confq: np.ndarray, flip: np.ndarray,
         _, inv = np.unique(fbin[mine], return_inverse=True)
         count = np.bincount(inv).astype(np.float64)
         conf = np.bincount(inv, weights=confq[mine]) / CONF_SCALE  # integers: exact sums
-        out.append(Side(count, conf, side))
+        out.append(Side(count, conf, side, np.unique(fbin[mine])))
     return tuple(out)
 
 
 def _fixed_sum(x: np.ndarray) -> float:
     return float(np.rint(x * CONF_SCALE).astype(np.int64).sum()) / CONF_SCALE
+
+
+def merged(parts: Sequence[Pending]) -> Pending:
+    """One (series, window)'s pending predictions held by several engines, as one
+    engine holding them all reads them: counts and fixed-point sums add exactly, and
+    each side's fine bins are merged by index (group mode, ``summed``)."""
+    if len(parts) == 1:
+        return parts[0]
+    sides = []
+    for flip in (False, True):
+        mine = [s for p in parts for s in p.sides if s.flip == flip]
+        if not mine:
+            continue
+        fbin = np.concatenate([s.bins for s in mine if s.bins is not None])
+        uniq, inv = np.unique(fbin, return_inverse=True)
+        count = np.bincount(inv, weights=np.concatenate([s.count for s in mine]))
+        confq = np.rint(np.concatenate([s.conf for s in mine]) * CONF_SCALE)
+        sides.append(Side(count, np.bincount(inv, weights=confq) / CONF_SCALE, flip, uniq))
+    return Pending(sum(p.n for p in parts), _fixed_sum(np.array([p.top for p in parts])),
+                   _fixed_sum(np.array([p.pos for p in parts])),
+                   _fixed_sum(np.array([p.var for p in parts])),
+                   tuple(sides), any(p.differs for p in parts))
 
 
 @dataclass(frozen=True)
@@ -221,7 +244,7 @@ class Maps:
     samples; the last one fitted is kept after that, and while the series' slot holds
     the same model, segment and class count."""
 
-    def __init__(self, cfg: EstimatesConfig, windows: Windows) -> None:
+    def __init__(self, cfg: EstimatesConfig, windows: Buckets) -> None:
         self.cfg = cfg
         self.windows = windows
         self.big = max(range(len(windows.widths)), key=lambda w: windows.widths[w])
@@ -295,17 +318,22 @@ class Maps:
     def _refit(self, sid: int, key: MapKey, since: float | None, now: float) -> None:
         lay = self.windows.layout
         w = self._window_since(now, since)
-        vec, newest = self.windows.newest(sid, w, now, self.cfg.samples,
-                                          -math.inf if since is None else since)
-        if vec is None or vec[lay.count:lay.count + lay.bins].sum() < self.cfg.min_samples:
+        after = -math.inf if since is None else since
+        # the newest buckets until they hold estimates.samples (all when they never do)
+        idx, samples = self.windows.bucket_samples(sid, w, now, after)
+        reach = np.cumsum(samples[::-1])
+        k = min(int(np.searchsorted(reach, self.cfg.samples)), len(reach) - 1)
+        if k < 0 or reach[k] < self.cfg.min_samples:
             self._current.discard(sid)
             return
+        vec = self.windows.totals(sid, w, now, int(idx[::-1][k]))
+        assert vec is not None  # the buckets just counted
+        newest = int(idx[-1])
         self._current.add(sid)
         f = lay.fine_bins
         fine = vec[lay.fcount:lay.fcorrect + f]  # counts, summed confidences, corrects
         signature = hashlib.blake2b(fine.tobytes(), digest_size=16).digest()
         held = self._last.get(sid)
-        after = -math.inf if since is None else since
         if (held is not None and held.key == key and held.signature == signature
                 and held.since == after):
             return  # no new labelled sample: the same fit
@@ -326,14 +354,80 @@ class Maps:
         return min(reach, key=lambda w: widths[w]) if reach else self.big
 
 
-def score_psi(scores: ScoreHist, sid: int, w: int, reference: np.ndarray | None,
-              now: float) -> float | None:
-    """PSI of the window's raw confidences against the live calibrator's reference,
-    else the window of the same length just before."""
-    current = scores.counts(sid, w, now)
+def score_psi(counts: Callable[[bool], np.ndarray], reference: np.ndarray | None
+              ) -> float | None:
+    """PSI of the window's raw confidences (``counts(False)``) against the live
+    calibrator's reference, else the window of the same length just before
+    (``counts(True)``)."""
+    current = counts(False)
     if reference is None or len(reference) != len(current):
-        reference = scores.counts(sid, w, now, previous=True)
+        reference = counts(True)
     return psi(current, np.asarray(reference, np.float64))
+
+
+class Buckets(Protocol):
+    """What a map is fitted from: ``windows.Windows``, or several engines' summed."""
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def widths(self) -> Sequence[float]: ...
+
+    def bucket_samples(self, sid: int, w: int, now: float, since: float = -math.inf
+                       ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def totals(self, sid: int, w: int, now: float, first: int | None = None
+               ) -> np.ndarray | None: ...
+
+
+class Source(Protocol):
+    """What the estimates of a series read (``reading.Reading``: one engine's;
+    ``summed.SummedEngine``: several engines' as one)."""
+
+    @property
+    def maps(self) -> Maps: ...
+
+    @property
+    def changes(self) -> Mapping[tuple[str, str], float]: ...
+
+    def series_name(self, sid: int) -> tuple[str, str]: ...
+
+    def find(self, model: str, segment: str) -> int | None: ...
+
+    def is_binary(self, sid: int) -> bool: ...
+
+    def class_count(self, model: str) -> int: ...
+
+    def calibrator_of(self, model: str, segment: str) -> Live | None: ...
+
+    def score_counts(self, sid: int, w: int, now: float, previous: bool) -> np.ndarray: ...
+
+
+def series_estimates(src: Source, sids: Sequence[int], pending: PendingCounts,
+                     nows: np.ndarray, windows: int, labelled: bool, level: float
+                     ) -> dict[tuple[int, int], Estimates]:
+    """The label-free estimates and score PSI of every window of these series, from
+    ``pending`` (``pending_sums``), the estimation maps and the live calibrators."""
+    out: dict[tuple[int, int], Estimates] = {}
+    changes = src.changes
+    for sid in sids:
+        model, segment = src.series_name(sid)
+        live = src.calibrator_of(model, segment)
+        binary = src.is_binary(sid)
+        chosen = None
+        if labelled and model:
+            key = (model, segment, src.class_count(model))
+            since = changes.get((model, ALL))
+            chosen = src.maps.choose(sid, key, changes.get((model, segment), since),
+                                     src.find(model, ALL), since, nows)
+        now = float(nows[sid])
+        for w in range(windows):
+            counts = partial(src.score_counts, sid, w, now)
+            psi_ = score_psi(counts, None if live is None else live[1])
+            out[(sid, w)] = estimate(pending.get((sid, w)), psi_, chosen,
+                                     "raw" if live is None else "live", binary, level)
+    return out
 
 
 def estimate(pending: Pending | None, score_psi: float | None,

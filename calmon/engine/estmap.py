@@ -110,6 +110,7 @@ class Side:
     count: np.ndarray  # (F,)
     conf: np.ndarray  # (F,) summed confidence
     flip: bool = False
+    bins: np.ndarray | None = None  # the fine bin of each entry, when only some are held
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ guesses from names or shapes.
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 DROPPED = "dropped"  # idle: the model's slot is free, its name may come back fresh
 RESET = "reset"  # a new class count: what it kept under the old one is gone
@@ -68,3 +69,9 @@ class Cursor:
         or when it fell more than ``LIMIT`` entries behind)."""
         out, self.at = self.journal.since(self.at)
         return out
+
+
+class Taking(Protocol):
+    """A reader's cursor, as ``Cursor`` (``summed.SummedEngine`` has one of its own)."""
+
+    def take(self) -> list[tuple[str, str]] | None: ...

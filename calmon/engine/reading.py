@@ -1,23 +1,29 @@
 """The read interface the engine publishes (``Reading``): copies and immutable values
 only, under the engine's lock: ``read_state``, ``window_sums``, ``pending_counts``,
-``estimates`` (what ``calmon.engine.snapshot`` builds its ``Snapshot`` from),
-``changes_since``, and ``samples`` / ``buffered_series`` for the recalibration."""
+``estimates`` (what ``calmon.engine.snapshot`` builds its ``Snapshot`` from: ``Reads``,
+which ``summed.SummedEngine`` also implements over several engines, from the smaller
+reads below them: ``class_sums``, ``bucket_samples``, ``totals``, ``score_counts``,
+the series, class counts and live calibrators), ``changes_since``, and ``samples`` /
+``buffered_series`` for the recalibration."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Protocol
 
 import numpy as np
 
+from calmon.config import Config
 from calmon.engine import metrics
 from calmon.engine.buffer import SampleSet
 from calmon.engine.enginestate import EngineState
 from calmon.engine.estimates import Estimates
-from calmon.engine.estimating import PendingCounts, estimate, pending_sums, score_psi
+from calmon.engine.estimating import Live, PendingCounts, pending_sums, series_estimates
+from calmon.engine.forgotten import Cursor, Taking
 from calmon.engine.rows import WorstClass
-from calmon.engine.series import ALL
 from calmon.engine.windows import CONF_SCALE, Layout
 
 
@@ -52,6 +58,32 @@ class WindowSums:
     vec: np.ndarray | None
     classwise_ece: float | None = None
     worst_class: WorstClass | None = None
+
+
+class Reads(Protocol):
+    """The read interface ``snapshot.Refresher`` builds its snapshots from: an engine's
+    (``Reading``), or several engines' read as one (``summed.SummedEngine``)."""
+
+    @property
+    def cfg(self) -> Config: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    def forgotten_cursor(self) -> Taking: ...
+
+    def read_state(self, since: int) -> ReadState: ...
+
+    def window_sums(self, keys: Sequence[tuple[int, int]], nows: np.ndarray | None = None,
+                    *, classwise: bool = True) -> tuple[WindowSums, ...]: ...
+
+    def pending_counts(self, nows: np.ndarray) -> PendingCounts: ...
+
+    def estimates(self, sids: Sequence[int], pending: PendingCounts,
+                  nows: np.ndarray) -> Mapping[tuple[int, int], Estimates]: ...
 
 
 class Reading(EngineState):
@@ -108,10 +140,25 @@ class Reading(EngineState):
                 if vec is not None:
                     vec.flags.writeable = False
                     if cw_of and not self._binary(sid) and vec[:bins].sum() > 0:
-                        cw = self._classwise_ece(sid, w, now)
-                        worst = self._worst_class(sid, w, now) if cw is not None else None
+                        assert self.classwise is not None
+                        cw, worst = classwise_of(self._class_vectors(sid, w, now),
+                                                 self.classwise.layout)
                 out.append(WindowSums(vec, cw, worst))
             return tuple(out)
+
+    def class_sums(self, keys: Sequence[tuple[int, int]], nows: np.ndarray
+                   ) -> tuple[tuple[np.ndarray | None, ...], ...]:
+        """Each (series, window) row's classwise vectors (``metrics.classwise``) at its
+        series' ``nows``, by class (None for a class the window holds nothing of):
+        what a multiclass row's classwise ECE and worst class are computed from."""
+        with self.lock:
+            return tuple(self._class_vectors(sid, w, float(nows[sid])) for sid, w in keys)
+
+    def _class_vectors(self, sid: int, w: int, now: float) -> tuple[np.ndarray | None, ...]:
+        if self.classwise is None:
+            return ()
+        cids = (self._class_series.get((sid, c)) for c in range(len(self._classes_of.get(sid, ()))))
+        return tuple(None if cid is None else self.classwise.totals(cid, w, now) for cid in cids)
 
     def pending_counts(self, nows: np.ndarray) -> PendingCounts:
         """(series, window) -> its pending predictions' sums (``estimating.Pending``), the
@@ -129,25 +176,57 @@ class Reading(EngineState):
         """The label-free estimates and score PSI of every window of these series, from
         ``pending_counts``, the estimation maps and the live calibrators."""
         with self.lock:
-            out: dict[tuple[int, int], Estimates] = {}
-            labelled = self.cfg.estimates.calibration == "labelled"
-            level = self.cfg.metrics.interval_level
-            for sid in sids:
-                model, segment = self.index.series[sid]
-                live = self._calibrator(model, segment)
-                binary = self._binary(sid)
-                chosen = None
-                if labelled and model:
-                    key = (model, segment, self.class_counts.classes[self._model_idx[model]])
-                    since = self.changes.get((model, ALL))
-                    chosen = self.maps.choose(sid, key, self.changes.get((model, segment), since),
-                                              self.index.find(model, ALL), since, nows)
-                for w in range(len(self.windows.widths)):
-                    psi_ = score_psi(self.scores, sid, w, None if live is None else live[1],
-                                     float(nows[sid]))
-                    out[(sid, w)] = estimate(pending.get((sid, w)), psi_, chosen,
-                                             "raw" if live is None else "live", binary, level)
-            return MappingProxyType(out)
+            return MappingProxyType(series_estimates(
+                self, sids, pending, nows, len(self.windows.widths),
+                self.cfg.estimates.calibration == "labelled", self.cfg.metrics.interval_level))
+
+    # ------------------------------------------------------------ what those read
+
+    def forgotten_cursor(self) -> Cursor:
+        """A cursor on the journal of the models this engine forgot (``forgotten``)."""
+        return self.class_counts.forgotten.cursor()
+
+    def series_name(self, sid: int) -> tuple[str, str]:
+        with self.lock:
+            return self.index.series[sid]
+
+    def find(self, model: str, segment: str) -> int | None:
+        with self.lock:
+            return self.index.find(model, segment)
+
+    def is_binary(self, sid: int) -> bool:
+        with self.lock:
+            return self._binary(sid)
+
+    def class_count(self, model: str) -> int:
+        """The model's class count (0: binary), -1 for a model not held."""
+        with self.lock:
+            midx = self._model_idx.get(model)
+            return -1 if midx is None else self.class_counts.classes[midx]
+
+    def calibrator_of(self, model: str, segment: str) -> Live | None:
+        """The live calibrator the series' estimates read through: its own, else the
+        model's."""
+        with self.lock:
+            return self._calibrator(model, segment)
+
+    def score_counts(self, sid: int, w: int, now: float, previous: bool) -> np.ndarray:
+        """The series' raw-confidence histogram in window ``w`` at ``now`` (``previous``:
+        the window just before)."""
+        with self.lock:
+            return self.scores.counts(sid, w, now, previous)
+
+    def bucket_samples(self, sid: int, w: int, now: float, since: float = -math.inf
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """``windows.Windows.bucket_samples`` of one series."""
+        with self.lock:
+            return self.windows.bucket_samples(sid, w, now, since)
+
+    def totals(self, sid: int, w: int, now: float, first: int | None = None
+               ) -> np.ndarray | None:
+        """``windows.Windows.totals`` of one series (a copy)."""
+        with self.lock:
+            return self.windows.totals(sid, w, now, first)
 
     def samples(self, model: str, segment: str, last: int | None = None) -> SampleSet | None:
         """A copy of the recent joined samples of one series (None without a buffer);
@@ -170,36 +249,23 @@ class Reading(EngineState):
                     out.append((model, segment, self.class_counts.classes[self._model_idx[model]]))
             return out
 
-    def _classwise_ece(self, sid: int, w: int, now: float) -> float | None:
-        """Mean over classes of the ECE of p_k against [y = k] (Kull et al. 2019)."""
-        assert self.classwise is not None
-        lay = self.classwise.layout
-        values = []
-        for cid in self._classes_of.get(sid, ()):
-            vec = self.classwise.totals(cid, w, now)
-            if vec is None:
-                continue
-            count = vec[lay.count:lay.count + lay.bins]
-            if count.sum() > 0:
-                values.append(metrics.ece(count, vec[lay.conf:lay.conf + lay.bins] / CONF_SCALE,
-                                          vec[lay.correct:lay.correct + lay.bins]))
-        return float(np.mean(values)) if values else None
 
-    def _worst_class(self, sid: int, w: int, now: float) -> WorstClass | None:
-        """The class of largest one-vs-rest ECE in window w, with its bins."""
-        assert self.classwise is not None
-        lay = self.classwise.layout
-        worst: WorstClass | None = None
-        for c in range(len(self._classes_of.get(sid, ()))):
-            cid = self._class_series.get((sid, c))
-            vec = None if cid is None else self.classwise.totals(cid, w, now)
-            if vec is None:
-                continue
-            b = metrics.Bins(vec[lay.count:lay.count + lay.bins],
-                             vec[lay.conf:lay.conf + lay.bins] / CONF_SCALE,
-                             vec[lay.correct:lay.correct + lay.bins])
-            if b.count.sum() > 0:
-                value = metrics.ece(b.count, b.conf, b.correct)
-                if worst is None or value > worst.ece:
-                    worst = WorstClass(c, value, b)
-        return worst
+def classwise_of(vecs: Sequence[np.ndarray | None], lay: Layout
+                 ) -> tuple[float | None, WorstClass | None]:
+    """A multiclass row's classwise ECE, the mean over classes of the ECE of p_k against
+    [y = k] (Kull et al. 2019), and its worst class (largest such ECE), from each
+    class's window vector (``Reading.class_sums``)."""
+    values = []
+    worst: WorstClass | None = None
+    for c, vec in enumerate(vecs):
+        if vec is None:
+            continue
+        b = metrics.Bins(vec[lay.count:lay.count + lay.bins],
+                         vec[lay.conf:lay.conf + lay.bins] / CONF_SCALE,
+                         vec[lay.correct:lay.correct + lay.bins])
+        if b.count.sum() > 0:
+            value = metrics.ece(b.count, b.conf, b.correct)
+            values.append(value)
+            if worst is None or value > worst.ece:
+                worst = WorstClass(c, value, b)
+    return (float(np.mean(values)) if values else None), worst

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from calmon.engine import stats
-from calmon.engine.engine import Engine, ReadState, WindowSums
 from calmon.engine.estimates import Estimates
 from calmon.engine.metrics import plugin_stats
+from calmon.engine.reading import Reads, ReadState, WindowSums
 from calmon.engine.rows import Row, Snapshot, empty
 from calmon.engine.windows import CONF_SCALE, Layout
 
@@ -75,7 +75,7 @@ class Refresher:
     """Builds snapshots of one engine. One thread calls ``update`` (it reads the engine
     under its lock, in short holds); any thread may read ``latest``."""
 
-    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time,
+    def __init__(self, engine: Reads, *, clock: Callable[[], float] = time.time,
                  slice_rows: int = SLICE_ROWS) -> None:
         self.engine = engine
         self.cfg = engine.cfg
@@ -92,7 +92,7 @@ class Refresher:
         self._started = clock()
         self._serial = 0
         self.latest: Snapshot = empty(self._started)
-        self._forgotten = engine.class_counts.forgotten.cursor()
+        self._forgotten = engine.forgotten_cursor()
         self.errors = 0  # series skipped because computing them raised (counted)
         self._logged: set[tuple[str, str]] = set()  # each series' first raise is logged
 
@@ -325,7 +325,7 @@ class Refresher:
         return self.latest
 
 
-def full_snapshot(engine: Engine) -> Snapshot:
+def full_snapshot(engine: Reads) -> Snapshot:
     """Every statistic of the engine's state now, the expensive ones included: what a
     reader with no refresher of its own renders (``replay``, its report, a test)."""
     return Refresher(engine).update(full=True)

@@ -532,12 +532,16 @@ class Windows(BucketTables):
                                                    correct[rows], part)
             self._merge(self._data[w], gsid.tolist(), gidx.tolist(), starts, pos, val)
 
-    def totals(self, sid: int, w: int, now: float) -> np.ndarray | None:
-        """The window's summed vector as float64 (fixed point not yet undone), or None."""
+    def totals(self, sid: int, w: int, now: float, first: int | None = None
+               ) -> np.ndarray | None:
+        """The window's summed vector as float64 (fixed point not yet undone), or None;
+        with ``first``, of its buckets from that index on only."""
         buckets = self._data[w].get(sid)
         if not buckets:
             return None
         floor_ = self.current(w, now) - BUCKETS
+        if first is not None:
+            floor_ = max(floor_, first - 1)
         held = [i for i in sorted(buckets) if i > floor_]
         if not held:
             return None
@@ -547,27 +551,20 @@ class Windows(BucketTables):
             self._accumulate(out, buckets[i])
         return out
 
-
-    def newest(self, sid: int, w: int, now: float, want: float, since: float = -math.inf
-               ) -> tuple[np.ndarray | None, int]:
-        """The summed vector (as ``totals``) of the window's newest buckets, taken newest
-        first until they hold ``want`` samples (all of them if they never do), and the
-        index of the newest bucket; (None, 0) when the window holds nothing. Buckets that
-        start before ``since`` are left out."""
-        buckets = self._data[w].get(sid)
+    def bucket_samples(self, sid: int, w: int, now: float, since: float = -math.inf
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """(indices, samples) of the window's buckets, oldest first, those that start
+        before ``since`` left out: what an estimation map picks its buckets from."""
         floor_ = self.current(w, now) - BUCKETS
         if math.isfinite(since):
             floor_ = max(floor_, math.ceil(since / self.widths[w]) - 1)
-        held = sorted((i for i in buckets or () if i > floor_), reverse=True)
-        if not held:
-            return None, 0
-        lay = self.layout
-        out = np.zeros(self._width)
-        for i in held:
-            self._accumulate(out, buckets[i])  # type: ignore[index]
-            if out[lay.count:lay.count + lay.bins].sum() >= want:
-                break
-        return out, held[0]
+        buckets = self._data[w].get(sid) or {}
+        held = [i for i in sorted(buckets) if i > floor_]
+        bins = self.layout.bins
+        samples = [int(c[:bins].sum()) if c.ndim == 1 else int(c[1][c[0] < bins].sum())
+                   for c in (buckets[i] for i in held)]
+        return np.array(held, np.int64), np.array(samples, np.int64)
+
 
 def dense_cells(part: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """A packed table (``BucketTables.pack``, or format 1's ``keys``/``vecs``) as (keys

@@ -1,8 +1,8 @@
 """Readers of the engine, the recalibration and the cluster use public interfaces
-(issue 32): in ``calmon/engine/snapshot.py``, ``calmon/cluster/`` and ``calmon/recal/``
-no expression reads ``name._member`` of another object unless ``_member`` is defined in
-that same file (``self._x`` and ``cls._x`` are the object's own; imports and comments
-are not attribute reads, and ``ast`` sees neither as one)."""
+(issue 32): in ``calmon/engine/snapshot.py`` and ``summed.py``, ``calmon/cluster/`` and
+``calmon/recal/`` no expression reads ``name._member`` of another object unless
+``_member`` is defined in that same file (``self._x`` and ``cls._x`` are the object's
+own; imports and comments are not attribute reads, and ``ast`` sees neither as one)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "calmon"
-CHECKED = ("engine/snapshot.py", "cluster/", "recal/")
+CHECKED = ("engine/snapshot.py", "engine/summed.py", "cluster/", "recal/")
 
 
 def _defined(tree: ast.AST) -> set[str]:

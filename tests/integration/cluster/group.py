@@ -24,7 +24,8 @@ WINDOWS = {"windows": ["1h", "24h"]}
 # the plug-in means exported for every series too: times the series' samples they are
 # the window's sums, which add up over members as the counts do
 SUMMED = ("mean_confidence", "accuracy", "brier", "nll", "observed_rate")
-EXPORT_SUMS = {**WINDOWS, "export": {"segment_families": ["window_samples", *SUMMED]}}
+EXPORT_SUMS = {**WINDOWS, "export": {"segment_families": [
+    "window_samples", *SUMMED, "ece_lower", "ece_upper", "smece"]}}
 
 
 def member(tmp_path: Path, bootstrap: str, preds: str, labels: str, group: str,

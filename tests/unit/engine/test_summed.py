@@ -1,5 +1,5 @@
 """``calmon.engine.summed`` (group mode, contract §8): the statistics of several engines
-(one per task) as one: each (model, segment, window)'s counts and bins equal the
+(one per task) read as one: each (model, segment, window)'s counts and bins equal the
 stream's, computed here with numpy from the records."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import numpy as np
 
 from calmon.config import Config
 from calmon.engine.engine import Engine
-from calmon.engine.summed import SummedRefresher
+from calmon.engine.snapshot import Refresher
+from calmon.engine.summed import SummedEngine
 from tests.oracle import T0, L, P, per_bin, right_closed_bins
 
 N = 600
@@ -30,7 +31,7 @@ def test_tasks_summed_equal_the_stream() -> None:
                    segment={"country": countries[i]}) for i in mine]
         batch += [L(f"id{i}", int(ys[i]), T0 + float(i) + 1.0) for i in mine]
         engine.feed(batch, not_after=T0 + 10 * N)
-    snap = SummedRefresher(cfg, lambda: engines).update()
+    snap = Refresher(SummedEngine(cfg, lambda: engines)).update()
     rows = {(r.model, r.segment, r.window): r for r in snap.rows}
     for w in ("1h", "24h"):
         got = rows[("m", "__all__", w)].stats
