@@ -75,11 +75,14 @@ class TaskLog:
         log.index_mark = engine.index_mark() if restored.name is not None else None
         return log
 
-    def write(self, engine: Engine, positions: dict[str, int], offset: int) -> TaskWrite:
+    def write(self, engine: Engine, positions: dict[str, int], offset: int, *,
+              full: bool = False) -> TaskWrite:
         """The records of this task's next checkpoint: its head, its index if it
-        changed, and each group of series touched since the last commit whose encoding
-        differs from what the changelog holds."""
+        changed, and each group of series touched since the last commit (``full``:
+        every group) whose encoding differs from what the changelog holds."""
         self.pending |= sections.groups_of(engine.take_touched())
+        if full:
+            self.pending |= sections.live_groups(engine)
         values: dict[str, bytes | None] = {
             sections.HEAD: encode({"engine": engine.snapshot_head(), "positions": positions})}
         mark = engine.index_mark()
