@@ -1,18 +1,20 @@
 """Group mode's changelog (contract §8): each task's state in the compacted
-``kafka.state_changelog_topic``, written in the same Kafka transaction as the group's
-offsets, and read back by whichever member is assigned the task's partition.
+``kafka.state_changelog_topic``, written incrementally in the same Kafka transaction as
+the group's offsets, and read back by whichever member is assigned the task's
+partition.
 
-A task is an input partition ``p``; its state goes to changelog partition ``p`` under
-keys ``p/<chunk>`` (a state larger than a record is cut in chunks), each record with a
-header naming the checkpoint it belongs to (``calmon-ckpt``: the member's transactional
-id and a serial) and the predictions offset committed with it. The offsets committed in
-the same transaction carry that name as their metadata, so a restore takes the chunks
-of exactly the committed checkpoint: records of an aborted transaction (a fenced
-zombie's, which Tansu serves even under ``read_committed``) and older versions not yet
-compacted away are skipped by name. A broker that drops offset metadata (Tansu) is
-read by offset instead: the newest complete checkpoint written with the committed
-offset. Each checkpoint holds a task's whole state with the positions of both topics it
-reflects, so even an aborted one taken that way is a consistent state to go on from.
+A task is an input partition ``p``; its state goes to changelog partition ``p`` as
+sections (``calmon.engine.sections``: head, index, groups of series), each under keys
+``p/<section>/<chunk>``; a checkpoint writes the sections that changed
+(``calmon.tasklog``). Every record names its checkpoint (``calmon-ckpt``:
+``<incarnation>:<seq>``) and the predictions offset committed with it; the head's first
+chunk carries the lineage, the incarnations the state went through, each with the
+last of its checkpoints on the chain. The committed offset's metadata names the
+checkpoint; a restore reads the partition to its end and takes each section's newest
+version on that chain (``_Versions``), so records of an aborted transaction (a fenced
+zombie's, which Tansu serves even under ``read_committed``) are never taken. A broker
+that drops offset metadata (Tansu) is read by offset: the newest complete head written
+with the committed offset. The format in full: ARCHITECTURE.md, "Changelog format".
 
 EOS-v2 (KIP-447): one transactional producer per member; the group's generation is
 checked by the broker at ``send_offsets_to_transaction``, so a member that lost its
