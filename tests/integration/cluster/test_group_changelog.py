@@ -6,6 +6,7 @@ under read_committed) restores exactly the state that was written."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,3 +163,44 @@ def _restored(cfg: Any, bootstrap: str, p: int) -> Any:
         c.close()
     return Changelog(cfg.kafka).restore(p, int(meta.offset), getattr(meta, "metadata", None)
                                         or None)
+
+
+def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_group(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each task's encode made to take 2 s (a large state on a busy machine): a
+    checkpoint of both tasks takes 4 s, past max_poll_interval_ms (3 s). The member
+    polls the group meanwhile, so it is never dropped: no rebalance, nothing refused."""
+    preds, labels = kafka_topics(count=2, partitions=2)
+    client = {**GROUP_CLIENT, "max_poll_interval_ms": 3000}
+    path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
+                        kafka={"instance": "group", "client": client},
+                        state={"checkpoint_interval": "1s"})
+    real_write = TaskLog.write
+    slow = {"on": False, "done": 0}
+
+    def write(self: TaskLog, *args: Any, **kw: Any) -> Any:
+        if slow["on"]:
+            deadline = time.monotonic() + 2.0  # encoding work, not a wait on anything
+            while time.monotonic() < deadline:
+                sum(range(10_000))
+            slow["done"] += 1
+        return real_write(self, *args, **kw)
+
+    monkeypatch.setattr(TaskLog, "write", write)
+    d = daemon(path)
+    with Running(d) as run, Producer(kafka_bootstrap) as producer:
+        assert d.group is not None
+        tasks, source = d.group.tasks, d.group.source
+        run.wait(lambda: len(tasks.tasks) == 2 and not source.unrestored, "both tasks")
+        rebalances = source.rebalances
+        slow["on"] = True
+        for k in range(3):  # three slow checkpoints of both tasks
+            producer.send([*stream((preds, labels), 100 * k, 20, 0),
+                           *stream((preds, labels), 100 * k, 20, 1)])
+            run.wait(lambda k=k: slow["done"] >= 2 * (k + 1) and all(
+                dict(tasks._written.get(p, (0, ()))[1]).get(preds) == 20 * (k + 1)
+                for p in (0, 1)), "a slow checkpoint of both tasks committed")
+        assert source.rebalances == rebalances
+        assert tasks.fenced == 0
+        assert sorted(tasks.tasks) == [0, 1]
