@@ -56,6 +56,8 @@ class TaskLog:
         if restored.name is None:
             return None
         head = decode(restored.sections[sections.HEAD])
+        head["engine"] = sections.join_done(
+            head["engine"], lambda name: decode(restored.sections[name])["done"])
         index = decode(restored.sections[sections.INDEX])["index"]
         groups = {int(name[1:]): decode(value) for name, value in restored.sections.items()
                   if name.startswith("g") and name[1:].isdigit()}
@@ -69,7 +71,10 @@ class TaskLog:
         """The bookkeeping of a task just restored from ``restored``."""
         log = cls()
         log.lineage = [list(e) for e in restored.lineage]
-        log.holders = dict(restored.holders)
+        # a removed piece of the joined-id memory is forgotten (the head names the ones
+        # it takes): its name never comes back with other contents
+        log.holders = {k: v for k, v in restored.holders.items()
+                       if not k.startswith(sections.DONE) or k in restored.sections}
         log.digests = {k: _digest(v) for k, v in restored.sections.items()}
         log.chunks = {k: _chunks(v) for k, v in restored.sections.items()}
         log.index_mark = engine.index_mark() if restored.name is not None else None
@@ -78,13 +83,21 @@ class TaskLog:
     def write(self, engine: Engine, positions: dict[str, int], offset: int, *,
               full: bool = False) -> TaskWrite:
         """The records of this task's next checkpoint: its head, its index if it
-        changed, and each group of series touched since the last commit (``full``:
-        every group) whose encoding differs from what the changelog holds."""
+        changed, the pieces of the joined-id memory the changelog does not hold (and
+        tombstones for those it no longer needs), and each group of series touched
+        since the last commit (``full``: every group) whose encoding differs from what
+        the changelog holds."""
         self.pending |= sections.groups_of(engine.take_touched())
         if full:
             self.pending |= sections.live_groups(engine)
+        head, pieces = sections.split_done(engine.snapshot_head())
         values: dict[str, bytes | None] = {
-            sections.HEAD: encode({"engine": engine.snapshot_head(), "positions": positions})}
+            sections.HEAD: encode({"engine": head, "positions": positions})}
+        for name, piece in pieces.items():
+            if self.chunks.get(name, 0) == 0:  # named by its content: new, or not at all
+                values[name] = encode({"done": piece})
+        values.update({name: None for name in self.chunks
+                       if name.startswith(sections.DONE) and name not in pieces})
         mark = engine.index_mark()
         if mark != self.index_mark:
             values[sections.INDEX] = encode({"index": engine.index.snapshot()})
@@ -111,6 +124,8 @@ class TaskLog:
         write, mark = self._attempt
         for name, value in write.sections.items():
             self.holders[name] = self.incarnation
+            if value is None and name.startswith(sections.DONE):
+                self.holders.pop(name)
             if value is None:
                 self.digests.pop(name, None)
                 self.chunks.pop(name, None)

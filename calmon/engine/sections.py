@@ -4,9 +4,15 @@
 maps, refit buffers, classwise buckets) in groups of ``GROUP`` series by id, section
 ``g<k>`` holding series ``k * GROUP`` to ``(k + 1) * GROUP - 1``.
 
-A checkpoint writes the head, the index when it changed, and the groups holding a
-series the engine touched (``Saving.take_touched``); ``assemble`` puts sections back
-together exactly as ``Engine.snapshot()`` makes them, for ``Engine.restore``. Groups
+The join's joined-id memory (``done``: the ids joined within ``join.ttl``, oldest
+first, up to ``join.max_pending``) is cut out of the head into pieces ``d<hash>``
+(``split_done``): a piece ends after an id whose CRC-32 is 0 mod ``DONE_EVERY`` (or at
+``DONE_MAX`` ids), so the cuts depend on the ids alone and a piece is named by its
+content; new ids change the last piece, expired ones the first, and the rest are
+written once. A checkpoint writes the head, the index when it changed, the new
+pieces, and the groups holding a series the engine touched
+(``Saving.take_touched``); ``assemble`` puts sections back together exactly as
+``Engine.snapshot()`` makes them, for ``Engine.restore``. Groups
 rather than one section a series: a full write of 5,000 series would be 5,000 records
 (each a Kafka record with its headers, each an encode), while a group of 32 is a few
 KiB. Pure: no I/O.
@@ -14,7 +20,10 @@ KiB. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+import zlib
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -24,6 +33,9 @@ from calmon.engine.saving import Saving
 GROUP = 32
 HEAD = "h"
 INDEX = "i"
+DONE = "d"  # the prefix of a joined-id memory piece's section
+DONE_EVERY = 1024  # ids a piece holds on average
+DONE_MAX = 4096
 _PACKED = ("keys", "nnz", "pos", "val", "dense_keys", "dense")
 
 
@@ -93,3 +105,38 @@ def assemble(head: dict[str, Any], index: dict[str, Any],
                                 *[p["classwise"]["windows"] for p in parts]]),
             "series": head.get("classwise_series") or []}
     return snap
+
+
+def _piece(entries: list[Any]) -> str:
+    text = json.dumps(entries, separators=(",", ":"))
+    return DONE + hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
+
+
+def split_done(head: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The head with its join's joined-id memory replaced by the names of its pieces
+    (``done_pieces``), and the pieces by name."""
+    join = head["join"]
+    pieces: dict[str, list[Any]] = {}
+    names: list[str] = []
+    cur: list[Any] = []
+    for entry in join["done"]:
+        cur.append(entry)
+        if len(cur) >= DONE_MAX or zlib.crc32(str(entry[0]).encode()) % DONE_EVERY == 0:
+            names.append(_piece(cur))
+            pieces[names[-1]] = cur
+            cur = []
+    if cur:
+        names.append(_piece(cur))
+        pieces[names[-1]] = cur
+    return {**head, "join": {**join, "done": [], "done_pieces": names}}, pieces
+
+
+def join_done(head: dict[str, Any], piece: Callable[[str], list[Any]]) -> dict[str, Any]:
+    """``split_done`` undone: ``piece(name)`` is a piece's entries (KeyError: missing)."""
+    join = dict(head["join"])
+    names = join.pop("done_pieces", None)
+    if names is not None:
+        if not isinstance(names, list):
+            raise ValueError("join: done_pieces is not a list")
+        join["done"] = [e for name in names for e in piece(str(name))]
+    return {**head, "join": join}
