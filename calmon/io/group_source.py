@@ -268,23 +268,20 @@ class GroupSource:
                  [r.key for r in recs]) for tp, recs in polled.items() if recs]
 
     def keepalive(self) -> None:
-        """A poll of the predictions consumer that returns no record (its partitions
-        paused for it): it resets the group's poll timer, so a long checkpoint does not
-        make this member leave the group at ``max_poll_interval_ms``. A rebalance it
-        runs is noted by the listener as in any poll; records of a partition assigned
-        in it are dropped (its task's restore seeks)."""
-        if self.preds is None:
+        """The group's poll timer reset without a poll (kafka-python's coordinator, as
+        a poll does first): a long checkpoint does not make this member leave the group
+        at ``max_poll_interval_ms``. Not a poll: nothing is fetched, no partition is
+        paused, and a rebalance under way waits for the loop's next poll (pausing
+        partitions for a poll that revoked them left a member out of the next
+        rebalances)."""
+        coordinator = getattr(self.preds, "_coordinator", None)
+        beat = getattr(coordinator, "poll_heartbeat", None)
+        if beat is None:
             return
         try:
-            held = [tp for tp in self.preds.assignment() if tp not in self.preds.paused()]
-            self.preds.pause(*held)
-            try:
-                self.preds.poll(timeout_ms=0, max_records=1)
-            finally:
-                owned = self.preds.assignment()
-                self.preds.resume(*[tp for tp in held if tp in owned])
-        except KafkaError as e:
-            log.warning("keepalive poll failed: %r", e)
+            beat()
+        except Exception as e:  # the heartbeat thread failed: the next poll rejoins
+            log.warning("keepalive of the group failed: %r", e)
 
     def group_metadata(self) -> Any:
         assert self.preds is not None
