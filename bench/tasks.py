@@ -8,13 +8,14 @@ No broker. The stream of ``bench.fleet_scrape.batches`` (each label right after 
 prediction) is fed twice, each in a fresh process: once into one ``Engine`` (the static
 mode's instance), once split by partition (a hash of the id, as a producer keyed by
 id) into ``--partitions`` engines (one member owning every task). Every ``--every``
-input records a "checkpoint": the tasks that changed are encoded whole
-(``calmon.io.checkpoint.encode``, the changelog's record values), their bytes counted
-and timed. At the end every task is decoded and restored into a new engine (the
-restore, without the broker's read). Printed: the feed rate of both (records/s), the
-changelog bytes per checkpoint (full snapshots of every changed task: incremental
-writes are not there yet), the restore time, and the RSS growth of each process.
-Nothing is asserted.
+input records a "checkpoint": each changed task's ``TaskLog.write`` (the changed
+sections, encoded: the changelog's record values), its bytes counted and timed. Then
+the incremental case: one more sample (one series) into one task, checkpointed; and a
+full write of every task for comparison. At the end every task is restored from its
+sections (decoded and assembled) into a new engine, without the broker's read.
+Printed: the feed rate of both (records/s), the changelog bytes per checkpoint, the
+small change vs the full write, the restore time, and the RSS growth of each
+process. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -59,9 +60,27 @@ def split(data: list[Any], partitions: int, at_least: int) -> list[list[Any]]:
     return out
 
 
+def _checkpoint(engines: list[Any], logs: list[Any], written: list[int]) -> tuple[int, int]:
+    """Each changed task's write, as committed: (bytes, records)."""
+    from calmon.io.changelog import _records
+
+    n = records = 0
+    for i, e in enumerate(engines):
+        if e.version != written[i]:
+            w = logs[i].write(e, {}, 0)
+            for _, value, _ in _records(i, w):
+                n += len(value or b"")
+                records += 1
+            logs[i].committed()
+            written[i] = e.version
+    return n, records
+
+
 def run(args: argparse.Namespace, side: str) -> dict[str, Any]:
     from calmon.engine.engine import Engine
-    from calmon.io.checkpoint import decode, encode
+    from calmon.engine.records import Kind, Raw
+    from calmon.io.changelog import Restored
+    from calmon.tasklog import TaskLog
 
     cfg = config(args.values)
     data = batches(args.models, args.values, args.pairs)
@@ -78,6 +97,7 @@ def run(args: argparse.Namespace, side: str) -> dict[str, Any]:
         return out
     cut = split(data, args.partitions, args.task_batch)
     engines = [Engine(cfg) for _ in range(args.partitions)]
+    logs = [TaskLog() for _ in engines]
     written = [-1] * args.partitions
     ckpt_bytes, ckpt_s, fed, feed_s = [], [], 0, 0.0
     for parts in cut:
@@ -88,21 +108,34 @@ def run(args: argparse.Namespace, side: str) -> dict[str, Any]:
         feed_s += time.perf_counter() - t
         fed += sum(len(b) for b in parts if b is not None)
         if fed >= args.every:
-            fed, t, n = 0, time.perf_counter(), 0
-            for i, e in enumerate(engines):
-                if e.version != written[i]:
-                    n += len(encode({"engine": e.snapshot(), "positions": {}}))
-                    written[i] = e.version
+            fed, t = 0, time.perf_counter()
+            ckpt_bytes.append(_checkpoint(engines, logs, written)[0])
             ckpt_s.append(time.perf_counter() - t)
-            ckpt_bytes.append(n)
+    _checkpoint(engines, logs, written)
     out["feed_s"] = feed_s
     out["rss"] = _rss() - before
-    blobs = [encode({"engine": e.snapshot(), "positions": {}}) for e in engines]
+    # one more sample: one series (and its model's __all__) of one task changes
+    one = {"id": "one-more", "model": "model-000", "ts": 1_764_460_800.0 + 14 * 86400 - 1,
+           "prob": 0.5, "segment": {"country": "c1", "device": "d0"}}
+    engines[0].feed([Raw(Kind.PREDICTION, json.dumps(one).encode()),
+                     Raw(Kind.LABEL, json.dumps({"id": "one-more", "label": 1}).encode())],
+                    not_after=2e9)
     t = time.perf_counter()
-    for blob in blobs:
-        Engine(cfg).restore(decode(blob)["engine"])
-    out.update(restore_s=time.perf_counter() - t, state_bytes=sum(map(len, blobs)),
-               ckpt_bytes=ckpt_bytes, ckpt_s=ckpt_s)
+    small, small_records = _checkpoint(engines, logs, written)
+    out.update(small_bytes=small, small_records=small_records,
+               small_s=time.perf_counter() - t)
+    # a full write of every task (a first checkpoint; every series changed)
+    t = time.perf_counter()
+    fresh = [TaskLog() for _ in engines]
+    writes = [log.write(e, {}, 0, full=True) for log, e in zip(fresh, engines)]
+    full_s = time.perf_counter() - t
+    sections = [{k: v for k, v in w.sections.items() if v is not None} for w in writes]
+    out.update(full_bytes=sum(len(v) for s in sections for v in s.values()),
+               full_records=sum(len(s) for s in sections), full_s=full_s)
+    t = time.perf_counter()
+    for s in sections:
+        TaskLog.restore(Engine(cfg), Restored(s, {}, [], "x:1", 0))
+    out.update(restore_s=time.perf_counter() - t, ckpt_bytes=ckpt_bytes, ckpt_s=ckpt_s)
     return out
 
 
@@ -137,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"changelog per checkpoint of {args.every:,} records: "
           f"{', '.join(f'{b / 2**20:.1f} MiB' for b in cb)} "
           f"(encode {', '.join(f'{s:.2f}s' for s in tasks['ckpt_s'])})")
-    print(f"restore of every task: {tasks['state_bytes'] / 2**20:.1f} MiB decoded and "
+    print(f"one sample more (one series of one task): {tasks['small_bytes'] / 1024:.1f} KiB "
+          f"in {tasks['small_records']} records, {tasks['small_s']:.3f}s")
+    print(f"full write of every task: {tasks['full_bytes'] / 2**20:.1f} MiB in "
+          f"{tasks['full_records']} records, encoded in {tasks['full_s']:.2f}s")
+    print(f"restore of every task: {tasks['full_bytes'] / 2**20:.1f} MiB decoded and "
           f"restored in {tasks['restore_s']:.2f}s")
     return 0
 

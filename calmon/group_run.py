@@ -5,9 +5,10 @@ source and the changelog, and the steps of a group checkpoint:
 
 1. the records held for the tasks are fed, and the dead letters of this state are
    delivered (as ``calmon.commit`` step 1);
-2. every owned task's state and positions, and the predictions offsets named by the
-   same checkpoint, in one Kafka transaction (``Tasks.checkpoint``); the broker refuses
-   it from a member whose generation is gone, so a zombie writes nothing. With
+2. every changed task's changed sections (``calmon.tasklog``) and positions, and the
+   predictions offsets named by the same checkpoints, in one Kafka transaction
+   (``Tasks.checkpoint``, which keeps polling the group while it works); the broker
+   refuses it from a member whose generation is gone, so a zombie writes nothing. With
    recalibration on, each task's joined samples since its last checkpoint go to
    ``kafka.joined_topic`` in the same transaction (``cluster.group_sender``), read by
    the model's owner (``cluster.service``, as in the static mode).

@@ -21,15 +21,17 @@ from calmon.config import Config
 from calmon.engine.delta import Delta
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind
-from calmon.io.changelog import Changelog, ChangelogError
+from calmon.io.changelog import Changelog, ChangelogError, TaskWrite
 from calmon.io.group_source import GroupSource, Offsets
 from calmon.io.source import Chunk, to_batch
 from calmon.io.totals import ProcessTotals
+from calmon.tasklog import TaskLog
 
 log = logging.getLogger(__name__)
 
 FEED_AT = 2000  # a task is fed once it holds this many records (the columnar join's size)
 HOLD_S = 0.5  # or once its oldest record waited this long
+KEEPALIVE_S = 1.0  # a checkpoint polls the group this often (max_poll_interval_ms >= 1s)
 # calmon_restore_seconds buckets
 RESTORE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, float("inf"))
 
@@ -44,6 +46,7 @@ class Task:
     records_total: int = 0
     restored_from: str | None = None  # the checkpoint it was restored from
     positions: dict[str, int] = field(default_factory=dict)  # topic -> next offset
+    log: TaskLog = field(default_factory=TaskLog)  # what its changelog holds
 
     def view(self) -> dict[str, Any]:
         out: dict[str, Any] = {"partition": self.partition, "state": self.state,
@@ -87,6 +90,7 @@ class Tasks:
         # a rolled-back task's records already in the process totals: topic -> the next
         # offset not yet counted (its records are read again, one at a time)
         self._counted: dict[int, dict[str, int]] = {}
+        self._alive_at = 0.0  # the group's poll timer last reset by a checkpoint
 
     def engines(self) -> list[Engine]:
         return [t.engine for t in self.tasks.values()]
@@ -127,6 +131,7 @@ class Tasks:
 
             try:
                 restored = self.changelog.restore(p, offset, ckpt, progress)
+                positions = TaskLog.restore(task.engine, restored)
             except (ChangelogError, ValueError, KeyError, TypeError) as e:
                 # a committed checkpoint that cannot be read: the partition is not read
                 # unowned either; the group moves it on when this member leaves
@@ -134,11 +139,10 @@ class Tasks:
                 raise
             self._observe(time.monotonic() - began, restored.bytes_read)
             task.bytes_done = restored.bytes_read
-            if restored.state is not None:
-                task.engine.restore(restored.state["engine"])
-                task.positions = {str(k): int(v)
-                                  for k, v in restored.state["positions"].items()}
-                task.restored_from = ckpt or f"offset {offset}"
+            task.log = TaskLog.of(task.engine, restored)
+            if positions is not None:
+                task.positions = positions
+                task.restored_from = restored.name or f"offset {offset}"
             task.state = "running"
             if self.joined is not None:
                 self.joined.restored(p, task.engine, task.positions)
@@ -248,16 +252,19 @@ class Tasks:
     # ------------------------------------------------------------ checkpoints
 
     def checkpoint(self, partitions: list[int] | None = None) -> bool:
-        """Steps of group mode's commit: every (or these) task's state and positions,
-        with the predictions offsets, in one transaction; False when refused."""
+        """Steps of group mode's commit: every (or these) task's changed sections and
+        positions, with the predictions offsets, in one transaction; False when
+        refused. The group's poll timer is kept alive meanwhile (``keepalive``), so a
+        large checkpoint never outlasts ``max_poll_interval_ms``."""
         source = self.source
         if source is None or not self.tasks:
             return False
         parts = sorted(self.tasks if partitions is None else partitions)
         pred = self.cfg.kafka.predictions_topic
-        states: dict[int, dict[str, Any]] = {}
+        writes: dict[int, TaskWrite] = {}
         offsets: dict[int, int] = {}
         marks: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
+        self._alive_at = time.monotonic()
         for p in parts:
             task = self.tasks[p]
             for topic in self._kinds:
@@ -270,25 +277,40 @@ class Tasks:
             marks[p] = (task.engine.version, tuple(sorted(task.positions.items())))
             if self._written.get(p) == marks[p]:
                 continue  # nothing new since its last checkpoint
-            states[p] = {"engine": task.engine.snapshot(), "positions": dict(task.positions)}
             offsets[p] = task.positions[pred]
-        if not states:
+            writes[p] = task.log.write(task.engine, dict(task.positions), offsets[p])
+            self.keepalive()
+        if not writes:
             return False
         extra = [] if self.joined is None else self.joined.collect(
-            {p: (self.tasks[p].engine, self.tasks[p].positions) for p in states})
+            {p: (self.tasks[p].engine, self.tasks[p].positions) for p in writes})
+        began = time.monotonic()
         try:
-            ckpt = self.changelog.commit(states, offsets, source.group_metadata(),
-                                         extra=extra)
+            n = self.changelog.commit(writes, offsets, source.group_metadata(),
+                                      between=self.keepalive, extra=extra)
         except ChangelogError as e:
             self.fenced += 1
+            for p in writes:
+                self.tasks[p].log.failed()
             log.warning("checkpoint refused, nothing written: %s", e)
             return False
+        for p in writes:
+            self.tasks[p].log.committed()
+            self._written[p] = marks[p]
         self.last_checkpoint = time.time()
-        self._written.update(marks)
         if self.joined is not None:
             self.joined.committed()
-        log.debug("checkpoint %s: tasks %s at %s", ckpt, sorted(states), offsets)
+        log.debug("checkpoint of tasks %s at %s: %d records, sent in %.2fs", sorted(writes),
+                  offsets, n, time.monotonic() - began)
         return True
+
+    def keepalive(self) -> None:
+        """While a checkpoint works: the group's poll timer reset every
+        ``KEEPALIVE_S`` (a poll that reads nothing), so the member stays in the
+        group however long the checkpoint takes."""
+        if self.source is not None and time.monotonic() - self._alive_at >= KEEPALIVE_S:
+            self.source.keepalive()
+            self._alive_at = time.monotonic()
 
     def positions(self) -> dict[tuple[str, int], int]:
         """Every task's next offsets of both topics (what its state reflects)."""

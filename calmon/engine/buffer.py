@@ -8,6 +8,7 @@ Memory is ``capacity x (classes + 3) x 8`` bytes per ring, whatever the traffic.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,7 @@ class Buffers:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.rings: dict[int, Ring] = {}
+        self.touched: set[int] = set()  # series written since the changelog took them
 
     def add(self, sid: int, classes: int, ts: np.ndarray, label: np.ndarray,
             kind: np.ndarray, score: np.ndarray) -> None:
@@ -139,13 +141,17 @@ class Buffers:
         if ring is None:
             ring = self.rings[sid] = Ring(self.capacity, classes)
         ring.extend(ts, label, kind, score)
+        self.touched.add(sid)
 
     def samples(self, sid: int, last: int | None = None) -> SampleSet | None:
         ring = self.rings.get(sid)
         return None if ring is None else ring.samples(last)
 
-    def snapshot(self) -> dict[int, Any]:
+    def snapshot(self, only: Iterable[int] | None = None) -> dict[int, Any]:
+        if only is not None:
+            return {sid: self.rings[sid].snapshot() for sid in only if sid in self.rings}
         return {sid: ring.snapshot() for sid, ring in self.rings.items()}
 
     def restore(self, snap: dict[int, Any]) -> None:
         self.rings = {int(sid): Ring.restore(self.capacity, s) for sid, s in snap.items()}
+        self.touched.clear()

@@ -101,6 +101,7 @@ class ScoreHist(BucketTables):
             now: float | np.ndarray) -> None:
         if len(sid) == 0:
             return
+        self.touched.update(np.unique(sid).tolist())
         b = bin_index(conf, self.bins)
         for w, width in enumerate(self.widths):
             bucket = np.floor(ts / width).astype(np.int64)

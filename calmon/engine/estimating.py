@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -249,18 +249,21 @@ class Maps:
         self.windows = windows
         self.big = max(range(len(windows.widths)), key=lambda w: windows.widths[w])
         self._last: dict[int, Map] = {}
+        self.touched: set[int] = set()  # series refitted since the changelog took them
         self._current: set[int] = set()
         self._fresh: set[int] = set()  # refreshed this round
 
     def new_round(self) -> None:
         self._fresh.clear()
 
-    def snapshot(self) -> list[list[Any]]:
-        """Every series' last map, for the checkpoint: a pause in the labels longer than
-        the largest window keeps it across a restart too."""
+    def snapshot(self, only: Iterable[int] | None = None) -> list[list[Any]]:
+        """Every series' last map (``only``: these series'), for the checkpoint: a pause
+        in the labels longer than the largest window keeps it across a restart too."""
+        held = self._last if only is None else {s: self._last[s] for s in only
+                                                if s in self._last}
         return [[sid, *m.key, m.fit.x, m.fit.y, m.fit.block, m.fit.weight, m.newest_ts,
                  None if math.isinf(m.since) else m.since, m.signature.hex()]
-                for sid, m in sorted(self._last.items())]
+                for sid, m in sorted(held.items())]
 
     def restore(self, rows: list[Any], series: int) -> None:
         """The maps of ``snapshot``, checked (a checksum-valid checkpoint may still be
@@ -284,6 +287,7 @@ class Maps:
             out[sid] = Map((model, segment, classes), Fit(x, y, block, weight), float(newest),
                            -math.inf if since is None else float(since), bytes.fromhex(sig))
         self._last = out
+        self.touched.clear()
         self._current.clear()
         self._fresh.clear()
 
@@ -342,6 +346,7 @@ class Maps:
             return
         end = (newest + 1) * self.windows.widths[w]
         self._last[sid] = Map(key, fit, min(now, end), after, signature)
+        self.touched.add(sid)
 
     def _window_since(self, now: float, since: float | None) -> int:
         """The window to read a map from: the largest; after a change, the one with the

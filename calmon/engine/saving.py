@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,21 @@ class Saving(EngineState):
     def snapshot(self) -> dict[str, Any]:
         """The whole state as plain data (dicts, lists, numpy arrays, bytes)."""
         with self.lock:
+            out = self.snapshot_head()
+            out.update(self.snapshot_series(None))
+            out["series"] = self.index.snapshot()
+            if out["classwise"] is not None:
+                out["classwise"]["series"] = out.pop("classwise_series")
+            else:
+                out.pop("classwise_series")
+            return out
+
+    def snapshot_head(self) -> dict[str, Any]:
+        """What is not kept per series: clocks, models, counters, the join's state (and
+        the classwise pseudo-series' ids). With ``series`` (``index.snapshot()``) and
+        ``snapshot_series``, the whole of ``snapshot`` (group mode's changelog keeps
+        them as sections of their own)."""
+        with self.lock:
             return {
                 "version": SNAPSHOT_VERSION,
                 "layout": self._layout(),
@@ -33,16 +49,50 @@ class Saving(EngineState):
                 "models": [[m, *row] for m, row in zip(self.models,
                                                        self.class_counts.snapshot())],
                 "counters": dict(self.counters),
-                "series": self.index.snapshot(),
                 "join": self.join.snapshot(),
-                "windows": self.windows.pack(),
-                "scores": self.scores.pack(),
-                "maps": self.maps.snapshot(),  # v5: the estimation maps
-                "buffers": None if self.buffers is None else self.buffers.snapshot(),
-                "classwise": None if self.classwise is None else {
-                    "windows": self.classwise.pack(),
-                    "series": [[s, c, i] for (s, c), i in self._class_series.items()]},
+                "classwise_series": (None if self.classwise is None else
+                                     [[s, c, i] for (s, c), i in self._class_series.items()]),
             }
+
+    def snapshot_series(self, only: Iterable[int] | None) -> dict[str, Any]:
+        """The per-series state of ``only`` (None: every series): window buckets, score
+        histograms, estimation maps, refit buffers, classwise buckets."""
+        with self.lock:
+            cw = None
+            if self.classwise is not None:
+                cids = None if only is None else [
+                    i for s in only for i in self._classes_of.get(s, ())]
+                cw = {"windows": self.classwise.pack(cids)}
+            return {
+                "windows": self.windows.pack(only),
+                "scores": self.scores.pack(only),
+                "maps": self.maps.snapshot(only),  # v5: the estimation maps
+                "buffers": None if self.buffers is None else self.buffers.snapshot(only),
+                "classwise": cw,
+            }
+
+    def take_touched(self) -> set[int]:
+        """The series whose own state may have changed since the last call (every
+        per-series table notes the series it writes), and forget them."""
+        with self.lock:
+            out = self.windows.touched | self.scores.touched | self.maps.touched
+            self.windows.touched, self.scores.touched = set(), set()
+            self.maps.touched = set()
+            if self.buffers is not None:
+                out |= self.buffers.touched
+                self.buffers.touched = set()
+            if self.classwise is not None and self.classwise.touched:
+                owner = {i: s for (s, _c), i in self._class_series.items()}
+                out |= {owner[i] for i in self.classwise.touched if i in owner}
+                self.classwise.touched = set()
+            return out
+
+    def index_mark(self) -> tuple[int, ...]:
+        """Changes whenever the series index does (its snapshot, without making it)."""
+        with self.lock:
+            ix = self.index
+            return (ix.generation, len(ix.series), len(ix.combos),
+                    sum(len(v) for v in ix._admitted.values()))
 
     def _layout(self) -> dict[str, Any]:
         m = self.cfg.metrics

@@ -20,7 +20,7 @@ contract's 1e-9.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +139,8 @@ class BucketTables:
         self._dense_at = max(1, width // 2)  # nonzero entries from which a cell is dense
         # [window][series] -> {bucket index: cell}
         self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
+        # series written since the group-mode changelog last took them (tasklog)
+        self.touched: set[int] = set()
 
     def current(self, w: int, now: Any) -> Any:
         """The bucket holding ``now``: an int, or an int64 array for an array of nows
@@ -249,6 +251,7 @@ class BucketTables:
                 buckets = tab[sid]
                 for idx in [i for i in buckets if i <= floor_]:
                     del buckets[idx]
+                    self.touched.add(sid)
                 if not buckets:
                     del tab[sid]
 
@@ -257,6 +260,7 @@ class BucketTables:
         it holds nothing): for a table whose buckets are read one by one."""
         buckets = self._data[w].get(sid)
         cell = None if buckets is None else buckets.pop(idx, None)
+        self.touched.add(sid)
         if buckets is not None and not buckets:
             del self._data[w][sid]
         if cell is None:
@@ -267,6 +271,7 @@ class BucketTables:
 
     def forget(self, sids: list[int]) -> None:
         """Drop everything kept for these series (a model's class count was reset)."""
+        self.touched.update(sids)
         for tab in self._data:
             for sid in sids:
                 tab.pop(sid, None)
@@ -300,17 +305,18 @@ class BucketTables:
             out.append({"keys": keys, "vecs": vecs})
         return out
 
-    def pack(self) -> list[dict[str, np.ndarray]]:
+    def pack(self, only: Iterable[int] | None = None) -> list[dict[str, np.ndarray]]:
         """Per window, the held buckets in (series, bucket) order, the sparse ones as CSR
         (``keys`` (n, 2), ``nnz`` (n,), ``pos``, ``val``), the dense ones as rows
-        (``dense_keys`` (m, 2), ``dense`` (m, size)): a few bytes per nonzero entry."""
+        (``dense_keys`` (m, 2), ``dense`` (m, size)): a few bytes per nonzero entry.
+        ``only``: these series alone (a changelog section)."""
         pos_type = np.uint16 if self._width <= 1 << 16 else np.int32
         out = []
         for tab in self._data:
             sids: list[int] = []
             idxs: list[int] = []
             cells: list[np.ndarray] = []
-            for sid in sorted(tab):
+            for sid in sorted(tab) if only is None else sorted(s for s in only if s in tab):
                 buckets = tab[sid]
                 for idx in sorted(buckets):
                     sids.append(sid)
@@ -335,6 +341,7 @@ class BucketTables:
     def restore(self, snap: list[Any]) -> None:
         """From ``pack`` (or the dense ``keys``/``vecs`` of checkpoint format 1)."""
         self._data = [{} for _ in self.windows]
+        self.touched.clear()
         for tab, part in zip(self._data, snap):
             if "vecs" in part:  # format 1: every bucket dense
                 for (sid, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
@@ -392,6 +399,7 @@ class Windows(BucketTables):
         """Add samples; ``now``: one for all, or each sample's own (its model's)."""
         if len(s.sid) == 0:
             return
+        self.touched.update(np.unique(s.sid).tolist())
         for tap in self.taps:
             tap(s)
         lay = self.layout

@@ -1,18 +1,20 @@
 """Group mode's changelog (contract §8): each task's state in the compacted
-``kafka.state_changelog_topic``, written in the same Kafka transaction as the group's
-offsets, and read back by whichever member is assigned the task's partition.
+``kafka.state_changelog_topic``, written incrementally in the same Kafka transaction as
+the group's offsets, and read back by whichever member is assigned the task's
+partition.
 
-A task is an input partition ``p``; its state goes to changelog partition ``p`` under
-keys ``p/<chunk>`` (a state larger than a record is cut in chunks), each record with a
-header naming the checkpoint it belongs to (``calmon-ckpt``: the member's transactional
-id and a serial) and the predictions offset committed with it. The offsets committed in
-the same transaction carry that name as their metadata, so a restore takes the chunks
-of exactly the committed checkpoint: records of an aborted transaction (a fenced
-zombie's, which Tansu serves even under ``read_committed``) and older versions not yet
-compacted away are skipped by name. A broker that drops offset metadata (Tansu) is
-read by offset instead: the newest complete checkpoint written with the committed
-offset. Each checkpoint holds a task's whole state with the positions of both topics it
-reflects, so even an aborted one taken that way is a consistent state to go on from.
+A task is an input partition ``p``; its state goes to changelog partition ``p`` as
+sections (``calmon.engine.sections``: head, index, groups of series), each under keys
+``p/<section>/<chunk>``; a checkpoint writes the sections that changed
+(``calmon.tasklog``). Every record names its checkpoint (``calmon-ckpt``:
+``<incarnation>:<seq>``) and the predictions offset committed with it; the head's first
+chunk carries the lineage, the incarnations the state went through, each with the
+last of its checkpoints on the chain. The committed offset's metadata names the
+checkpoint; a restore reads the partition to its end and takes each section's newest
+version on that chain (``_Versions``), so records of an aborted transaction (a fenced
+zombie's, which Tansu serves even under ``read_committed``) are never taken. A broker
+that drops offset metadata (Tansu) is read by offset: the newest complete head written
+with the committed offset. The format in full: ARCHITECTURE.md, "Changelog format".
 
 EOS-v2 (KIP-447): one transactional producer per member; the group's generation is
 checked by the broker at ``send_offsets_to_transaction``, so a member that lost its
@@ -21,10 +23,10 @@ partitions (a zombie) cannot commit, and its records are aborted.
 
 from __future__ import annotations
 
+import json
 import logging
-import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +35,16 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from calmon.config import KafkaConfig
-from calmon.io.checkpoint import decode, encode
 from calmon.io.topics import client_settings
 
 log = logging.getLogger(__name__)
 
-CKPT_HEADER = "calmon-ckpt"
+CKPT_HEADER = "calmon-ckpt"  # "<incarnation>:<seq>"
 CHUNK_HEADER = "calmon-chunk"  # "<index>/<count>"
 POS_HEADER = "calmon-offset"  # the predictions offset committed with it
+LINEAGE_HEADER = "calmon-lineage"  # on a head's first chunk: JSON [[incarnation, seq], ...]
+HEAD = "h"
+BETWEEN_RECORDS = 200
 CHUNK_BYTES = 512 * 1024  # well inside the default record and request limits
 RESTORE_POLL_MS = 500
 # a member killed mid-transaction holds its partitions' committed offsets unstable
@@ -101,6 +105,23 @@ def ensure_topic(cfg: KafkaConfig, partitions: int, timeout_s: float = 30.0) -> 
         admin.close()
 
 
+def _records(part: int, write: TaskWrite) -> Iterator[tuple[bytes, bytes | None,
+                                                           list[tuple[str, bytes]]]]:
+    """A task's records: each section's chunks, then tombstones for the chunks it no
+    longer has (all of them for a removed section)."""
+    for section, value in write.sections.items():
+        chunks = ([] if value is None else
+                  [value[i:i + CHUNK_BYTES] for i in range(0, len(value), CHUNK_BYTES)] or [b""])
+        n = len(chunks)
+        for i in range(max(n, write.chunks_before.get(section, 0))):
+            heads = [(CKPT_HEADER, write.name.encode()),
+                     (CHUNK_HEADER, f"{i}/{n}".encode()),
+                     (POS_HEADER, str(write.offset).encode())]
+            if section == HEAD and i == 0:
+                heads.append((LINEAGE_HEADER, json.dumps(write.lineage).encode()))
+            yield f"{part}/{section}/{i}".encode(), chunks[i] if i < n else None, heads
+
+
 def member_id(cfg: KafkaConfig) -> str:
     """This member's transactional id: the static member's name (a restart fences its
     former self), else a new one per process."""
@@ -110,40 +131,139 @@ def member_id(cfg: KafkaConfig) -> str:
 
 
 @dataclass
-class Restored:
-    """A task's state as the changelog holds it for the committed checkpoint."""
+class TaskWrite:
+    """One task's records in a checkpoint: the sections that changed since its last
+    committed checkpoint (``calmon.engine.sections``), encoded, or None for a section
+    now empty (tombstones)."""
 
-    state: dict[str, Any] | None  # None: no committed checkpoint of this task
+    name: str  # "<incarnation>:<seq>"
+    lineage: list[list[Any]]  # [[incarnation, last seq on the chain], ...], oldest first
+    sections: dict[str, bytes | None]
+    chunks_before: dict[str, int]  # section -> chunks it had (those past the new count go)
+    offset: int  # the predictions offset committed with it
+
+
+@dataclass
+class Restored:
+    """A task's sections as the changelog holds them for the committed checkpoint."""
+
+    sections: dict[str, bytes]  # section -> value (the newest on the chain)
+    holders: dict[str, str]  # section -> the incarnation that wrote it (tombstones too)
+    lineage: list[list[Any]]  # the committed checkpoint's
+    name: str | None  # None: no committed checkpoint of this task
     bytes_read: int
 
 
-class _Found:
-    """The chunks of the wanted checkpoint as the changelog is read: by name, or (no
-    name) the newest complete one written with the committed offset."""
+def parse_name(name: str) -> tuple[str, int] | None:
+    inc, _, seq = name.partition(":")
+    return (inc, int(seq)) if inc and seq.isdigit() else None
 
-    def __init__(self, name: str | None, offset: str) -> None:
-        self.name = name
-        self.offset = offset
-        self.current: str | None = None
-        self.chunks: dict[int, bytes] = {}
-        self.count = 0
-        self.complete: bytes | None = None
 
-    def add(self, heads: dict[str, bytes], value: bytes) -> None:
-        name = heads.get(CKPT_HEADER, b"").decode()
-        if self.name is not None and name != self.name:
+@dataclass
+class _Version:
+    count: int  # chunks; 0: the section was removed
+    pos: str  # the predictions offset committed with it
+    last: int = -1  # changelog offset of its newest record
+    lineage: list[list[Any]] | None = None
+    chunks: dict[int, bytes] | None = None
+
+    def complete(self) -> bool:
+        return self.count == 0 or (self.chunks is not None and len(self.chunks) == self.count)
+
+    def value(self) -> bytes:
+        assert self.chunks is not None
+        return b"".join(self.chunks[i] for i in range(self.count))
+
+
+def _is_lineage(x: Any) -> bool:
+    return isinstance(x, list) and all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and type(e[1]) is int
+        for e in x)
+
+
+class _Versions:
+    """What a changelog partition holds, read to its end: per section and incarnation
+    the two newest versions (an incarnation ends at its first aborted checkpoint, so
+    the newest on the chain is one of them)."""
+
+    def __init__(self, part: int) -> None:
+        self.prefix = f"{part}/"
+        self.held: dict[str, dict[str, dict[int, _Version]]] = {}
+
+    def add(self, key: bytes | None, heads: dict[str, bytes], value: bytes | None,
+            offset: int) -> None:
+        parts = (key or b"").decode(errors="replace").split("/")
+        name = parse_name(heads.get(CKPT_HEADER, b"").decode(errors="replace"))
+        if len(parts) != 3 or name is None or CHUNK_HEADER not in heads:
+            return  # not a record of this format
+        section, index = parts[1], int(parts[2]) if parts[2].isdigit() else -1
+        _, _, count = heads[CHUNK_HEADER].decode(errors="replace").partition("/")
+        if not count.isdigit() or index < 0:
             return
-        if self.name is None and heads.get(POS_HEADER, b"").decode() != self.offset:
-            return
-        if name != self.current:
-            self.current, self.chunks = name, {}
-        index, count = heads[CHUNK_HEADER].decode().split("/")
-        self.chunks[int(index)], self.count = value, int(count)
-        if len(self.chunks) == self.count:
-            self.complete = b"".join(self.chunks[i] for i in range(self.count))
+        n = int(count)
+        if index >= n and n:
+            return  # a tombstone of a chunk past a version's count
+        inc, seq = name
+        seqs = self.held.setdefault(section, {}).setdefault(inc, {})
+        v = seqs.get(seq)
+        if v is None:
+            v = seqs[seq] = _Version(n, heads.get(POS_HEADER, b"").decode(),
+                                     chunks={} if n else None)
+            for old in sorted(seqs)[:-2]:
+                del seqs[old]
+            if seq not in seqs:
+                return
+        if LINEAGE_HEADER in heads:
+            try:
+                lineage = json.loads(heads[LINEAGE_HEADER])
+            except ValueError:
+                lineage = None
+            v.lineage = lineage if _is_lineage(lineage) else None
+        if n and v.chunks is not None and value is not None:
+            v.chunks[index] = value
+        v.last = offset
 
-    def blob(self) -> bytes | None:
-        return self.complete
+    def committed(self, ckpt: str | None, committed: int) -> tuple[str, _Version] | None:
+        """The committed checkpoint's head: by name, else (a broker that drops offset
+        metadata) the newest complete one written with the committed offset."""
+        heads = self.held.get(HEAD, {})
+        if ckpt is not None:
+            name = parse_name(ckpt)
+            v = None if name is None else heads.get(name[0], {}).get(name[1])
+            return None if v is None or not v.complete() else (ckpt, v)
+        best: tuple[str, _Version] | None = None
+        for inc, seqs in heads.items():
+            for seq, v in seqs.items():
+                if v.complete() and v.pos == str(committed) and (
+                        best is None or v.last > best[1].last):
+                    best = (f"{inc}:{seq}", v)
+        return best
+
+    def chain(self, lineage: list[list[Any]]) -> tuple[dict[str, bytes], dict[str, str]]:
+        """Each section's newest version on the chain ``lineage`` names: incarnations in
+        order, each up to the last of its checkpoints the chain goes through. Records of
+        anything else (an aborted checkpoint, a fenced zombie's) are left out."""
+        bound = {str(inc): (i, int(b)) for i, (inc, b) in enumerate(lineage)}
+        values: dict[str, bytes] = {}
+        holders: dict[str, str] = {}
+        for section, incs in self.held.items():
+            best: tuple[int, int, str, _Version] | None = None
+            for inc, seqs in incs.items():
+                if inc not in bound:
+                    continue
+                order, last = bound[inc]
+                for seq, v in seqs.items():
+                    if seq <= last and (best is None or (order, seq) > best[:2]):
+                        best = (order, seq, inc, v)
+            if best is None:
+                continue
+            holders[section] = best[2]
+            if not best[3].complete():
+                raise ChangelogError(f"section {section} of checkpoint {best[2]}:{best[1]} "
+                                     f"is not all in the changelog")
+            if best[3].count:
+                values[section] = best[3].value()
+        return values, holders
 
 
 class Changelog:
@@ -153,8 +273,9 @@ class Changelog:
         self.cfg = cfg
         self.topic = cfg.changelog_topic
         self.transactional_id = member_id(cfg)
-        self._serial = 0
         self._producer: KafkaProducer | None = None
+        self.records = 0  # records written by committed checkpoints
+        self.bytes = 0  # their values' bytes
 
     def _writer(self) -> KafkaProducer:
         if self._producer is None:
@@ -165,28 +286,29 @@ class Changelog:
             self._producer = p
         return self._producer
 
-    def commit(self, states: Mapping[int, dict[str, Any]], offsets: Mapping[int, int],
-               group_metadata: Any, extra: Sequence[Extra] = ()) -> str:
-        """One transaction: every task's state (partition -> plain data) and the
-        predictions offsets of the same partitions, named by one checkpoint id, and the
-        ``extra`` records (topic, key, value, headers: the joined batches of scaled-out
-        recalibration). Returns the id; raises ChangelogError when nothing was committed."""
-        self._serial += 1
-        ckpt = f"{self.transactional_id}:{self._serial}:{int(time.time())}"
+    def commit(self, states: Mapping[int, TaskWrite], offsets: Mapping[int, int],
+               group_metadata: Any, *, between: Callable[[], None] | None = None,
+               extra: Sequence[Extra] = ()) -> int:
+        """One transaction: every task's changed sections (partition -> its write) and
+        the predictions offsets of the same partitions, each named by its task's
+        checkpoint, and the ``extra`` records (topic, key, value, headers: the joined
+        batches of scaled-out recalibration). ``between`` is called every
+        ``BETWEEN_RECORDS`` records (the loop keeps the group's poll timer alive).
+        Returns the records written; raises ChangelogError when nothing was committed."""
         p = self._writer()
+        n = nbytes = 0
         try:
             p.begin_transaction()
-            for part, state in states.items():
-                blob = encode(state)
-                chunks = [blob[i:i + CHUNK_BYTES] for i in range(0, len(blob), CHUNK_BYTES)]
-                for i, chunk in enumerate(chunks or [b""]):
-                    p.send(self.topic, key=f"{part}/{i}".encode(), value=chunk,
-                           partition=part,
-                           headers=[(CKPT_HEADER, ckpt.encode()),
-                                    (CHUNK_HEADER, f"{i}/{max(len(chunks), 1)}".encode()),
-                                    (POS_HEADER, str(offsets[part]).encode())])
+            for part, write in states.items():
+                for key, value, heads in _records(part, write):
+                    p.send(self.topic, key=key, value=value, partition=part, headers=heads)
+                    n += 1
+                    nbytes += len(value or b"")
+                    if between is not None and n % BETWEEN_RECORDS == 0:
+                        between()
             meta = {TopicPartition(self.cfg.predictions_topic, part):
-                    OffsetAndMetadata(off, ckpt, -1) for part, off in offsets.items()}
+                    OffsetAndMetadata(off, states[part].name, -1)
+                    for part, off in offsets.items()}
             p.send_offsets_to_transaction(meta, group_metadata)
             # after the offsets, where Apache Kafka checks the member's generation: a
             # zombie's are not even written as aborted records (which Tansu serves)
@@ -196,7 +318,9 @@ class Changelog:
         except Exception as e:
             self._drop(p)
             raise ChangelogError(f"the checkpoint transaction failed: {e!r}") from e
-        return ckpt
+        self.records += n
+        self.bytes += nbytes
+        return n
 
     def _drop(self, p: KafkaProducer) -> None:
         """After a failed transaction: abort when possible, else start anew (a fenced
@@ -214,13 +338,14 @@ class Changelog:
 
     def restore(self, part: int, committed: int | None, ckpt: str | None,
                 progress: Callable[[int, int, int], None] | None = None) -> Restored:
-        """Task ``part``'s state of checkpoint ``ckpt`` (the metadata of the committed
-        offset ``committed``; without it, the newest one written with that offset), read
-        from the changelog partition to its end; chunks of any other are skipped.
-        ``progress(bytes_done, records_done, records_total)`` as it reads (the bytes
-        ahead are not known before they are read)."""
+        """Task ``part``'s sections as of checkpoint ``ckpt`` (the metadata of the
+        committed offset ``committed``; without it, the newest one written with that
+        offset): the changelog partition read to its end, each section's newest version
+        on the chain the checkpoint names. ``progress(bytes_done, records_done,
+        records_total)`` as it reads (the bytes ahead are not known before they are
+        read)."""
         if committed is None:
-            return Restored(None, 0)
+            return Restored({}, {}, [], None, 0)
         reader = KafkaConsumer(**reader_settings(self.cfg))
         try:
             tp = TopicPartition(self.topic, part)
@@ -228,21 +353,27 @@ class Changelog:
             reader.seek_to_beginning(tp)
             begin = int(reader.beginning_offsets([tp])[tp])
             end = int(reader.end_offsets([tp])[tp])
-            found = _Found(ckpt, str(committed))
+            held = _Versions(part)
             done = 0
             while reader.position(tp) < end:
                 for rec in reader.poll(timeout_ms=RESTORE_POLL_MS).get(tp, ()):
                     done += len(rec.value or b"")
-                    found.add(dict(rec.headers or ()), rec.value or b"")
+                    held.add(rec.key, dict(rec.headers or ()), rec.value, rec.offset)
                 if progress is not None:
                     progress(done, reader.position(tp) - begin, end - begin)
-            blob = found.blob()
-            if blob is None:
+            found = held.committed(ckpt, committed)
+            if found is None:
                 if ckpt is None:  # offsets committed without a state: nothing to go on
-                    return Restored(None, done)
+                    return Restored({}, {}, [], None, done)
                 raise ChangelogError(f"{self.topic}/{part}: checkpoint {ckpt} is committed "
-                                     f"but its chunks are not all in the changelog")
-            return Restored(decode(blob), done)
+                                     f"but its head is not all in the changelog")
+            name, head = found
+            lineage = head.lineage or []
+            values, holders = held.chain(lineage)
+            if HEAD not in values:
+                raise ChangelogError(f"{self.topic}/{part}: checkpoint {name} names no "
+                                     f"chain its own head is on")
+            return Restored(values, holders, lineage, name, done)
         except KafkaError as e:
             raise ChangelogError(f"cannot read {self.topic}/{part}: {e!r}") from e
         finally:

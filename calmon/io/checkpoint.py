@@ -67,6 +67,7 @@ _DTYPES = frozenset(np.dtype(t).str for t in (
 _MAX_NDIM = 4
 _MAX_DEPTH = 64  # nesting of the document; the engine's is under 10
 _SLICE = 4096  # list items per json.dumps when the meta is written
+_SMALL = 2048  # a part of the meta with fewer items (at any depth) is one json.dumps
 _READ = 2**20  # bytes read back at a time for the digest
 
 
@@ -182,10 +183,34 @@ def _dtype(a: np.ndarray) -> np.dtype[Any]:
     return dtype
 
 
+def _small(x: Any, budget: int = _SMALL) -> int:
+    """What is left of ``budget`` after counting ``x``'s items (below 0: too many to
+    write as one string)."""
+    if isinstance(x, dict):
+        budget -= len(x)
+        for v in x.values():
+            if budget < 0:
+                break
+            budget = _small(v, budget)
+    elif isinstance(x, list | tuple):
+        budget -= len(x)
+        for v in x:
+            if budget < 0:
+                break
+            if isinstance(v, dict | list | tuple):
+                budget = _small(v, budget)
+    elif isinstance(x, bytes | bytearray):
+        budget -= len(x) // 64
+    return budget
+
+
 def _json_pieces(x: Any) -> Iterator[str]:
     """``json.dumps(x)`` (compact, ASCII) in pieces: long lists (ids, waiting labels) a
-    slice at a time, so the meta is never one string."""
-    if isinstance(x, dict):
+    slice at a time, so the meta is never one string; a small part at once (a piece per
+    item costs more than the item)."""
+    if isinstance(x, dict | list) and _small(x) >= 0:
+        yield _dumps(x)
+    elif isinstance(x, dict):
         yield "{"
         for i, (k, v) in enumerate(x.items()):
             yield ("," if i else "") + json.dumps(k) + ":"

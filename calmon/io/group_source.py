@@ -268,6 +268,22 @@ class GroupSource:
                  [r.timestamp for r in recs], [r.offset for r in recs],
                  [r.key for r in recs]) for tp, recs in polled.items() if recs]
 
+    def keepalive(self) -> None:
+        """The group's poll timer reset without a poll (kafka-python's coordinator, as
+        a poll does first): a long checkpoint does not make this member leave the group
+        at ``max_poll_interval_ms``. Not a poll: nothing is fetched, no partition is
+        paused, and a rebalance under way waits for the loop's next poll (pausing
+        partitions for a poll that revoked them left a member out of the next
+        rebalances)."""
+        coordinator = getattr(self.preds, "_coordinator", None)
+        beat = getattr(coordinator, "poll_heartbeat", None)
+        if beat is None:
+            return
+        try:
+            beat()
+        except Exception as e:  # the heartbeat thread failed: the next poll rejoins
+            log.warning("keepalive of the group failed: %r", e)
+
     def group_metadata(self) -> Any:
         """The member's group generation for the checkpoint's transaction; ChangelogError
         once the consumer has left the group (a paused member's heartbeat thread leaves
