@@ -12,8 +12,11 @@ from typing import Any
 import numpy as np
 from kafka import KafkaAdminClient
 
-from calmon.config import from_dict
+from calmon.config import Config, from_dict
+from calmon.engine.engine import Engine
+from calmon.io.changelog import TaskWrite
 from calmon.io.topic_checks import describe
+from calmon.tasklog import TaskLog
 from tests import oracle
 from tests.daemon_helpers import CalmonDaemon, http_get, scrape, series, write_config
 from tests.integration.cluster.fleet import GROUP_CLIENT
@@ -160,3 +163,9 @@ def dump(daemons: list[CalmonDaemon]) -> str:
         code, body = http_get(d.port, "/status") if d.running else (0, b"")
         out.append(json.loads(body).get("group") if code == 200 else code)
     return json.dumps(out)[:4000]
+
+
+def task_write(cfg: Config, offset: int) -> TaskWrite:
+    """A checkpoint of an empty task at ``offset``, as a member's ``TaskLog`` writes it
+    (for tests that drive ``Changelog.commit`` by hand)."""
+    return TaskLog().write(Engine(cfg), {cfg.kafka.predictions_topic: offset}, offset)

@@ -27,7 +27,7 @@ from calmon.io.totals import ProcessTotals
 from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
 from tests.fakes import DeadLetterLog
 from tests.integration.cluster.fleet import GROUP_CLIENT
-from tests.integration.cluster.group import committed, member, owned
+from tests.integration.cluster.group import committed, member, owned, task_write
 
 pytestmark = pytest.mark.integration
 
@@ -142,12 +142,12 @@ def test_the_broker_refuses_a_checkpoint_of_a_former_member(
         wait_until(lambda: (first.poll(200) is not None and first.assignment()) or None, 60,
                    "the first member assigned")
         stale = first.group_metadata()
-        log.commit({0: {"n": 1}}, {0: 1}, stale)  # a member's checkpoint: committed
+        log.commit({0: task_write(cfg, 1)}, {0: 1}, stale)  # a member's checkpoint: committed
         # the first stops polling: the group drops it and gives the partition to the second
         wait_until(lambda: (second.poll(200) is not None and second.assignment()) or None, 90,
                    "the second member assigned")
         with pytest.raises(ChangelogError):
-            log.commit({0: {"n": 2}}, {0: 2}, stale)
+            log.commit({0: task_write(cfg, 2)}, {0: 2}, stale)
         assert committed(kafka_bootstrap, group, topic) == {0: 1}
     finally:
         log.close()

@@ -30,7 +30,7 @@ from tests.daemon_helpers import (
     write_config,
 )
 from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, WINDOWS, documents, owner_view
-from tests.integration.cluster.group import dump, owned
+from tests.integration.cluster.group import dump, owned, task_write
 from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -216,10 +216,10 @@ def test_a_member_the_group_moved_on_from_writes_no_joined_batch(
 
         wait_until(moved_on, 60, "the group's next generation")
         with pytest.raises(ChangelogError):
-            log.commit({0: {"x": 1}}, {0: 0}, stale, extra=extra)
+            log.commit({0: task_write(cfg, 0)}, {0: 0}, stale, extra=extra)
         fresh = first.group_metadata()
         part = next(tp.partition for tp in first.assignment())
-        log.commit({part: {"x": 2}}, {part: 0}, fresh,
+        log.commit({part: task_write(cfg, 0)}, {part: 0}, fresh,
                    extra=[(joined_topic, b"ctr", b"batch of the member", [])])
         reader = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False,
                                isolation_level="read_committed", **FAST_CLIENT)
