@@ -187,8 +187,14 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     interval = cfg.recalibration.interval
     events: list[Event] = []
 
+    listed: list[tuple[int, list[tuple[str, str]]]] = []  # (generation, the series)
+
     def series() -> list[tuple[str, str]]:
-        return [(m, s) for m, s, _ in engine.buffered_series()]
+        """The buffered series, listed again only when a buffer was made or dropped."""
+        gen = engine.buffered_generation()
+        if not listed or listed[0][0] != gen:
+            listed[:] = [(gen, [(m, s) for m, s, _ in engine.buffered_series()])]
+        return listed[0][1]
 
     def live_now() -> LiveSet:
         """What a period's (or the end's) estimates read: the calibrators live now, and
