@@ -43,10 +43,14 @@ def read(cfg: Config, predictions: Path, labels: Path) -> Timeline:
 
 
 def _feed(engine: Engine, line: Timeline, start: int, end: int,
-          invalid: Counter[tuple[str, str]] | None) -> None:
+          invalid: Counter[tuple[str, str]] | None,
+          joined: set[tuple[str, str]] | None = None) -> None:
+    """``joined``, when given, gains the series the batch joined samples into."""
     engine.feed(line.batch(start, end))
     if invalid is not None:
         invalid.update(engine.last_delta.invalid)
+    if joined is not None:
+        joined.update(engine.last_delta.bins)
 
 
 @dataclass(frozen=True)
@@ -65,12 +69,14 @@ def _periods(engine: Engine, every: Every | None,
 
 
 def _feed_all(engine: Engine, line: Timeline, start: int, end: int,
-              invalid: Counter[tuple[str, str]] | None, periods: Periods | None) -> None:
+              invalid: Counter[tuple[str, str]] | None, periods: Periods | None,
+              joined: set[tuple[str, str]] | None = None) -> None:
     """Records start..end-1; with ``--every``, stopping at each period's end."""
     if periods is None:
-        _feed(engine, line, start, end, invalid)
+        _feed(engine, line, start, end, invalid, joined)
     else:
-        periods.feed(line, start, end, lambda a, b: _feed(engine, line, a, b, invalid))
+        periods.feed(line, start, end,
+                     lambda a, b: _feed(engine, line, a, b, invalid, joined))
 
 
 def run(cfg: Config, predictions: Path, labels: Path, *,
@@ -177,15 +183,23 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
     engine = Engine(cfg if every is None else with_window(cfg, every.seconds, every.name))
     policy = Policy(cfg, Registry(output_dir, signer=Signer.from_config(cfg.calibrators)))
     policy.scores_of = partial(newer_scores, engine)  # held refits read the newer predictions
+    policy.readers_each_check = False  # published when read (live_now)
     interval = cfg.recalibration.interval
     events: list[Event] = []
 
+    listed: list[tuple[int, list[tuple[str, str]]]] = []  # (generation, the series)
+
     def series() -> list[tuple[str, str]]:
-        return [(m, s) for m, s, _ in engine.buffered_series()]
+        """The buffered series, listed again only when a buffer was made or dropped."""
+        gen = engine.buffered_generation()
+        if not listed or listed[0][0] != gen:
+            listed[:] = [(gen, [(m, s) for m, s, _ in engine.buffered_series()])]
+        return listed[0][1]
 
     def live_now() -> LiveSet:
         """What a period's (or the end's) estimates read: the calibrators live now, and
         each series' current regime for its estimation map, as the daemon's do."""
+        policy.publish_readers()
         live = read_live(policy.registry)
         engine.set_calibrators({k: (v[0], v[1]) for k, v in live.served.items()})
         engine.set_changes(regime_starts(live.changes, policy.gauges.change_ts))
@@ -193,12 +207,21 @@ def replay_recalibrate(cfg: Config, predictions: Path, labels: Path,
 
     periods = _periods(engine, every, live_now)
     line = read(cfg, predictions, labels)
+    # the series the feeds since the last check joined samples into: a check passes
+    # over the others unread when they are idle (calmon.recal.skip.Untouched)
+    new: set[tuple[str, str]] = set()
+
+    def check() -> list[Event]:
+        got = policy.check_each(engine.now_of, series(), engine.samples, new=new)
+        new.clear()
+        return got
+
     for start, end, checks in _schedule(line.t, interval):
-        _feed_all(engine, line, start, end, invalid, periods)
+        _feed_all(engine, line, start, end, invalid, periods, new)
         for _ in range(checks):
-            events += policy.check_each(engine.now_of, series(), engine.samples)
+            events += check()
     if math.isfinite(engine.now):  # one last check
-        events += policy.check_each(engine.now_of, series(), engine.samples)
+        events += check()
     if periods is not None:
         periods.finish(line)
     now = engine.now

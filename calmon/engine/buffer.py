@@ -134,14 +134,20 @@ class Buffers:
         self.capacity = capacity
         self.rings: dict[int, Ring] = {}
         self.touched: set[int] = set()  # series written since the changelog took them
+        self.generation = 0  # moves whenever a ring is made or dropped
 
     def add(self, sid: int, classes: int, ts: np.ndarray, label: np.ndarray,
             kind: np.ndarray, score: np.ndarray) -> None:
         ring = self.rings.get(sid)
         if ring is None:
             ring = self.rings[sid] = Ring(self.capacity, classes)
+            self.generation += 1
         ring.extend(ts, label, kind, score)
         self.touched.add(sid)
+
+    def drop(self, sid: int) -> None:
+        if self.rings.pop(sid, None) is not None:
+            self.generation += 1
 
     def samples(self, sid: int, last: int | None = None) -> SampleSet | None:
         ring = self.rings.get(sid)
@@ -155,3 +161,4 @@ class Buffers:
     def restore(self, snap: dict[int, Any]) -> None:
         self.rings = {int(sid): Ring.restore(self.capacity, s) for sid, s in snap.items()}
         self.touched.clear()
+        self.generation += 1

@@ -221,7 +221,7 @@ class EngineState:
             self.classwise.forget([c for sid in sids for c in self._classes_of.get(sid, ())])
         if self.buffers is not None:
             for sid in sids:
-                self.buffers.rings.pop(sid, None)
+                self.buffers.drop(sid)
 
     def _evict(self) -> None:
         """Buckets that slid out of their series' windows (on their model's clock) go."""

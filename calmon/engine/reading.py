@@ -237,6 +237,12 @@ class Reading(EngineState):
                 return None
             return self.buffers.samples(sid, last)
 
+    def buffered_generation(self) -> int:
+        """Moves whenever a series gains or loses its sample buffer (what
+        ``buffered_series`` lists), so a caller may keep that list until it does."""
+        with self.lock:
+            return -1 if self.buffers is None else self.buffers.generation
+
     def buffered_series(self) -> list[tuple[str, str, int]]:
         """(model, segment, classes) of every series with a sample buffer."""
         with self.lock:

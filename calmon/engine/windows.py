@@ -249,6 +249,8 @@ class BucketTables:
             for sid in list(tab):
                 floor_ = floors[sid] if per_series else floors
                 buckets = tab[sid]
+                if buckets and min(buckets) > floor_:  # nothing slid out (most checks)
+                    continue
                 for idx in [i for i in buckets if i <= floor_]:
                     del buckets[idx]
                     self.touched.add(sid)

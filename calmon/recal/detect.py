@@ -287,10 +287,15 @@ class Detector:
             self._dirty = min(self._dirty, c0 // BLOCK)
 
     def _reblock(self, start: int) -> None:
+        """The block sums from block ``start`` on, all at once (each block's sum is the
+        same reduction of its own 64 columns as one by one: the same floats)."""
         self._dirty = 1 << 62
-        for b in range(start, self.blk.shape[1]):
-            sl = slice(b * BLOCK, (b + 1) * BLOCK)
-            self.blk[:, b] = _lse(self.log_p[:, sl] + self.lw[None, sl], axis=1)
+        blocks = self.blk.shape[1] - start
+        if blocks <= 0:
+            return
+        sl = slice(start * BLOCK, (start + blocks) * BLOCK)
+        x = self.log_p[:, sl] + self.lw[None, sl]
+        self.blk[:, start:] = _lse(x.reshape(len(x), blocks, BLOCK), axis=2)
 
     def _open(self, upto: int) -> None:
         """Open grid points up to index ``upto`` (exclusive); thin the old ones."""

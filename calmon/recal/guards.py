@@ -4,8 +4,9 @@ would be served it, significantly worse than what that segment has now."""
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from calmon.recal.refit import (
     significantly_better,
 )
 from calmon.recal.registry import Live
+from calmon.recal.state import SeriesState
+
+log = logging.getLogger(__name__)
 
 
 def segment_guards(rc: RecalibrationConfig, served: Callable[[str, str], Live | None],
@@ -66,3 +70,34 @@ def _guard(segment: str, hold: SampleSet, current: Live | None, alpha: float) ->
         return None
 
     return check
+
+
+def deferred(per_segment: bool, states: Mapping[tuple[str, str], SeriesState],
+             served: Callable[[str, str], Live | None], model: str, segment: str,
+             keys: list[tuple[str, str]]) -> bool:
+    """With per_segment, a model-level refit waits while the drift looks local: in
+    some slice, some but fewer than half of the values drift or have a calibrator of
+    their own. Those get their own fits; a model-level fit would move the segments
+    that did not drift (they keep what they had). The caller lifts the wait once the
+    alarm has been latched for retry_after (a drift of every value alarms only in
+    the big ones of a Zipf slice): the gate and the segment guards decide then."""
+    if segment != ALL or not per_segment:
+        return False
+    slices: dict[tuple[str, ...], list[bool]] = {}
+    for m, seg in keys:
+        if m != model or seg == ALL:
+            continue
+        st = states.get((model, seg))
+        local = (st is not None and bool(st.drifting)) or served(model, seg) is not None
+        slices.setdefault(_slice_of(seg), []).append(local)
+    for flags in slices.values():
+        if 0 < sum(flags) < len(flags) / 2:
+            log.debug("model-level refit of %r deferred: %d of %d values of a slice "
+                      "drift alone", model, sum(flags), len(flags))
+            return True
+    return False
+
+
+def _slice_of(segment: str) -> tuple[str, ...]:
+    """The keys of a segment label ``k1=v1,k2=v2`` (its slice)."""
+    return tuple(part.split("=", 1)[0] for part in segment.split(","))

@@ -62,7 +62,7 @@ from calmon.recal.calibrated import readings as readings
 from calmon.recal.calibrated import target as target
 from calmon.recal.cycle import Cycles, block, cycle_samples
 from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_lr
-from calmon.recal.guards import segment_guards
+from calmon.recal.guards import deferred, segment_guards
 from calmon.recal.hold import ScoresOf, moved
 from calmon.recal.latch import TOO_FEW, Latch
 from calmon.recal.refit import (
@@ -78,7 +78,7 @@ from calmon.recal.regime import newest
 from calmon.recal.registry import Live, Registry
 from calmon.recal.rollback import best_rollback, rollback_document
 from calmon.recal.said import evidence
-from calmon.recal.skip import Reads, idle
+from calmon.recal.skip import Reads, Untouched, check_order, idle, lazy_keys
 from calmon.recal.state import Event as Event  # re-exported: its old place
 from calmon.recal.state import Gauges, gauges_of
 from calmon.recal.state import SeriesState as SeriesState  # re-exported: its old place
@@ -110,8 +110,12 @@ class Policy:
         self._snapshot: dict[str, Any] = {"series": [], "published_ece": [], "set_aside": []}
         self._lock = threading.Lock()  # one check at a time
         self.samples_read = 0  # samples the last check copied out of the rings
-        self._skipped: set[tuple[str, str]] = set()  # series the last check found idle
+        # series checked past the idle test since readers were last published
+        self._touched: set[tuple[str, str]] = set()
         self._snaps: dict[tuple[str, str], tuple[SeriesState, dict[str, Any]]] = {}
+        self._untouched = Untouched()  # which series a check may pass over unread
+        # replay reads the readers' view only at its ends: it publishes it then
+        self.readers_each_check = True
 
     # ------------------------------------------------------------ budget
 
@@ -136,34 +140,45 @@ class Policy:
         return self.check_each(lambda _model: now, series, samples_of)
 
     def check_each(self, now_of: Callable[[str], float], series: Iterable[tuple[str, str]],
-                   samples_of: SamplesOf) -> list[Event]:
+                   samples_of: SamplesOf, *,
+                   new: Iterable[tuple[str, str]] | None = None) -> list[Event]:
         """One check of every model in ``series`` on its own event time, ``now_of(model)``
         (contract §2: no model's records move another's clock, hence its holds,
         cooldowns and windows); a model whose time is unknown waits. Each series' ring
-        is read once, whole (``read_once``): every read of the check is a tail of it."""
+        is read once, whole (``read_once``): every read of the check is a tail of it.
+        ``new``: the series that may have gained samples since the previous call (None:
+        unknown); a series outside it that a check would find idle is passed over
+        without a read (calmon.recal.skip.Untouched)."""
         samples_of = read_once(samples_of)
         with self._lock:
             samples_of = reads = Reads(samples_of)
-            self._skipped = set()
-            # segments before their model: a segment that drifts alone is handled first
-            keys = sorted(set(series), key=lambda k: (k[0], k[1] == ALL, k[1]))
+            every = set(series)
+            keys = sorted(self._untouched.candidates(list(every), new, self.registry.generation,
+                                                     self.states), key=check_order)
             events: list[Event] = []
             for model, group in itertools.groupby(keys, key=lambda k: k[0]):
-                mine = list(group)
                 now = now_of(model)
                 if math.isfinite(now):
-                    events += self._check_model(now, mine, samples_of)
+                    events += self._check_model(now, list(group), lazy_keys(every, model),
+                                                samples_of)
             self.samples_read = reads.n
-            self._publish_readers()
+            if self.readers_each_check:
+                self._publish_readers()
             return events
 
     def _check_model(self, now: float, keys: list[tuple[str, str]],
+                     mine: Callable[[], list[tuple[str, str]]],
                      samples_of: SamplesOf) -> list[Event]:
+        """``keys``: the model's series to check; ``mine()``: all of them (what a
+        model-level refit looks at)."""
         events: list[Event] = []
         for model, segment in keys:
             try:
-                events += self._check_series(now, model, segment, keys, samples_of)
+                events += self._check_series(now, model, segment, mine, samples_of)
+                self._untouched.checked((model, segment), self.states.get((model, segment)))
             except Exception as e:  # one series' trouble never stops the others
+                self._touched.add((model, segment))
+                self._untouched.checked((model, segment), None)
                 if isinstance(e, NotOwnerError):  # a rebalance moved it: no traceback
                     log.info("recalibration of %r/%r left to its new owner: %s",
                              model, segment, e)
@@ -216,15 +231,17 @@ class Policy:
                    span / (MAX_GRID - 2 * BLOCK))
 
     def _check_series(self, now: float, model: str, segment: str,
-                      keys: list[tuple[str, str]], samples_of: SamplesOf) -> list[Event]:
+                      keys: Callable[[], list[tuple[str, str]]],
+                      samples_of: SamplesOf) -> list[Event]:
         head = samples_of(model, segment, 0)
         if head is None or head.total == 0:
             return []
         live = self.live(model, segment)
         basis = self._basis(model, segment)
         st = self.states.get((model, segment))
-        if self._idle((model, segment), st, head.total, basis):  # nothing new: O(1)
+        if idle(st, head.total, basis):  # nothing new: O(1)
             return []
+        self._touched.add((model, segment))  # its readers' snapshot is taken again
         first = None
         if st is None:  # first sight: the newest buffered samples are new (at most
             # FIRST_FEED, chosen by position only, so the test stays valid)
@@ -269,9 +286,9 @@ class Policy:
                 events.append(undo)
                 return events
         if cooled and len(post) >= self.rc.min_samples and not (self._deferred(
-                model, segment, keys) and not st.latch.expired(now, self.rc.retry_after)):
+                model, segment, keys()) and not st.latch.expired(now, self.rc.retry_after)):
             events.append(self._refit(now, model, segment, st, post, live,
-                                      fired[0], keys, samples_of, cycle))
+                                      fired[0], keys(), samples_of, cycle))
         elif len(post) < self.rc.min_samples and st.latch.expired(now, self.rc.retry_after):
             log.info("alarm of %r/%r released: %d post-change samples after retry_after, "
                      "%d needed", model, segment, len(post), self.rc.min_samples)
@@ -312,14 +329,6 @@ class Policy:
         cyclic = self.cycles.cyclic(model, segment)
         return self.cfg.window(self.rc.window).seconds if cyclic else None
 
-    def _idle(self, key: tuple[str, str], st: SeriesState | None, total: int,
-              basis: tuple[int | None, int | None]) -> bool:
-        """calmon.recal.skip.idle, noted: the series' last snapshot stands (_snap_of)."""
-        if not idle(st, total, basis):
-            return False
-        self._skipped.add(key)
-        return True
-
     def _post_change(self, now: float, model: str, segment: str, st: SeriesState,
                      samples_of: SamplesOf) -> SampleSet | None:
         """Every buffered sample predicted at or after the estimated change (and after
@@ -357,28 +366,9 @@ class Policy:
         return decide(self.rc, reading), post
 
     def _deferred(self, model: str, segment: str, keys: list[tuple[str, str]]) -> bool:
-        """With per_segment, a model-level refit waits while the drift looks local: in
-        some slice, some but fewer than half of the values drift or have a calibrator of
-        their own. Those get their own fits; a model-level fit would move the segments
-        that did not drift (they keep what they had). The caller lifts the wait once the
-        alarm has been latched for retry_after (a drift of every value alarms only in
-        the big ones of a Zipf slice): the gate and the segment guards decide then."""
-        if segment != ALL or not self.rc.per_segment:
-            return False
-        slices: dict[tuple[str, ...], list[bool]] = {}
-        for m, seg in keys:
-            if m != model or seg == ALL:
-                continue
-            st = self.states.get((model, seg))
-            local = (st is not None and bool(st.drifting)) or (
-                self._served(model, seg) is not None)
-            slices.setdefault(_slice_of(seg), []).append(local)
-        for flags in slices.values():
-            if 0 < sum(flags) < len(flags) / 2:
-                log.debug("model-level refit of %r deferred: %d of %d values of a slice "
-                          "drift alone", model, sum(flags), len(flags))
-                return True
-        return False
+        """calmon.recal.guards.deferred: a model-level refit waits while the drift looks
+        local."""
+        return deferred(self.rc.per_segment, self.states, self._served, model, segment, keys)
 
     def _baseline(self, model: str, segment: str, live: Live | None) -> float | None:
         """The ECE ``ece_increase`` compares with: the live document's bias-corrected
@@ -514,6 +504,12 @@ class Policy:
         return (self.cfg.metrics.classwise
                 and self.rc.triggers.classwise_ece_above is not None)
 
+    def publish_readers(self) -> None:
+        """What readers see (gauges, snapshot), as of the last check: replay, which
+        publishes only when it reads them (``readers_each_check`` off)."""
+        with self._lock:
+            self._publish_readers()
+
     def _publish_readers(self) -> None:
         self.gauges = gauges_of(self.states, self.log_threshold(), self._classwise_on())
         self._snapshot = {
@@ -524,13 +520,14 @@ class Policy:
         }
         if len(self._snaps) > len(self.states):  # forgotten series
             self._snaps = {k: v for k, v in self._snaps.items() if k in self.states}
+        self._touched = set()
 
     def _snap_of(self, key: tuple[str, str], st: SeriesState) -> dict[str, Any]:
-        """The series' snapshot; a series the last check skipped (skip.idle) is unchanged,
-        so its previous one stands (copying every detector every check was most of an
-        idle check's cost)."""
+        """The series' snapshot; a series no check took past the idle test since the last
+        publication (skip.idle) is unchanged, so its previous one stands (copying every
+        detector every check was most of an idle check's cost)."""
         got = self._snaps.get(key)
-        if got is None or got[0] is not st or key not in self._skipped:
+        if got is None or got[0] is not st or key in self._touched:
             got = self._snaps[key] = (st, st.snapshot())
         return got[1]
 
@@ -550,6 +547,7 @@ class Policy:
                 live = self.registry.live(*key) if key[0] in reset else None
                 if live is not None:
                     self.set_aside[key] = live.version
+            self._untouched.reset()
             self._publish_readers()
 
     def snapshot(self) -> dict[str, Any]:
@@ -567,6 +565,7 @@ class Policy:
                     continue  # a state of another version: that series starts afresh
             self.published_ece = {(m, s): float(e) for m, s, e in snap.get("published_ece", [])}
             self.set_aside = {(str(m), str(s)): int(v) for m, s, v in snap.get("set_aside", [])}
+            self._untouched.reset()
             self._publish_readers()
 
     def calibrated(self, now: float | Callable[[str], float],
@@ -594,7 +593,3 @@ class Policy:
             log.exception("the calibrated windows of %r/%r raised; skipped (logged once, "
                           "counted in calmon_series_errors_total)", model, segment)
 
-
-def _slice_of(segment: str) -> tuple[str, ...]:
-    """The keys of a segment label ``k1=v1,k2=v2`` (its slice)."""
-    return tuple(part.split("=", 1)[0] for part in segment.split(","))

@@ -69,6 +69,7 @@ class Registry:
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[float, Live | None]] = {}
         self._memory: dict[tuple[str, str], list[dict[str, Any]]] = {}  # root is None
+        self._published = 0  # documents published into memory
         self._names_cache: dict[tuple[str, str], tuple[str, str]] = {}
 
     def dir_of(self, model: str, segment: str) -> Path:
@@ -122,6 +123,12 @@ class Registry:
             self._cache[(model, segment)] = (mtime, live)
             return live
 
+    @property
+    def generation(self) -> int | None:
+        """Documents published so far when they live in memory (nothing else changes
+        them); None on disk, where a CLI rollback may change them at any time."""
+        return self._published if self.root is None else None
+
     def error(self, model: str, segment: str) -> str | None:
         """Why the series' ``latest.json`` was refused at its last read, or None."""
         return self._errors.get((model, segment))
@@ -135,6 +142,7 @@ class Registry:
                 docs = self._memory.setdefault((model, segment), [])
                 doc, _ = self._finish({**doc, "version": len(docs) + 1})
                 docs.append(json.loads(json.dumps(doc, allow_nan=False)))
+                self._published += 1
             return doc
         if self.topic_first:
             return self._publish_topic_first(doc)
