@@ -27,13 +27,10 @@ pytestmark = pytest.mark.integration
 N = 60
 
 
-def test_an_engine_bug_costs_one_record_in_group_mode(
-        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    preds_topic, labels_topic = kafka_topics(count=2, partitions=2)
-    path = write_config(tmp_path / "m.yaml", kafka_bootstrap, preds_topic, labels_topic,
-                        kafka={"instance": "group", "client": GROUP_CLIENT},
-                        state={"checkpoint_interval": "1s"})
+def _daemon_with_a_bug(path: Path, monkeypatch: pytest.MonkeyPatch) -> Daemon:
+    """A group-mode daemon (in process, dead letters kept in a list) whose batch parser
+    raises on any batch holding a record with "boom": a calmon bug only that record
+    reaches."""
     d = Daemon(from_dict(yaml.safe_load(path.read_text())), registry=new_registry(),
                install_signals=False)
     d.dead_letters = d.group.dead_letters = DeadLetterLog()  # type: ignore[union-attr,assignment]
@@ -45,6 +42,17 @@ def test_an_engine_bug_costs_one_record_in_group_mode(
         return real_parse(self, raws)
 
     monkeypatch.setattr(fastparse.BatchParser, "parse", buggy)
+    return d
+
+
+def test_an_engine_bug_costs_one_record_in_group_mode(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    preds_topic, labels_topic = kafka_topics(count=2, partitions=2)
+    path = write_config(tmp_path / "m.yaml", kafka_bootstrap, preds_topic, labels_topic,
+                        kafka={"instance": "group", "client": GROUP_CLIENT},
+                        state={"checkpoint_interval": "1s"})
+    d = _daemon_with_a_bug(path, monkeypatch)
     records = [(preds_topic, f"id{i}".encode(), pred_bytes(f"id{i}", T0 + i, "m", prob=0.3))
                for i in range(N)]
     records += [(labels_topic, f"id{i}".encode(), label_bytes(f"id{i}", i % 2, T0 + i + 1))
@@ -78,17 +86,7 @@ def test_a_roll_back_counts_no_record_twice_in_the_process_totals(
     path = write_config(tmp_path / "m.yaml", kafka_bootstrap, preds_topic, labels_topic,
                         kafka={"instance": "group", "client": GROUP_CLIENT},
                         state={"checkpoint_interval": "1h"})
-    d = Daemon(from_dict(yaml.safe_load(path.read_text())), registry=new_registry(),
-               install_signals=False)
-    d.dead_letters = d.group.dead_letters = DeadLetterLog()  # type: ignore[union-attr,assignment]
-    real_parse = fastparse.BatchParser.parse
-
-    def buggy(self: fastparse.BatchParser, raws: RawBatch):  # a bug only "boom" reaches
-        if any(v is not None and b'"boom"' in v for v in raws.values):
-            raise RuntimeError("a bug")
-        return real_parse(self, raws)
-
-    monkeypatch.setattr(fastparse.BatchParser, "parse", buggy)
+    d = _daemon_with_a_bug(path, monkeypatch)
     records = [(preds_topic, f"id{i}".encode(), pred_bytes(f"id{i}", T0 + i, "m", prob=0.3), i % 2)
                for i in range(N)]
     records += [(labels_topic, f"id{i}".encode(), label_bytes(f"id{i}", i % 2, T0 + i + 1), i % 2)
