@@ -88,8 +88,11 @@ def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
             d.start(wait_ready=False)
         for d in live:
             d.wait_ready(timeout=90)
-        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
-                   or None, 120, "the 6 partitions split over 3 members")
+        # every member holds a share (one member alone holding all 6 is not the split:
+        # it would read the whole stream and the others would have nothing to send)
+        wait_until(lambda: (sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
+                            and all(owned(d) for d in live)) or None, 120,
+                   "the 6 partitions split over 3 members")
         with Producer(kafka_bootstrap) as producer:
             producer.send(before)
         # the model has an owner once some member's checkpoint carried its samples
@@ -97,8 +100,8 @@ def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
                    detail=lambda: dump(live))
         # a member that is not the owner, holding tasks with state: killed while the
         # stream goes on
-        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
-                   or None, 120, "the group settled")
+        wait_until(lambda: (sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
+                            and all(owned(d) for d in live)) or None, 120, "the group settled")
         view = wait_until(lambda: owner_view(live), 60, "one owner of ctr")
 
         def committed_samples(d: CalmonDaemon) -> int:
