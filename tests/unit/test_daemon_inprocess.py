@@ -55,12 +55,12 @@ class Running:
         self.thread.start()
         return self
 
-    def wait(self, cond: Callable[[], bool], what: str) -> None:
+    def wait(self, cond: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
         def met() -> bool:
             assert self.thread.is_alive(), "the daemon stopped"
             return cond()
 
-        wait_until(met, DEADLINE_S, what, interval=0.01)
+        wait_until(met, timeout, what, interval=0.01)
 
     def __exit__(self, *exc: object) -> None:
         self.daemon.request_stop()

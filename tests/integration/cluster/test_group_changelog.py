@@ -200,7 +200,8 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
     with Running(d) as run, Producer(kafka_bootstrap) as producer:
         assert d.group is not None
         tasks, source = d.group.tasks, d.group.source
-        run.wait(lambda: len(tasks.tasks) == 2 and not source.unrestored, "both tasks")
+        run.wait(lambda: len(tasks.tasks) == 2 and not source.unrestored, "both tasks",
+                 timeout=180)
         rebalances = source.rebalances
         slow["on"] = True
         for k in range(3):  # three slow checkpoints of both tasks
