@@ -35,6 +35,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from calmon.config import KafkaConfig
+from calmon.engine.sections import HEAD  # the section a restore starts from
 from calmon.io.topics import client_settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,6 @@ CKPT_HEADER = "calmon-ckpt"  # "<incarnation>:<seq>"
 CHUNK_HEADER = "calmon-chunk"  # "<index>/<count>"
 POS_HEADER = "calmon-offset"  # the predictions offset committed with it
 LINEAGE_HEADER = "calmon-lineage"  # on a head's first chunk: JSON [[incarnation, seq], ...]
-HEAD = "h"
 BETWEEN_RECORDS = 200
 CHUNK_BYTES = 512 * 1024  # well inside the default record and request limits
 RESTORE_POLL_MS = 500
