@@ -286,7 +286,8 @@ class Tasks:
             {p: (self.tasks[p].engine, self.tasks[p].positions) for p in writes})
         began = time.monotonic()
         try:
-            n = self.changelog.commit(writes, offsets, source.group_metadata(),
+            source.group_metadata()  # out of the group: refused before anything is written
+            n = self.changelog.commit(writes, offsets, source.group_metadata,
                                       between=self.keepalive, extra=extra)
         except ChangelogError as e:
             self.fenced += 1

@@ -293,7 +293,8 @@ class Changelog:
         the predictions offsets of the same partitions, each named by its task's
         checkpoint, and the ``extra`` records (topic, key, value, headers: the joined
         batches of scaled-out recalibration). ``between`` is called every
-        ``BETWEEN_RECORDS`` records (the loop keeps the group's poll timer alive).
+        ``BETWEEN_RECORDS`` records (the loop keeps the group's poll timer alive);
+        ``group_metadata`` may be a callable, asked just before the offsets are sent.
         Returns the records written; raises ChangelogError when nothing was committed."""
         p = self._writer()
         n = nbytes = 0
@@ -309,7 +310,10 @@ class Changelog:
             meta = {TopicPartition(self.cfg.predictions_topic, part):
                     OffsetAndMetadata(off, states[part].name, -1)
                     for part, off in offsets.items()}
-            p.send_offsets_to_transaction(meta, group_metadata)
+            # the member's generation taken as late as it can be (a callable checks the
+            # member is still in the group, and raises ChangelogError when it is not)
+            generation = group_metadata() if callable(group_metadata) else group_metadata
+            p.send_offsets_to_transaction(meta, generation)
             # after the offsets, where Apache Kafka checks the member's generation: a
             # zombie's are not even written as aborted records (which Tansu serves)
             for topic, key, value, headers in extra:

@@ -295,7 +295,29 @@ class GroupSource:
         if meta.generation_id < 0 or not meta.member_id:
             raise ChangelogError("this member is not in the group (no generation): its "
                                  "partitions may be another member's")
+        silent = self._heartbeat_silence()
+        if silent is not None:
+            raise ChangelogError(f"no heartbeat of this member answered for {silent:.1f} s: "
+                                 "the group may have moved its partitions")
         return meta
+
+    def _heartbeat_silence(self) -> float | None:
+        """Seconds since the coordinator last answered a heartbeat, when that is too
+        long to trust the generation: a member resumed after a pause past the session
+        timeout still holds its old generation until its consumer hears otherwise, and
+        a broker that does not check it (Tansu) would take its commit. A live member's
+        heartbeat thread is answered every ``heartbeat_interval_ms``; the bound leaves
+        one interval for the commit itself (kafka-python's ``Heartbeat``, private)."""
+        beat = getattr(getattr(self.preds, "_coordinator", None), "heartbeat", None)
+        if beat is None:
+            return None
+        try:
+            session = beat.config["session_timeout_ms"] / 1000
+            interval = beat.config["heartbeat_interval_ms"] / 1000
+            silent = time.monotonic() - max(beat.last_receive, beat.last_reset)
+        except (AttributeError, KeyError, TypeError):
+            return None
+        return silent if silent > max(session / 2, session - interval) else None
 
     def position(self, topic: str, partition: int) -> int | None:
         """The next offset the consumer of ``topic`` reads on ``partition``."""

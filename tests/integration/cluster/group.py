@@ -158,11 +158,13 @@ def cleanup_policy(bootstrap: str, topic: str) -> str | None:
 
 
 def dump(daemons: list[CalmonDaemon]) -> str:
+    """Each member's group status and the tail of its log (what a failed wait shows)."""
     out = []
     for d in daemons:
         code, body = http_get(d.port, "/status") if d.running else (0, b"")
-        out.append(json.loads(body).get("group") if code == 200 else code)
-    return json.dumps(out)[:4000]
+        out.append(json.dumps(json.loads(body).get("group") if code == 200 else code)[:3000])
+        out.append(d.log_tail(12))
+    return "\n".join(out)
 
 
 def task_write(cfg: Config, offset: int) -> TaskWrite:

@@ -34,63 +34,108 @@ pytestmark = pytest.mark.integration
 N = 400
 
 
-@pytest.mark.slow
-def test_a_member_out_of_the_group_commits_nothing(
-        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
-    preds_topic, labels_topic = kafka_topics(count=2, partitions=2)
-    group = f"calmon-fence-{tmp_path.name[-12:]}"
-    other = member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, "other")
-    cfg = from_dict(yaml.safe_load(other.config.read_text()))
-    zombie = GroupRun(cfg, ProcessTotals(), DeadLetterLog())  # type: ignore[arg-type]
-    preds, labels = make_dataset(N, seed=40, span_s=3600.0)
-    half = N // 2
+class _Pair:
+    """A hand-driven member (``zombie``: a ``GroupRun`` whose loop is the test) and a
+    ``calmon run`` member (``other``) of one group on a 2-partition stream of ``N``
+    pairs, each holding a partition, the first half joined and checkpointed by both
+    and the second half's predictions read, not checkpointed, by the zombie: what a
+    member holds when it is paused."""
 
-    def records(rows: list[dict], topic: str) -> list[tuple[str, bytes, bytes]]:
+    def __init__(self, bootstrap: str, topics: Callable[..., list[str]], tmp_path: Path,
+                 name: str) -> None:
+        self.bootstrap = bootstrap
+        self.preds_topic, self.labels_topic = topics(count=2, partitions=2)
+        self.group = f"calmon-{name}-{tmp_path.name[-12:]}"
+        self.other = member(tmp_path, bootstrap, self.preds_topic, self.labels_topic,
+                            self.group, "other")
+        cfg = from_dict(yaml.safe_load(self.other.config.read_text()))
+        self.zombie = GroupRun(cfg, ProcessTotals(), DeadLetterLog())  # type: ignore[arg-type]
+        self.preds, self.labels = make_dataset(N, seed=40, span_s=3600.0)
+
+    def records(self, rows: list[dict], topic: str) -> list[tuple[str, bytes, bytes]]:
         return [(topic, str(r["id"]).encode(), dumps(r)) for r in rows]
 
-    def poll() -> None:  # one turn of the member's loop, without its timed checkpoint
-        zombie.tasks.feed(zombie.source.poll_chunks(250, 5000), time.time() + 3600,
-                          force=True)
+    def poll(self) -> None:  # one turn of the member's loop, without its timed checkpoint
+        self.zombie.tasks.feed(self.zombie.source.poll_chunks(250, 5000),
+                               time.time() + 3600, force=True)
 
-    def joined() -> int:
-        return sum(e.status()["counters"]["joined"] for e in zombie.tasks.engines())
+    def joined(self) -> int:
+        return sum(e.status()["counters"]["joined"] for e in self.zombie.tasks.engines())
 
-    def polled_until(cond: Callable[[], bool]) -> Callable[[], bool]:
-        return lambda: bool(poll() or cond())
+    def polled_until(self, cond: Callable[[], bool]) -> Callable[[], bool]:
+        return lambda: bool(self.poll() or cond())
 
-    try:
+    def committed(self) -> dict[int, int]:
+        return committed(self.bootstrap, self.group, self.preds_topic)
+
+    def start(self) -> tuple[int, int]:
+        """Both members running, a partition each, the first half joined and
+        checkpointed, the second half's predictions read by both; the zombie's partition
+        and its committed offset."""
+        zombie, other, half = self.zombie, self.other, N // 2
         other.start()
         wait_until(lambda: owned(other) == [0, 1] or None, 90, "the other member running")
         wait_until(lambda: zombie.started or zombie.start() or True, 60, "joining")
-        wait_until(polled_until(lambda: len(zombie.tasks.tasks) == 1
-                                and zombie.tasks.counts()["running"] == 1
-                                and len(owned(other)) == 1), 120,
+        wait_until(self.polled_until(lambda: len(zombie.tasks.tasks) == 1
+                                     and zombie.tasks.counts()["running"] == 1
+                                     and len(owned(other)) == 1), 120,
                    "a partition each", detail=lambda: (zombie.status(), owned(other)))
         [p] = list(zombie.tasks.tasks)
-        with Producer(kafka_bootstrap) as producer:
-            producer.send(records(preds[:half], preds_topic)
-                          + records(labels[:half], labels_topic))
-        wait_until(polled_until(
-            lambda: joined() + other.status()["counters"]["joined"] == half), 60,
+        with Producer(self.bootstrap) as producer:
+            producer.send(self.records(self.preds[:half], self.preds_topic)
+                          + self.records(self.labels[:half], self.labels_topic))
+        wait_until(self.polled_until(
+            lambda: self.joined() + other.status()["counters"]["joined"] == half), 60,
             "the first half joined")
         assert zombie.checkpoint() is not None  # a member of the group commits
-        mine = committed(kafka_bootstrap, group, preds_topic)[p]
-        with Producer(kafka_bootstrap) as producer:
-            producer.send(records(preds[half:], preds_topic))
+        mine = self.committed()[p]
+        with Producer(self.bootstrap) as producer:
+            producer.send(self.records(self.preds[half:], self.preds_topic))
         # read, not checkpointed: what a paused member holds past its last checkpoint
-        wait_until(polled_until(
+        wait_until(self.polled_until(
             lambda: sum(e.join.pending for e in zombie.tasks.engines())
             + other.status()["pending"] == N - half), 60, "the second half pending")
-        # paused from here (no poll): the other member takes the partition, restores it
-        # from the changelog and reads the second half itself
+        return p, mine
+
+    def taken_over(self) -> dict[int, int]:
+        """Once the zombie stopped polling: the other member owns both partitions, has
+        restored the zombie's from the changelog and read the second half itself, and
+        its checkpoint is committed; its committed offsets."""
+        other = self.other
         wait_until(lambda: owned(other) == [0, 1] or None, 120, "the other owning both")
-        wait_until(lambda: other.status()["pending"] == N - half or None, 60,
+        wait_until(lambda: other.status()["pending"] == N - N // 2 or None, 60,
                    "the second half pending on the other member")
-        ends = wait_until(lambda: (e := {t["partition"]: t["positions"].get(preds_topic)
+        return wait_until(lambda: (e := {t["partition"]: t["positions"].get(self.preds_topic)
                                          for t in other.status()["group"]["tasks"]})
-                          and all(e.values()) and e
-                          and committed(kafka_bootstrap, group, preds_topic) == e and e,
+                          and all(e.values()) and e and self.committed() == e and e,
                           60, "the other member's checkpoint committed")
+
+    def rejoined(self) -> None:
+        """The zombie back in the group: its task dropped, what it gets restored from
+        the other's checkpoints, and every pair joined once over the two members."""
+        zombie, other = self.zombie, self.other
+        with Producer(self.bootstrap) as producer:
+            producer.send(self.records(self.labels[N // 2:], self.labels_topic))
+        wait_until(self.polled_until(
+            lambda: zombie.tasks.counts()["running"] == 1 and len(owned(other)) == 1
+            and self.joined() + other.status()["counters"]["joined"] == N), 120,
+            "the member back in the group, every pair joined once",
+            detail=lambda: (zombie.status(), other.status()["group"]))
+
+    def close(self) -> None:
+        self.zombie.close()
+        self.other.stop()
+
+
+@pytest.mark.slow
+def test_a_member_out_of_the_group_commits_nothing(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    pair = _Pair(kafka_bootstrap, kafka_topics, tmp_path, "fence")
+    zombie = pair.zombie
+    try:
+        p, mine = pair.start()
+        # paused from here (no poll): the other member takes the partition
+        ends = pair.taken_over()
         assert ends[p] > mine, (ends, mine)
         # the paused member's consumer leaves the group past max_poll_interval_ms
         wait_until(lambda: zombie.source.preds.group_metadata().generation_id < 0  # type: ignore[union-attr]
@@ -98,20 +143,38 @@ def test_a_member_out_of_the_group_commits_nothing(
         assert list(zombie.tasks.tasks) == [p]  # the loop has not heard of it yet
         assert zombie.checkpoint() is None  # refused
         assert zombie.status()["checkpoints_refused"] == 1
-        assert committed(kafka_bootstrap, group, preds_topic) == ends  # nothing stale
-        # it rejoins: its task is dropped, what it gets is restored from the other's
-        # checkpoints, and every pair joins once over the two members
-        with Producer(kafka_bootstrap) as producer:
-            producer.send(records(labels[half:], labels_topic))
-        wait_until(polled_until(
-            lambda: zombie.tasks.counts()["running"] == 1 and len(owned(other)) == 1
-            and joined() + other.status()["counters"]["joined"] == N), 120,
-            "the member back in the group, every pair joined once",
-            detail=lambda: (zombie.status(), other.status()["group"]))
+        assert pair.committed() == ends  # nothing stale
+        pair.rejoined()
         assert zombie.tasks.fenced == 1
     finally:
-        zombie.close()
-        other.stop()
+        pair.close()
+
+
+@pytest.mark.slow
+def test_a_resumed_member_that_still_holds_its_generation_commits_nothing(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    """A member paused past the session timeout (SIGSTOP: its heartbeat thread stops
+    too) and resumed still holds its old generation until its consumer hears it was
+    dropped; a checkpoint in that moment is refused on every broker (calmon: no
+    heartbeat answered within the session timeout; Apache Kafka also checks the
+    generation, Tansu does not) and commits nothing over the new owner's."""
+    pair = _Pair(kafka_bootstrap, kafka_topics, tmp_path, "resumed")
+    zombie = pair.zombie
+    try:
+        p, _ = pair.start()
+        coordinator = zombie.source.preds._coordinator  # type: ignore[union-attr]
+        coordinator._disable_heartbeat()  # paused: no heartbeat, no poll, no leave
+        ends = pair.taken_over()
+        generation = zombie.source.preds.group_metadata().generation_id  # type: ignore[union-attr]
+        assert generation >= 0  # resumed, and unaware it was dropped
+        assert list(zombie.tasks.tasks) == [p]
+        assert zombie.checkpoint() is None  # refused
+        assert zombie.status()["checkpoints_refused"] == 1
+        assert pair.committed() == ends  # nothing stale
+        coordinator._enable_heartbeat()
+        pair.rejoined()
+    finally:
+        pair.close()
 
 
 def test_the_broker_refuses_a_checkpoint_of_a_former_member(
