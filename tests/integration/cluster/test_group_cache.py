@@ -13,12 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from calmon.io.changelog import CKPT_HEADER
 from calmon.io.taskcache import DIRNAME, MANIFEST
 from tests.daemon_helpers import (
+    BASE_TS,
     CalmonDaemon,
     Producer,
     dumps,
@@ -189,6 +191,84 @@ def test_a_stale_cache_is_not_the_state(
         assert a.status()["group"]["task_cache"]["cache"] == 0
         wait_until(counted([a], preds), 120, "every sample counted once on a",
                    detail=lambda: (dump([a]), expected_counts(preds) - summed_samples([a])))
+    finally:
+        a.stop()
+        b.stop()
+
+
+def wide(start: int, n: int, countries: int) -> tuple[list[dict[str, Any]],
+                                                    list[dict[str, Any]]]:
+    """``n`` predictions of one model over ``countries`` countries (0: no segment), and
+    their labels."""
+    rng = np.random.default_rng(start)
+    preds = [{"id": f"w{i}", "model": "m", "ts": BASE_TS + i,
+              "segment": {"country": f"c{i % countries}"} if countries else {},
+              "prob": float(rng.uniform())} for i in range(start, start + n)]
+    labels = [{"id": p["id"], "label": int(rng.random() < p["prob"]), "ts": p["ts"] + 1.0}
+              for p in preds]
+    return preds, labels
+
+
+def changelog_bytes(bootstrap: str, topic: str) -> dict[int, int]:
+    """Partition -> the bytes of the committed record values the changelog holds."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                      isolation_level="read_committed", group_id=None)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        ends = c.end_offsets(tps)
+        out = dict.fromkeys(range(PARTITIONS), 0)
+        while any(c.position(tp) < ends[tp] for tp in tps):
+            for tp, recs in c.poll(timeout_ms=500).items():
+                out[tp.partition] += sum(len(r.value or b"") for r in recs)
+        return out
+    finally:
+        c.close()
+
+
+def test_a_member_back_after_another_reads_what_followed_its_cache(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+    preds_topic, labels_topic = kafka_topics(count=2, partitions=PARTITIONS)
+    group = f"calmon-tail-{tmp_path.name[-12:]}"
+    # 45 countries (under segments.max_values): each task holds more than one group of
+    # 32 series; the second half has no segment, so it touches the model's __all__
+    # alone, the other groups stay as the first member wrote them, and its checkpoint
+    # stays on the chain
+    first, first_labels = wide(0, 600, 45)
+    second, second_labels = wide(600, 200, 0)
+    a = member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, "a")
+    b = member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, "b")
+    try:
+        a.start()
+        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
+                   "a owning every partition", detail=lambda: dump([a]))
+        with Producer(kafka_bootstrap) as producer:
+            producer.send(records(preds_topic, first) + records(labels_topic, first_labels))
+        wait_until(counted([a], first), 120, "the first half on a")
+        assert a.terminate() == 0
+        b.start()
+        wait_until(lambda: owned(b) == list(range(PARTITIONS)) or None, 120,
+                   "b owning every partition", detail=lambda: dump([b]))
+        with Producer(kafka_bootstrap) as producer:
+            producer.send(records(preds_topic, second) + records(labels_topic, second_labels))
+        wait_until(counted([b], first + second), 120, "everything on b")
+        assert b.terminate() == 0
+        changelog = f"{group}-state-changelog"
+        heads, total = newest_heads(kafka_bootstrap, changelog), changelog_bytes(
+            kafka_bootstrap, changelog)
+        a.start()
+        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
+                   "a back on every partition", detail=lambda: dump([a]))
+        got = tasks(a)
+        # b's checkpoints, from a's cache and only the changelog records after it
+        assert {p: t["restored_from"] for p, t in got.items()} == heads, dump([a])
+        assert {t["restored_source"] for t in got.values()} == {"cache+changelog"}, dump([a])
+        assert all(0 < t["restored_bytes"] < total[p] for p, t in got.items()), (
+            dump([a]), total)
+        wait_until(counted([a], first + second), 120, "every sample counted once on a",
+                   detail=lambda: (dump([a]), expected_counts(first + second)
+                                   - summed_samples([a])))
     finally:
         a.stop()
         b.stop()
