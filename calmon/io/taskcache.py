@@ -263,9 +263,12 @@ class TaskCache:
             return
         self._manifests[part] = manifest
         keep = {MANIFEST, *(e[0] for e in entries.values())}
-        for f in d.iterdir():
-            if f.name not in keep:  # (this process alone writes here: the state lock)
-                f.unlink(missing_ok=True)
+        try:
+            for f in d.iterdir():
+                if f.name not in keep:  # (this process alone writes here: the state lock)
+                    f.unlink(missing_ok=True)
+        except OSError as e:  # left for the next checkpoint's pass
+            log.debug("task %d: cannot remove old cache files: %s", part, e)
 
     def status(self) -> dict[str, int]:
         return {"corrupt": self.corrupt, "write_failures": self.write_failures}
