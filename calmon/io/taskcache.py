@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 from calmon.engine.sections import DONE, HEAD
-from calmon.files import atomic_write
 from calmon.io.changelog import Changelog, ChangelogError, Restored, TaskWrite, parse_name
 
 log = logging.getLogger(__name__)
@@ -59,6 +58,15 @@ PREFIX_MAX_AGE_S = 3600.0
 
 def _hex(value: bytes) -> str:
     return hashlib.blake2b(value, digest_size=16).hexdigest()
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """``path`` replaced whole, not fsynced (no disk flush in a checkpoint): what a
+    crash leaves short or old fails its digest, does not parse, or names an older
+    checkpoint, and each of those reads the changelog."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 class CacheCorrupt(Exception):
@@ -246,16 +254,13 @@ class TaskCache:
                 digest = _hex(value)
                 fname = f"{section}-{digest}"
                 if not (d / fname).exists():
-                    # no fsync: a file a crash left short fails its digest at load
-                    tmp = d / f".{fname}.{os.getpid()}.tmp"
-                    tmp.write_bytes(value)
-                    os.replace(tmp, d / fname)
+                    _replace(d / fname, value)
                 entries[section] = [fname, digest, len(value)]
             manifest = {"format": FORMAT, "topic": self.topic, "partition": part,
                         "name": name, "lineage": lineage, "holders": holders,
                         "sections": entries, "pos": pos, "since": since,
                         "written_at": time.time()}
-            atomic_write(d / MANIFEST, json.dumps(manifest).encode())
+            _replace(d / MANIFEST, json.dumps(manifest).encode())
         except OSError as e:
             self.write_failures += 1
             log.warning("task %d: cannot write its local cache (%s): restarts read the "
