@@ -13,7 +13,9 @@ source and the changelog, and the steps of a group checkpoint:
    ``kafka.joined_topic`` in the same transaction (``cluster.group_sender``), read by
    the model's owner (``cluster.service``, as in the static mode).
 
-``state.dir`` is not read or written in group mode yet: the changelog is the state.
+``state.dir`` holds a cache of each task's committed state (``calmon.io.taskcache``),
+written after each checkpoint and read at an assignment only where it is provably the
+committed state: the changelog is the state.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ class GroupRun:
                 # assigned, paused until their committed offsets can be read
                 "waiting": sorted(self.source.unrestored),
                 "checkpoints_refused": self.tasks.fenced,
+                # restores from state.dir: whole, with the changelog's tail, or not used
+                "task_cache": {**self.tasks.cache_use, **self.tasks.cache.status()},
                 "changelog_topic": self.cfg.kafka.changelog_topic,
                 # committed to the joined topic by this member's checkpoints
                 **({} if (j := self.tasks.joined) is None else

@@ -21,9 +21,10 @@ from calmon.config import Config
 from calmon.engine.delta import Delta
 from calmon.engine.engine import Engine
 from calmon.engine.records import Kind
-from calmon.io.changelog import Changelog, ChangelogError, TaskWrite
+from calmon.io.changelog import Changelog, ChangelogError, Restored, TaskWrite
 from calmon.io.group_source import GroupSource, Offsets
 from calmon.io.source import Chunk, to_batch
+from calmon.io.taskcache import TaskCache, restore_from
 from calmon.io.totals import ProcessTotals
 from calmon.tasklog import TaskLog
 
@@ -45,6 +46,8 @@ class Task:
     records_done: int = 0
     records_total: int = 0
     restored_from: str | None = None  # the checkpoint it was restored from
+    restored_source: str | None = None  # changelog | cache | cache+changelog
+    cache_bytes: int = 0  # bytes of it read from the local cache (state.dir)
     positions: dict[str, int] = field(default_factory=dict)  # topic -> next offset
     log: TaskLog = field(default_factory=TaskLog)  # what its changelog holds
 
@@ -58,7 +61,9 @@ class Task:
                               "records_done": self.records_done,
                               "records_total": self.records_total}
         else:
-            out["restored_bytes"] = self.bytes_done
+            out["restored_bytes"] = self.bytes_done  # from the changelog
+            out["restored_source"] = self.restored_source
+            out["restored_cache_bytes"] = self.cache_bytes
         return out
 
 
@@ -69,6 +74,9 @@ class Tasks:
         self.cfg = cfg
         self.changelog = changelog
         self.totals = totals
+        # each task's committed state in state.dir, for fast restarts (taskcache)
+        self.cache = TaskCache(cfg.state.dir, cfg.kafka.changelog_topic)
+        self.cache_use = {"cache": 0, "cache+changelog": 0, "unused": 0}
         self.source: GroupSource | None = None  # set once built (it calls these hooks)
         self.tasks: dict[int, Task] = {}
         self._kinds = {cfg.kafka.predictions_topic: Kind.PREDICTION,
@@ -111,6 +119,7 @@ class Tasks:
     def lost(self, partitions: list[int]) -> None:
         for p in partitions:
             self.tasks.pop(p, None)
+            self.cache.forget(p)  # its files stay: as of its last committed checkpoint
             self._written.pop(p, None)
             self._held.pop(p, None)
             self._held_since.pop(p, None)
@@ -129,29 +138,60 @@ class Tasks:
             def progress(done: int, records: int, total: int, task: Task = task) -> None:
                 task.bytes_done, task.records_done, task.records_total = done, records, total
 
-            try:
-                restored = self.changelog.restore(p, offset, ckpt, progress)
-                positions = TaskLog.restore(task.engine, restored)
-            except (ChangelogError, ValueError, KeyError, TypeError) as e:
-                # a committed checkpoint that cannot be read: the partition is not read
-                # unowned either; the group moves it on when this member leaves
-                log.error("task %d: cannot restore checkpoint %s: %s", p, ckpt, e)
-                raise
+            restored, positions = self._restore(task, offset, ckpt, progress)
             self._observe(time.monotonic() - began, restored.bytes_read)
             task.bytes_done = restored.bytes_read
+            task.cache_bytes = restored.cache_bytes
             task.log = TaskLog.of(task.engine, restored)
             if positions is not None:
                 task.positions = positions
                 task.restored_from = restored.name or f"offset {offset}"
+                task.restored_source = restored.source
+            self.cache.adopt(p, restored, offset)
             task.state = "running"
             if self.joined is not None:
                 self.joined.restored(p, task.engine, task.positions)
             starts[p] = (task.positions.get(self.cfg.kafka.predictions_topic),
                          task.positions.get(self.cfg.kafka.labels_topic))
-            log.info("task %d restored from %s (%d changelog bytes read, %d pending)", p,
-                     task.restored_from or "nothing: a new task", restored.bytes_read,
+            log.info("task %d restored from %s (%s: %d changelog bytes, %d cached bytes "
+                     "read; %d pending)", p, task.restored_from or "nothing: a new task",
+                     restored.source, restored.bytes_read, restored.cache_bytes,
                      task.engine.join.pending)
         return starts
+
+    def _restore(self, task: Task, offset: int | None, ckpt: str | None,
+                 progress: Any) -> tuple[Restored, dict[str, Any] | None]:
+        """Task state from its local cache where that is provably the committed state
+        (``taskcache.restore_from``), else from the changelog; the restored form and
+        the positions it reflects."""
+        p = task.partition
+        cached = self.cache.load(p) if offset is not None else None
+        if cached is not None and offset is not None:
+            try:
+                got = restore_from(self.changelog, cached, p, offset, ckpt, progress)
+                if got is not None:
+                    positions = TaskLog.restore(task.engine, got)
+                    self.cache_use[got.source] += 1
+                    return got, positions
+            except ChangelogError as e:
+                log.warning("task %d: cannot read the changelog past its cache (%s)", p, e)
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                self.cache.corrupt += 1
+                log.warning("task %d: its cache does not restore (%r): restoring from the "
+                            "changelog", p, e)
+            self.cache_use["unused"] += 1
+            log.info("task %d: the local cache (checkpoint %s) is not the committed state "
+                     "(%s): restoring from the changelog", p, cached.name,
+                     ckpt or f"offset {offset}")
+            task.engine = Engine(self.cfg)  # whatever a failed restore left
+        try:
+            restored = self.changelog.restore(p, offset, ckpt, progress)
+            return restored, TaskLog.restore(task.engine, restored)
+        except (ChangelogError, ValueError, KeyError, TypeError) as e:
+            # a committed checkpoint that cannot be read: the partition is not read
+            # unowned either; the group moves it on when this member leaves
+            log.error("task %d: cannot restore checkpoint %s: %s", p, ckpt, e)
+            raise
 
     def _observe(self, seconds: float, nbytes: int) -> None:
         for i, le in enumerate(RESTORE_BUCKETS):
@@ -298,6 +338,8 @@ class Tasks:
         for p in writes:
             self.tasks[p].log.committed()
             self._written[p] = marks[p]
+            self.cache.save(p, writes[p], self.tasks[p].log.holders,
+                            self.changelog.ends.get(p))
         self.last_checkpoint = time.time()
         if self.joined is not None:
             self.joined.committed()

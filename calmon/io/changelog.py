@@ -151,7 +151,12 @@ class Restored:
     holders: dict[str, str]  # section -> the incarnation that wrote it (tombstones too)
     lineage: list[list[Any]]  # the committed checkpoint's
     name: str | None  # None: no committed checkpoint of this task
-    bytes_read: int
+    bytes_read: int  # changelog bytes read for it
+    # the changelog offset after every record of the chain (where a read for what
+    # follows starts, ``calmon.io.taskcache``); None: not known
+    end: int | None = None
+    source: str = "changelog"  # or "cache", "cache+changelog" (calmon.io.taskcache)
+    cache_bytes: int = 0  # bytes of it read from the local cache
 
 
 def parse_name(name: str) -> tuple[str, int] | None:
@@ -276,6 +281,9 @@ class Changelog:
         self._producer: KafkaProducer | None = None
         self.records = 0  # records written by committed checkpoints
         self.bytes = 0  # their values' bytes
+        # changelog partition -> the offset after its records of the last committed
+        # transaction (the local cache's starting point for a later read)
+        self.ends: dict[int, int] = {}
 
     def _writer(self) -> KafkaProducer:
         if self._producer is None:
@@ -298,11 +306,13 @@ class Changelog:
         Returns the records written; raises ChangelogError when nothing was committed."""
         p = self._writer()
         n = nbytes = 0
+        last: dict[int, Any] = {}
         try:
             p.begin_transaction()
             for part, write in states.items():
                 for key, value, heads in _records(part, write):
-                    p.send(self.topic, key=key, value=value, partition=part, headers=heads)
+                    last[part] = p.send(self.topic, key=key, value=value, partition=part,
+                                        headers=heads)
                     n += 1
                     nbytes += len(value or b"")
                     if between is not None and n % BETWEEN_RECORDS == 0:
@@ -324,6 +334,12 @@ class Changelog:
             raise ChangelogError(f"the checkpoint transaction failed: {e!r}") from e
         self.records += n
         self.bytes += nbytes
+        self.ends = {}
+        for part, future in last.items():
+            try:  # sent and committed: known
+                self.ends[part] = int(future.get(timeout=1).offset) + 1
+            except Exception:
+                log.debug("offset of the changelog record not known", exc_info=True)
         return n
 
     def _drop(self, p: KafkaProducer) -> None:
@@ -340,6 +356,40 @@ class Changelog:
         except Exception:
             log.debug("closing the changelog producer raised", exc_info=True)
 
+    def read(self, part: int, start: int | None,
+             progress: Callable[[int, int, int], None] | None = None
+             ) -> tuple[_Versions, int, int] | None:
+        """Changelog partition ``part`` read from ``start`` (None: its beginning) to its
+        end: what it holds, the bytes read and the end offset; None when ``start`` is
+        not within the partition (a topic made anew). ``progress(bytes_done,
+        records_done, records_total)`` as it reads. ChangelogError on broker trouble."""
+        reader = KafkaConsumer(**reader_settings(self.cfg))
+        try:
+            tp = TopicPartition(self.topic, part)
+            reader.assign([tp])
+            begin = int(reader.beginning_offsets([tp])[tp])
+            end = int(reader.end_offsets([tp])[tp])
+            if start is None:
+                reader.seek_to_beginning(tp)
+            elif begin <= start <= end:
+                reader.seek(tp, start)
+                begin = start
+            else:
+                return None
+            held = _Versions(part)
+            done = 0
+            while reader.position(tp) < end:
+                for rec in reader.poll(timeout_ms=RESTORE_POLL_MS).get(tp, ()):
+                    done += len(rec.value or b"")
+                    held.add(rec.key, dict(rec.headers or ()), rec.value, rec.offset)
+                if progress is not None:
+                    progress(done, reader.position(tp) - begin, end - begin)
+            return held, done, end
+        except KafkaError as e:
+            raise ChangelogError(f"cannot read {self.topic}/{part}: {e!r}") from e
+        finally:
+            reader.close(autocommit=False)
+
     def restore(self, part: int, committed: int | None, ckpt: str | None,
                 progress: Callable[[int, int, int], None] | None = None) -> Restored:
         """Task ``part``'s sections as of checkpoint ``ckpt`` (the metadata of the
@@ -350,38 +400,22 @@ class Changelog:
         read)."""
         if committed is None:
             return Restored({}, {}, [], None, 0)
-        reader = KafkaConsumer(**reader_settings(self.cfg))
-        try:
-            tp = TopicPartition(self.topic, part)
-            reader.assign([tp])
-            reader.seek_to_beginning(tp)
-            begin = int(reader.beginning_offsets([tp])[tp])
-            end = int(reader.end_offsets([tp])[tp])
-            held = _Versions(part)
-            done = 0
-            while reader.position(tp) < end:
-                for rec in reader.poll(timeout_ms=RESTORE_POLL_MS).get(tp, ()):
-                    done += len(rec.value or b"")
-                    held.add(rec.key, dict(rec.headers or ()), rec.value, rec.offset)
-                if progress is not None:
-                    progress(done, reader.position(tp) - begin, end - begin)
-            found = held.committed(ckpt, committed)
-            if found is None:
-                if ckpt is None:  # offsets committed without a state: nothing to go on
-                    return Restored({}, {}, [], None, done)
-                raise ChangelogError(f"{self.topic}/{part}: checkpoint {ckpt} is committed "
-                                     f"but its head is not all in the changelog")
-            name, head = found
-            lineage = head.lineage or []
-            values, holders = held.chain(lineage)
-            if HEAD not in values:
-                raise ChangelogError(f"{self.topic}/{part}: checkpoint {name} names no "
-                                     f"chain its own head is on")
-            return Restored(values, holders, lineage, name, done)
-        except KafkaError as e:
-            raise ChangelogError(f"cannot read {self.topic}/{part}: {e!r}") from e
-        finally:
-            reader.close(autocommit=False)
+        got = self.read(part, None, progress)
+        assert got is not None  # read from the beginning
+        held, done, end = got
+        found = held.committed(ckpt, committed)
+        if found is None:
+            if ckpt is None:  # offsets committed without a state: nothing to go on
+                return Restored({}, {}, [], None, done)
+            raise ChangelogError(f"{self.topic}/{part}: checkpoint {ckpt} is committed "
+                                 f"but its head is not all in the changelog")
+        name, head = found
+        lineage = head.lineage or []
+        values, holders = held.chain(lineage)
+        if HEAD not in values:
+            raise ChangelogError(f"{self.topic}/{part}: checkpoint {name} names no "
+                                 f"chain its own head is on")
+        return Restored(values, holders, lineage, name, done, end)
 
     def close(self) -> None:
         p, self._producer = self._producer, None

@@ -87,7 +87,8 @@ def test_kill_9_moves_partitions_with_their_state(
         moved = [t for d in live for t in d.status()["group"]["tasks"]
                  if t["partition"] in taken]
         assert moved and all(t["restored_from"] for t in moved), dump(live)
-        assert all(t["restored_bytes"] > 0 for t in moved), dump(live)
+        # (read from the changelog, or from a taker's own cache of a checkpoint it wrote)
+        assert all(t["restored_bytes"] + t["restored_cache_bytes"] > 0 for t in moved), dump(live)
         with Producer(kafka_bootstrap) as producer:
             producer.send(late)
         fresh = daemons[3]
