@@ -70,13 +70,12 @@ def test_rescale_2_3_1_keeps_every_window(
                    detail=lambda: (dump(live), want - summed_samples(live)))
         with Producer(kafka_bootstrap) as producer:
             producer.send(steps[2])
-        for k, d in enumerate(daemons[:2]):  # scaled down to one: the other two leave
+        if not broker.survives_members_leaving:
+            pytest.skip(f"{broker.kind} can wedge a group whose members leave (its joins "
+                        "never complete): the scale-down to one runs on a broker that "
+                        "forms the group again; 2 -> 3 held exactly")
+        for d in daemons[:2]:  # scaled down to one: the other two leave
             assert d.terminate() == 0
-            if k == 0 and not broker.survives_leaving_mid_rebalance:
-                # the second leaves once the group has formed without the first (a
-                # leave within the rebalance can wedge Tansu's group: tests/brokers)
-                wait_until(_all_owned(daemons[1:]), 180, "two members owning every partition",
-                           detail=lambda: dump(daemons[1:]))
         live = daemons[2:]
         wait_until(_all_owned(live), 180, "the last member owning every partition",
                    detail=lambda: dump(live))
