@@ -173,16 +173,19 @@ def _restored(cfg: Any, bootstrap: str, p: int) -> Any:
                                         or None)
 
 
+@pytest.mark.parametrize("library", ["kafka-python", "confluent"])
 def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_group(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, library: str) -> None:
     """Each task's encode made to take 2 s (a large state on a busy machine): a
     checkpoint of both tasks takes 4 s, past max_poll_interval_ms (3 s). The member
-    polls the group meanwhile, so it is never dropped: no rebalance, nothing refused."""
+    polls the group meanwhile, so it is never dropped: no rebalance, nothing refused
+    (librdkafka's member too, whose keepalive is a consume)."""
     preds, labels = kafka_topics(count=2, partitions=2)
-    client = {**GROUP_CLIENT, "max_poll_interval_ms": 3000}
+    # (librdkafka wants max_poll_interval_ms >= session_timeout_ms)
+    client = {**GROUP_CLIENT, "max_poll_interval_ms": 3000, "session_timeout_ms": 3000}
     path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
-                        kafka={"instance": "group", "client": client},
+                        kafka={"instance": "group", "client": client, "library": library},
                         state={"checkpoint_interval": "1s"})
     real_write = TaskLog.write
     slow = {"on": False, "done": 0}

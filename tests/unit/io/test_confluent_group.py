@@ -61,6 +61,14 @@ def test_only_the_member_consumer_takes_the_group_keys() -> None:
         confluent_kafka.Consumer(settings).close()
 
 
+def test_librdkafka_refuses_a_poll_interval_below_the_session() -> None:
+    # why check-config refuses it with kafka.library: confluent (kafka-python takes it)
+    group = librdkafka_settings({"session_timeout_ms": 6000, "max_poll_interval_ms": 3000},
+                                role="consumer")
+    with pytest.raises(confluent_kafka.KafkaException, match=r"max\.poll\.interval\.ms"):
+        confluent_kafka.Consumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "g", **group})
+
+
 def test_the_transactional_producer_settings_are_accepted() -> None:
     # a client that turns idempotence off or waits longer than a transaction may
     cfg = _cfg({**FROM_ENV, "enable_idempotence": False, "delivery_timeout_ms": 120_000,
