@@ -39,9 +39,8 @@ from calmon.engine.snapshot import Refresher
 from calmon.engine.summed import SummedEngine
 from calmon.errors import ConfigError
 from calmon.io import changelog
-from calmon.io.changelog import Changelog
+from calmon.io.consumer_process import group_classes
 from calmon.io.dead_letter import DeadLetters
-from calmon.io.group_source import GroupSource
 from calmon.io.source import CoPartitionError, KafkaSourceError
 from calmon.io.totals import ProcessTotals
 from calmon.tasks import RESTORE_BUCKETS, Tasks
@@ -62,14 +61,15 @@ class GroupRun:
     def __init__(self, cfg: Config, totals: ProcessTotals, dead_letters: DeadLetters) -> None:
         self.cfg = cfg
         self.dead_letters = dead_letters
-        self.changelog = Changelog(cfg.kafka)
+        source_cls, changelog_cls = group_classes(cfg.kafka)  # of kafka.library
+        self.changelog = changelog_cls(cfg.kafka)
         self.tasks = Tasks(cfg, self.changelog, totals)
         kc = cfg.kafka
         if cfg.recalibration.enabled and kc.joined_topic is not None:
             self.tasks.joined = GroupSender(kc.joined_topic, record_budget(kc),
                                             Signer.from_config(cfg.calibrators))
         self.live = TaskEngines()  # the owner's live calibrators, for every task
-        self.source = GroupSource(cfg.kafka, self.tasks)
+        self.source = source_cls(cfg.kafka, self.tasks)
         self.tasks.source = self.source
         self.refresher = Refresher(SummedEngine(cfg, self.tasks.engines))
         self.started = False

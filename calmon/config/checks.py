@@ -101,6 +101,12 @@ def _check_group(cfg: Config, errors: list[str]) -> None:
     if hb is not None and hb >= session:
         errors.append(f"kafka.client.heartbeat_interval_ms: must be below "
                       f"session_timeout_ms ({session}), got {hb}")
+    poll = ms.get("max_poll_interval_ms")
+    if kc.library == "confluent" and poll is not None and poll < session:
+        # librdkafka refuses to make such a consumer (kafka-python takes it)
+        errors.append(f"kafka.client.max_poll_interval_ms: must be at least "
+                      f"session_timeout_ms ({session}) with kafka.library: confluent, "
+                      f"got {poll}")
     gid = kc.client.get("group_instance_id")
     if gid is not None and (not isinstance(gid, str) or not gid.strip()):
         errors.append(f"kafka.client.group_instance_id: expected a non-empty name, got {gid!r}")

@@ -125,7 +125,8 @@ def _records(part: int, write: TaskWrite) -> Iterator[tuple[bytes, bytes | None,
 def member_id(cfg: KafkaConfig) -> str:
     """This member's transactional id: the static member's name (a restart fences its
     former self), else a new one per process."""
-    gid = cfg.client.get("group_instance_id")
+    gid = cfg.client.get("group_instance_id") or (
+        cfg.client.get("group.instance.id") if cfg.library == "confluent" else None)
     own = str(gid) if gid else uuid.uuid4().hex[:12]
     return f"{cfg.group_id}-state-{own}"
 
@@ -287,12 +288,17 @@ class Changelog:
 
     def _writer(self) -> KafkaProducer:
         if self._producer is None:
-            p = KafkaProducer(transactional_id=self.transactional_id,
-                              transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-                              **producer_settings(self.cfg))
-            p.init_transactions()
-            self._producer = p
+            self._producer = self._new_producer()
         return self._producer
+
+    def _new_producer(self) -> Any:
+        """A transactional producer, initialised (``confluent_changelog``: librdkafka's,
+        behind the same calls)."""
+        p = KafkaProducer(transactional_id=self.transactional_id,
+                          transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+                          **producer_settings(self.cfg))
+        p.init_transactions()
+        return p
 
     def commit(self, states: Mapping[int, TaskWrite], offsets: Mapping[int, int],
                group_metadata: Any, *, between: Callable[[], None] | None = None,

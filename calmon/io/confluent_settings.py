@@ -31,6 +31,13 @@ def _hostname_check(v: Any) -> str:
     return "https" if v else "none"
 
 
+def _ms(v: Any) -> Any:
+    # a number of milliseconds, as check-config reads it: ``${VAR}`` expands to a
+    # string, maybe with spaces around the digits (kafka-python's reading strips them)
+    text = v.strip() if isinstance(v, str) else v
+    return int(text) if isinstance(text, str) and text.isdigit() else v
+
+
 # kafka-python key -> (librdkafka key, roles it applies to, value translation)
 BOTH, CONSUMER, PRODUCER = frozenset({"consumer", "producer"}), frozenset({"consumer"}), frozenset(
     {"producer"})
@@ -66,10 +73,10 @@ KAFKA_PYTHON_TO_LIBRDKAFKA: dict[str, tuple[str, frozenset[str], Callable[[Any],
     "isolation_level": ("isolation.level", CONSUMER, _same),
     "check_crcs": ("check.crcs", CONSUMER, _same),
     # v4: the consumer group (kafka.instance: group)
-    "session_timeout_ms": ("session.timeout.ms", CONSUMER, _same),
-    "max_poll_interval_ms": ("max.poll.interval.ms", CONSUMER, _same),
-    "heartbeat_interval_ms": ("heartbeat.interval.ms", CONSUMER, _same),
-    "group_instance_id": ("group.instance.id", CONSUMER, _same),
+    "session_timeout_ms": ("session.timeout.ms", CONSUMER, _ms),
+    "max_poll_interval_ms": ("max.poll.interval.ms", CONSUMER, _ms),
+    "heartbeat_interval_ms": ("heartbeat.interval.ms", CONSUMER, _ms),
+    "group_instance_id": ("group.instance.id", CONSUMER, str),
     # producer
     "acks": ("acks", PRODUCER, _same),
     "retries": ("retries", PRODUCER, _same),
@@ -80,6 +87,11 @@ KAFKA_PYTHON_TO_LIBRDKAFKA: dict[str, tuple[str, frozenset[str], Callable[[Any],
     "delivery_timeout_ms": ("message.timeout.ms", PRODUCER, _same),
     "enable_idempotence": ("enable.idempotence", PRODUCER, _same),
 }
+
+# the group's properties: only the member of kafka.instance: group takes them (not its
+# labels consumer, which has no group)
+GROUP_PROPERTIES = frozenset({"session.timeout.ms", "max.poll.interval.ms",
+                              "heartbeat.interval.ms", "group.instance.id"})
 
 # librdkafka properties only a consumer takes (an admin client is given the rest)
 CONSUMER_ONLY = frozenset(name for name, roles, _ in KAFKA_PYTHON_TO_LIBRDKAFKA.values()

@@ -3,7 +3,8 @@ use two cores instead of sharing one interpreter lock.
 
 kafka-python spends longer decoding a record batch than calmon spends parsing
 and counting it; in one process the two add up. Here a child owns the source of
-``kafka.library`` (``make_source``, the one place that picks the library) and streams poll results
+``kafka.library`` (``make_source``, the one place that picks the library, with
+``group_classes`` for group mode) and streams poll results
 (plain per-partition columns) through a pipe; the parent (the daemon) builds
 ``Raw`` records and feeds the engine. With librdkafka the decoding runs in its
 own threads, but the pipe still keeps the per-record Python work of the two
@@ -29,7 +30,7 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calmon import logs, secrets
 from calmon.children import die_with_parent
@@ -51,6 +52,10 @@ from calmon.io.source import (
 from calmon.io.start import Start
 from calmon.io.topics import fetch_bytes
 
+if TYPE_CHECKING:
+    from calmon.io.changelog import Changelog
+    from calmon.io.group_source import GroupSource
+
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 200
@@ -68,6 +73,21 @@ def make_source(config: KafkaConfig, *, metadata_timeout_s: float = 30.0) -> Chu
     from calmon.io.kafka_source import KafkaSource
 
     return KafkaSource(config, metadata_timeout_s=metadata_timeout_s)
+
+
+def group_classes(config: KafkaConfig) -> tuple[type[GroupSource], type[Changelog]]:
+    """Group mode's source and changelog writer of the configured ``kafka.library`` (the
+    group source runs in the loop thread, not here: its rebalance callbacks restore and
+    drop the tasks). A restore reads the changelog with kafka-python either way."""
+    if config.library == "confluent":
+        from calmon.io.confluent_changelog import ConfluentChangelog
+        from calmon.io.confluent_group import ConfluentGroupSource
+
+        return ConfluentGroupSource, ConfluentChangelog
+    from calmon.io.changelog import Changelog as KafkaPythonChangelog
+    from calmon.io.group_source import GroupSource as KafkaPythonGroupSource
+
+    return KafkaPythonGroupSource, KafkaPythonChangelog
 
 
 class ProcessSource:

@@ -319,6 +319,11 @@ class GroupSource:
             return None
         return silent if silent > max(session / 2, session - interval) else None
 
+    def in_group(self) -> bool:
+        """Whether the member holds a generation of the group (else ``group_metadata``
+        refuses)."""
+        return self.preds is not None and self.preds.group_metadata().generation_id >= 0
+
     def position(self, topic: str, partition: int) -> int | None:
         """The next offset the consumer of ``topic`` reads on ``partition``."""
         consumer = self.preds if topic == self.cfg.predictions_topic else self.labels

@@ -52,6 +52,9 @@ def test_effective_config_prints_the_word(capsys, tmp_path: Path) -> None:
     (GROUP + "  client: {session_timeout_ms: 6000, heartbeat_interval_ms: 6000}\n",
      "kafka.client.heartbeat_interval_ms"),
     (GROUP + "  client: {group_instance_id: ''}\n", "kafka.client.group_instance_id"),
+    # librdkafka refuses a consumer whose poll interval is below its session timeout
+    (GROUP + "  library: confluent\n  client: {session_timeout_ms: 6000, "
+     "max_poll_interval_ms: 3000}\n", "kafka.client.max_poll_interval_ms"),
     (GROUP + "  state_changelog_topic: predictions\n", "kafka.state_changelog_topic"),
     ("kafka:\n  state_changelog_topic: tasks\n", "kafka.state_changelog_topic"),
     # recalibration (on by default) reads the joined topic and the calibrators topic
@@ -77,6 +80,13 @@ def test_group_settings_from_the_environment_are_numbers(capsys, tmp_path: Path,
     monkeypatch.setenv("CALMON_TEST_SESSION", "6000")
     rc, _, err = check(capsys, tmp_path, GROUP + "  client: {session_timeout_ms: "
                        "${CALMON_TEST_SESSION}, heartbeat_interval_ms: 2000}\n")
+    assert rc == 0, err
+
+
+def test_a_poll_interval_below_the_session_is_kafka_python_s_alone(capsys,
+                                                                  tmp_path: Path) -> None:
+    rc, _, err = check(capsys, tmp_path, GROUP + "  client: {session_timeout_ms: 6000, "
+                       "max_poll_interval_ms: 3000}\n")
     assert rc == 0, err
 
 

@@ -32,11 +32,14 @@ EXPORT_SUMS = {**WINDOWS, "export": {"segment_families": [
 
 
 def member(tmp_path: Path, bootstrap: str, preds: str, labels: str, group: str,
-           name: str, metrics: dict[str, Any] | None = None) -> CalmonDaemon:
-    """A member of ``group`` (not started), with a state dir and config of its own."""
+           name: str, metrics: dict[str, Any] | None = None,
+           library: str = "kafka-python") -> CalmonDaemon:
+    """A member of ``group`` (not started), with a state dir and config of its own,
+    reading with ``library`` (``kafka.library``)."""
     return CalmonDaemon(write_config(
         tmp_path / f"{name}.yaml", bootstrap, preds, labels,
-        kafka={"group_id": group, "instance": "group", "client": GROUP_CLIENT},
+        kafka={"group_id": group, "instance": "group", "client": GROUP_CLIENT,
+               "library": library},
         metrics=metrics or WINDOWS, state={"checkpoint_interval": "1s"}),
         log=tmp_path / f"{name}.log")
 

@@ -173,16 +173,19 @@ def _restored(cfg: Any, bootstrap: str, p: int) -> Any:
                                         or None)
 
 
+@pytest.mark.parametrize("library", ["kafka-python", "confluent"])
 def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_group(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, library: str) -> None:
     """Each task's encode made to take 2 s (a large state on a busy machine): a
     checkpoint of both tasks takes 4 s, past max_poll_interval_ms (3 s). The member
-    polls the group meanwhile, so it is never dropped: no rebalance, nothing refused."""
+    polls the group meanwhile, so it is never dropped: no rebalance, nothing refused
+    (librdkafka's member too, whose keepalive is a consume)."""
     preds, labels = kafka_topics(count=2, partitions=2)
-    client = {**GROUP_CLIENT, "max_poll_interval_ms": 3000}
+    # (librdkafka wants max_poll_interval_ms >= session_timeout_ms)
+    client = {**GROUP_CLIENT, "max_poll_interval_ms": 3000, "session_timeout_ms": 3000}
     path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
-                        kafka={"instance": "group", "client": client},
+                        kafka={"instance": "group", "client": client, "library": library},
                         state={"checkpoint_interval": "1s"})
     real_write = TaskLog.write
     slow = {"on": False, "done": 0}
@@ -213,3 +216,71 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
         assert source.rebalances == rebalances
         assert tasks.fenced == 0
         assert sorted(tasks.tasks) == [0, 1]
+
+
+def test_records_read_by_librdkafka_keepalive_are_counted_once(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka's keepalive is a consume: records that arrive during a long checkpoint
+    come back from it and are held for the next poll. They are fed once, after the
+    checkpoint, at the positions the loop read to (librdkafka's own positions count the
+    held records). Only ``kafka.library: confluent`` holds records (kafka-python's
+    keepalive fetches nothing)."""
+    pytest.importorskip("confluent_kafka")
+    from calmon.io.confluent_group import ConfluentGroupSource
+
+    preds, labels = kafka_topics(count=2, partitions=2)
+    client = {**GROUP_CLIENT, "max_poll_interval_ms": 3000, "session_timeout_ms": 3000}
+    path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
+                        kafka={"instance": "group", "client": client, "library": "confluent"},
+                        state={"checkpoint_interval": "1s"})
+    real_write, real_keepalive = TaskLog.write, ConfluentGroupSource.keepalive
+    held: list[int] = []
+    late = [*stream((preds, labels), 20, 20, 0), *stream((preds, labels), 20, 20, 1)]
+    slow = {"on": False, "sent": False}
+
+    def write(self: TaskLog, *args: Any, **kw: Any) -> Any:
+        if slow["on"]:
+            if not slow["sent"]:  # the second batch arrives while the checkpoint works
+                slow["sent"] = True
+                with Producer(kafka_bootstrap) as producer:
+                    producer.send(late)
+            deadline = time.monotonic() + 2.0  # encoding work, not a wait on anything
+            while time.monotonic() < deadline:
+                sum(range(10_000))
+        return real_write(self, *args, **kw)
+
+    def keepalive(self: ConfluentGroupSource) -> None:
+        real_keepalive(self)
+        held.append(len(self._held))
+
+    monkeypatch.setattr(TaskLog, "write", write)
+    monkeypatch.setattr(ConfluentGroupSource, "keepalive", keepalive)
+    d = daemon(path)
+    with Running(d) as run, Producer(kafka_bootstrap) as producer:
+        assert d.group is not None
+        tasks, source = d.group.tasks, d.group.source
+        run.wait(lambda: len(tasks.tasks) == 2 and not source.unrestored, "both tasks",
+                 timeout=180)
+        rebalances = source.rebalances
+        slow["on"] = True
+        producer.send([*stream((preds, labels), 0, 20, 0), *stream((preds, labels), 0, 20, 1)])
+
+        def counted() -> dict[str, int]:
+            out: dict[str, int] = {}
+            for e in tasks.engines():
+                for k, v in e.status()["counters"].items():
+                    out[k] = out.get(k, 0) + v
+            return out
+
+        run.wait(lambda: all(dict(tasks._written.get(p, (0, ()))[1]).get(preds) == 40
+                             for p in (0, 1)) and counted().get("joined") == 80,
+                 "both batches checkpointed", timeout=120)
+        assert max(held) > 0  # the second batch came back from a keepalive
+        assert source.rebalances == rebalances and tasks.fenced == 0
+        c = counted()
+        # every record read once: 40 predictions and 40 labels per partition, all joined
+        assert (c["predictions"], c["labels"], c["joined"], c["duplicates"]) == (
+            80, 80, 80, 0), c
+        for p in (0, 1):
+            assert tasks.tasks[p].positions == {preds: 40, labels: 40}

@@ -3,7 +3,8 @@ consumer group split a 6-partition stream; one is killed mid-stream and not
 restarted, the others take its partitions with their state from the changelog, a
 fresh member joins later, and the summed window counts equal the stream exactly per
 (model, segment). Labels produced after the move join the predictions that were
-pending on the killed member."""
+pending on the killed member. Members read with kafka-python, and with librdkafka
+(``kafka.library: confluent``)."""
 
 from __future__ import annotations
 
@@ -42,9 +43,16 @@ N = 1200
 PARTITIONS = 6
 
 
+@pytest.mark.parametrize("library", ["kafka-python", "confluent"])
 def test_kill_9_moves_partitions_with_their_state(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
-        broker) -> None:
+        broker, library: str) -> None:
+    if library == "confluent" and not broker.fences_stale_members:
+        # two minutes of the suite's budget once, not twice: librdkafka's own parts
+        # (rebalance callbacks, stable committed offsets, the transaction's generation
+        # check) are whole only on a broker that keeps KIP-447; a restore reads with
+        # kafka-python for both libraries
+        pytest.skip(f"librdkafka's failover runs on Apache Kafka, not {broker.kind}")
     preds_topic, labels_topic = kafka_topics(count=2, partitions=PARTITIONS)
     group = f"calmon-group-{tmp_path.name[-12:]}"
     preds, labels = make_dataset(N, seed=37, span_s=3600.0)
@@ -55,7 +63,7 @@ def test_kill_9_moves_partitions_with_their_state(
              + [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in labels[:half]])
     late = [(labels_topic, str(x["id"]).encode(), dumps(x)) for x in labels[half:]]
     daemons = [member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, f"m{i}",
-                      metrics=EXPORT_SUMS) for i in range(4)]
+                      metrics=EXPORT_SUMS, library=library) for i in range(4)]
     live = daemons[:3]
     try:
         for d in live:
