@@ -49,8 +49,10 @@ class TxnProducer:
 
     def send(self, topic: str, *, key: bytes | None = None, value: bytes | None = None,
              partition: int | None = None, headers: list[tuple[str, bytes]] | None = None
-             ) -> None:
-        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers}
+             ) -> Delivery:
+        delivery = Delivery(self._p)
+        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers,
+                                  "on_delivery": delivery}
         if partition is not None:
             kwargs["partition"] = partition
         deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000
@@ -65,6 +67,7 @@ class TxnProducer:
             except KafkaException as e:
                 raise KafkaError(str(e)) from None
         self._p.poll(0)  # serve delivery reports
+        return delivery
 
     def send_offsets_to_transaction(self, offsets: Mapping[Any, Any],
                                     group_metadata: Any) -> None:
@@ -89,6 +92,30 @@ class TxnProducer:
             fn(*args)
         except KafkaException as e:  # fenced, generation moved, broker trouble, timeout
             raise KafkaError(str(e)) from None
+
+
+class Delivery:
+    """A record's delivery, as kafka-python's future answers it (``get().offset``):
+    the changelog's local cache starts reading after the last record a commit wrote."""
+
+    def __init__(self, producer: Any) -> None:
+        self._p = producer
+        self.offset: int | None = None
+        self.error: Any = None
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.error = err
+        else:
+            self.offset = int(msg.offset())
+
+    def get(self, timeout: float = 1.0) -> Delivery:
+        deadline = time.monotonic() + timeout
+        while self.offset is None and self.error is None and time.monotonic() < deadline:
+            self._p.poll(0.05)  # serves delivery reports (a committed transaction has them)
+        if self.offset is None:
+            raise KafkaError(f"record not delivered: {self.error}")
+        return self
 
 
 class ConfluentChangelog(Changelog):
