@@ -157,19 +157,24 @@ class Simulation:
     """Samples per segment at a fixed daily rate, checked every ``interval`` of event
     time; per_segment fans each sample out as the engine does. Labels come at once, or
     ``delay`` after their prediction: a sample joins the rings (in label-arrival order,
-    with its prediction time) once its label has arrived.
+    with its prediction time) once its label has arrived. Each check names the series
+    whose rings gained samples since the previous one (``check_each(new=...)``, as replay
+    does): the policy passes over the others unread (calmon.recal.skip.Untouched), which
+    changes no outcome and saves the idle checks of a many-series run.
 
     ``shares``: each segment's share of ``per_day`` (then the model's total; without it
     ``per_day`` is every segment's own rate). ``members``: the series names each segment
     feeds besides ``__all__`` (default ``country=c<i>``; e.g. ``["country=c1",
     "device=d0"]`` for two slices). ``record``: keep every sample drawn (``drawn()``),
-    for the oracles."""
+    for the oracles. ``readers``: the policy publishes what readers see (gauges,
+    snapshot) after every check, as the daemon's does, and ``Run.max_evidence`` is kept;
+    without it, as in replay (``readers_each_check`` off), which no decision reads."""
 
     def __init__(self, cfg: Config, scenario: Scenario, segments: int, per_day: float,
                  seed: int, model: str = "m", registry: Registry | None = None,
                  delay: Delay | None = None, *, shares: np.ndarray | None = None,
                  members: list[list[str]] | None = None, record: bool = False,
-                 reseed: tuple[float, int] | None = None) -> None:
+                 reseed: tuple[float, int] | None = None, readers: bool = False) -> None:
         self.cfg = cfg
         self.scenario = scenario
         self.segments = segments
@@ -200,6 +205,8 @@ class Simulation:
         # policy's holds, as the daemon's engine keeps them (in buckets of event time)
         self._hist: list[tuple[float, int, np.ndarray]] = []
         self.policy.scores_of = self.scores_since
+        self.policy.readers_each_check = self.readers = readers
+        self._new: set[tuple[str, str]] = set()  # series whose rings gained samples
 
     def samples_of(self, model: str, segment: str, last: int | None = None
                    ) -> SampleSet | None:
@@ -244,9 +251,11 @@ class Simulation:
                 self._hist.append((self.t, seg, _conf_hist(scores)))
             self._deliver(self.t + interval)
             self.t += interval
-            events = self.policy.check(self.t, self.series(), self.samples_of)
+            new, self._new = self._new, set()
+            events = self.policy.check_each(lambda _model, t=self.t: t, self.series(),
+                                            self.samples_of, new=new)
             out.events += events
-            for key, v in self.policy.gauges.evidence.items():
+            for key, v in (self.policy.gauges.evidence.items() if self.readers else ()):
                 out.max_evidence[key] = max(out.max_evidence.get(key, 0.0), v)
             if on_check is not None:
                 on_check(self, events)
@@ -290,6 +299,7 @@ class Simulation:
             return
         classes = 0 if scores.ndim == 1 else scores.shape[1]
         self.buffers.add(0, classes, ts, labels, kind, scores)
+        self._new.add((self.model, ALL))
         if self.cfg.recalibration.per_segment:
             per_sid: dict[int, list[np.ndarray]] = {}
             for s in np.unique(seg).tolist():
@@ -298,6 +308,7 @@ class Simulation:
             for sid, parts in sorted(per_sid.items()):
                 m = np.sort(np.concatenate(parts))  # arrival order within the series
                 self.buffers.add(sid, classes, ts[m], labels[m], kind[m], scores[m])
+                self._new.add((self.model, self.names[sid - 1]))
 
     def fresh(self, t: float, seg: int, n: int, seed: int = 99) -> tuple[np.ndarray, np.ndarray]:
         """Fresh samples of the scenario at time t: (reported scores, true probabilities)."""

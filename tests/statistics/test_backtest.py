@@ -37,7 +37,8 @@ def test_a_calibrated_model_with_20_segments_raises_no_alarm_in_a_week() -> None
     alpha = 0.01 for all series together; the largest evidence any series reached is
     printed (and must stay far below the threshold 1)."""
     cfg = sim_config(per_segment=True)
-    sim = Simulation(cfg, binary(mu=-3.8, sd=1.0), segments=20, per_day=5000, seed=2)
+    sim = Simulation(cfg, binary(mu=-3.8, sd=1.0), segments=20, per_day=5000, seed=2,
+                     readers=True)
     run = sim.run(7)
     assert run.events == []
     worst = max(run.max_evidence.values())

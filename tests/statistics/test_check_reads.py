@@ -49,7 +49,8 @@ def test_the_checkpointed_state_of_skipped_series_is_their_state() -> None:
     most segments gained nothing, the policy's snapshot equals each state's own, taken
     afresh."""
     cfg = sim_config(per_segment=True)
-    sim = Simulation(cfg, binary(mu=-1.0, sd=1.0), segments=10, per_day=200, seed=6)
+    sim = Simulation(cfg, binary(mu=-1.0, sd=1.0), segments=10, per_day=200, seed=6,
+                     readers=True)
     sim.run(1)
     got = sim.policy.snapshot()["series"]
     want = [[m, s, st.snapshot()] for (m, s), st in sorted(sim.policy.states.items())]

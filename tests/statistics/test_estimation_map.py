@@ -154,6 +154,7 @@ def test_the_band_covers_the_realized_accuracy() -> None:
     rng = np.random.default_rng(2039)
     reps, n_fit, n_pend, level = 200, 5_000, 2_000, 0.9
     raws: list[tuple[Kind, bytes]] = []
+    at: list[float] = []  # each record's event time
     pending_truth = []
     for r in range(reps):
         model = f"m{r}"
@@ -164,14 +165,19 @@ def test_the_band_covers_the_realized_accuracy() -> None:
             raws.append((Kind.PREDICTION, pred_bytes(f"{r}f{i}", float(ts[i]), model=model,
                                                      logit=float(z[i]))))
             raws.append((Kind.LABEL, label_bytes(f"{r}f{i}", int(y[i]), float(ts[i]) + 60)))
+        at += np.repeat(ts, 2).tolist()
         zp = rng.normal(-0.5, 1.5, n_pend)
         tp = T0 + 20 * HOUR + rng.uniform(0, 600, n_pend)
         for i in range(n_pend):
             raws.append((Kind.PREDICTION, pred_bytes(f"{r}p{i}", float(tp[i]), model=model,
                                                      logit=float(zp[i]))))
+        at += tp.tolist()
         pending_truth.append(expit(zp))
     engine = Engine(cfg(segments={"slices": []}))
-    feed(engine, raws)
+    # the 200 models' streams interleaved in time, as they would arrive: the first batch
+    # admits every model, the rest take the columnar join (a batch that admits a model
+    # goes record by record, and model by model every batch would admit one)
+    feed(engine, [raws[i] for i in np.argsort(at, kind="stable")])
     est = by_segment(engine)
     z = NormalDist().inv_cdf(0.5 + level / 2)
     covered, ratios = 0, []

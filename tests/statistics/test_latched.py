@@ -50,7 +50,7 @@ def test_every_drift_event_is_followed_by_a_refit_attempt() -> None:
     announced = 0
     for seed in range(6):
         sim = Simulation(cfg, binary(mu=-2.0, sd=1.5, change_at=CHANGE, scale=1.6), 1, 3000,
-                         seed, delay=uniform_delay(60.0, 60.0))
+                         seed, delay=uniform_delay(60.0, 60.0), readers=True)
         gauge: list[tuple[float, int]] = []  # (t, calmon_drift{ece_above}) after each check
         run = sim.run(3.0, lambda s, _e, g=gauge: g.append(
             (s.t, s.policy.gauges.drift.get(("m", "__all__", "ece_above"), 0))))

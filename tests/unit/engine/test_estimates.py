@@ -103,8 +103,13 @@ def test_the_estimate_band_covers_the_realized_accuracy_at_its_level() -> None:
                  for m in range(models) for i in range(n)])
     z = 1.6448536269514722  # the two-sided 90% normal quantile (metrics.interval_level)
     covered = 0
+    # one snapshot read for every model (nothing is fed between the reads)
+    snap = full_snapshot(engine)
+    by_model = {r.model: r.estimates for r in snap.rows
+                if r.segment == "__all__" and r.window == "1h"}
+    assert len(by_model) == models
     for m in range(models):
-        est = rows(engine, f"m{m}")["1h"].estimates
+        est = by_model[f"m{m}"]
         c = np.maximum(p[m], 1 - p[m])
         acc, var = c.mean(), (c * (1 - c)).sum()
         assert est.estimate_basis == "raw"  # no calibrator is live

@@ -3,10 +3,14 @@ implementations, MCE over well-filled bins, and the coverage of the ECE interval
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import numpy as np
 import pytest
 import relplot
 from calibration.utils import unbiased_l2_ce
+from scipy import integrate, stats
 from sklearn.datasets import load_breast_cancer, load_digits, make_classification
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import cross_val_predict
@@ -131,14 +135,31 @@ LEVEL = 0.9
 
 
 def population_ece(ab: tuple[float, float], k: float, b: float, bins: int = 15) -> float:
-    """The binned ECE on infinitely many samples, by Monte Carlo over 2M confidences with
-    the true P(y=1 | p) in place of labels (so the only error is that of w_b, c_b)."""
-    rng = np.random.default_rng(12345)
-    p = rng.beta(*ab, 2_000_000)
-    idx = right_closed_bins(p, bins)
-    conf = np.bincount(idx, p, bins)
-    acc = np.bincount(idx, _sigmoid(k * _logit(p) + b), bins)
-    return float(np.abs(conf - acc).sum() / len(p))
+    """The binned ECE on infinitely many samples: sum over the bins of |the integral of
+    p - P(y=1 | p) over the Beta density|, by 50-node Gauss-Legendre in each bin's
+    probability range u = F(p), where the integrand is smooth even for the U-shaped Beta.
+    Within 2e-8 of scipy.integrate.quad on every cell (the 2M-sample Monte Carlo it
+    replaces was within 5e-5, and took most of a second a cell)."""
+    dist = stats.beta(*ab)
+    x, w = np.polynomial.legendre.leggauss(50)
+    u = dist.cdf(np.linspace(0.0, 1.0, bins + 1))
+    lo, width = u[:-1, None], (u[1:] - u[:-1])[:, None]
+    p = dist.ppf(lo + width * (x + 1.0) / 2.0)  # (bins, nodes)
+    gap = ((p - _sigmoid(k * _logit(p) + b)) * w).sum(axis=1) * width[:, 0] / 2.0
+    return float(np.abs(gap).sum())
+
+
+def test_population_ece_is_the_integral() -> None:
+    """The quadrature against scipy.integrate.quad (adaptive) on two cells."""
+    for ab, (k, b) in ((DISTS["u-shaped"], TRUTHS["shifted"]), (DISTS["ctr"], TRUTHS["flat"])):
+        dist = stats.beta(*ab)
+
+        def gap(p: float, k: float = k, b: float = b, dist: Any = dist) -> float:
+            return float((p - _sigmoid(k * _logit(np.array(p)) + b)) * dist.pdf(p))
+
+        want = sum(abs(integrate.quad(gap, lo, hi, limit=200)[0])
+                   for lo, hi in itertools.pairwise(np.linspace(0.0, 1.0, 16)))
+        assert abs(population_ece(ab, k, b) - want) < 1e-7
 
 
 @pytest.mark.slow
