@@ -67,6 +67,22 @@ class JoinCapacity(JoinState):
         if stale > 2 * (1 + (self.implicit is not None)) * self.pending + 1024:
             self._heaps = None  # mostly stale entries: built afresh when next needed
 
+    def _make_label_room(self) -> None:
+        """One label past ``join.max_pending`` waiting labels: those past their label_ttl
+        expire first (no longer waiting: fed one record a poll, the sweep after each
+        would have expired them), then, if still past, the oldest waiting label. So
+        which label capacity evicts does not depend on where polls end. The scan runs
+        only when the clock has reached the earliest deadline known, which it makes
+        exact."""
+        ev = self.events
+        now = self.clock
+        if now >= self._next_label_deadline:
+            gone, self._next_label_deadline = self._labels.expire(now)
+            ev.labels_expired += gone
+        if len(self._labels) > self.max_pending:
+            del self._labels[next(iter(self._labels))]
+            ev.labels_expired += 1
+
     def _build_heaps(self) -> dict[int, tuple[list[Any], list[tuple[float, str]]]]:
         """The per-model heaps and pending counts of ``_make_room``, built from every
         pending prediction (the new one included) once they are near the bound."""

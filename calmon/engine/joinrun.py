@@ -186,6 +186,5 @@ class JoinRun(JoinCapacity):
             self._next_label_deadline = deadline
         if deadline == INF:
             self._undated_labels = True
-        if len(self._labels) > self.max_pending:  # the oldest waiting label goes
-            del self._labels[next(iter(self._labels))]
-            ev.labels_expired += 1
+        if len(self._labels) > self.max_pending:
+            self._make_label_room()

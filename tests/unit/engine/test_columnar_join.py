@@ -395,6 +395,46 @@ def test_an_undated_label_before_any_prediction_does_not_depend_on_the_batching(
     assert out == dict.fromkeys(out, want)
 
 
+def test_capacity_expires_overdue_labels_before_evicting_a_waiting_one() -> None:
+    """Past join.max_pending waiting labels, those past their label_ttl go first (they
+    are no longer waiting: fed one at a time, the sweep after each poll drops them), and
+    only then the oldest. x at T0 starts the clock; a (ts T0 + 50m) waits until T0 + 80m,
+    b (no ts) until T0 + 30m; y at T0 + 30m ends b's wait; c (no ts, until T0 + 60m) is
+    the third label, so b expires and a still waits, and joins its prediction at T0 + 35m.
+    Fed at once, a was evicted for capacity before b was settled."""
+    raws = render([Pred("i0", "b", 0, None), Lab("i1", 1, 10, None), Lab("i2", 0, None, None),
+                   Pred("i3", "b", 6, None), Lab("i4", 1, None, None),
+                   Pred("i1", "b", 7, None)])
+    want = {"counters": {"predictions": 3, "labels": 3, "joined": 1, "labels_expired": 1},
+            "pending": 2, "pending_labels": 1}  # x and y pending, c waiting
+    out = outcome_by_batch_size(config(max_pending=2), raws)
+    assert out == dict.fromkeys(out, want)
+
+
+# found by test_batching_and_columns_do_not_change_the_outcome (join.max_pending 2): the
+# whole batch evicted i1's waiting label 3 (ts step 20) for capacity while i2's, past its
+# label_ttl, was still held; fed one at a time, i2's was gone and i1's label met i1 and
+# was counted out of range (label_out_of_range 2 vs 1, labels_expired 1 vs 2)
+LABEL_EVICTION_STREAM: list[Event] = [
+    Pred("i4", "mc", 11, None), Pred("i4", "b", 10, "US"), Pred("i3", "b", 0, "US"),
+    Lab("i4", 3, 4, "ghost"), Junk(Kind.PREDICTION), Lab("i1", 3, 20, "ghost"),
+    Lab("i2", 0, None, "b"), Pred("i4", "b", 4, "US"), Lab("i1", 0, 4, "ghost"),
+    *[Junk(Kind.LABEL)] * 4, Lab("i3", 1, 5, "b"), Junk(Kind.LABEL), Junk(Kind.PREDICTION),
+    Pred("i4", "bl", 16, "DE"), Pred("i3", "bl", 17, None), Pred("i3", "b", 7, None),
+    Junk(Kind.LABEL), Junk(Kind.PREDICTION), Lab("i3", 0, None, None), Lab("i1", 0, 0, None),
+    Lab("i0", 0, None, None), Pred("i2", "bl", 8, "US"), Pred("i4", "bl", 0, None),
+    Lab("i3", 1, None, "ghost"), Pred("i4", "b", 2, "US"), Pred("i2", "mc", 9, "DE"),
+    Lab("i0", 0, 6, "b"), Junk(Kind.PREDICTION), Pred("i1", "bl", 13, None),
+    Lab("i1", 0, 8, "ghost"), Pred("i1", "b", 3, None)]
+
+
+def test_label_eviction_found_by_the_property_test() -> None:
+    batching_and_columns_do_not_change_the_outcome(LABEL_EVICTION_STREAM, (False, 2))
+    fed = feed(config(max_pending=2), render(LABEL_EVICTION_STREAM), 1)
+    assert fed.invalid[("labels", "label_out_of_range")] == 2  # i4's label 3, i1's label 3
+    assert fed.engine.counters["labels_expired"] == 1  # i2's
+
+
 # i0 at T0 + 1h, then i1 and i2 at T0: they arrive past ts + after (20m) and ts + ttl (1h)
 OVERDUE = [Pred("i0", "b", 12, None), Pred("i1", "b", 0, None), Pred("i2", "b", 0, None)]
 
