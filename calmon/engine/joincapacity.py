@@ -34,6 +34,8 @@ class JoinCapacity(JoinState):
             if m >= len(self._counts):  # a model admitted since the heaps were built
                 self._counts.extend([0] * (m + 1 - len(self._counts)))
             self._counts[m] += 1
+            if self._deadline(v) <= self.nows[m]:  # came overdue: its model has one to settle
+                self._dirty.add(m)
         if self.pending <= self.max_pending:
             return
         for mo in self._dirty:  # the models whose now moved: their overdue ones

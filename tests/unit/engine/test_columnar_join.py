@@ -411,6 +411,26 @@ def test_capacity_expires_overdue_labels_before_evicting_a_waiting_one() -> None
     assert out == dict.fromkeys(out, want)
 
 
+def test_a_prediction_overdue_on_arrival_expires_for_ttl_before_capacity_evicts() -> None:
+    """i3 (model b, ts T0 + 15m) comes when b's now is T0 + 85m, past its ttl (1h): it
+    is settled (ttl) before capacity is made, so i4 stays; fed at once, i4 was evicted
+    for capacity in its place while i3 stayed until the batch's end, and then i1's
+    second prediction was evicted too. (i1 at T0 + 1h is evicted for capacity when i4
+    comes: both models hold one, bl was admitted first.)"""
+    raws = render([Pred("i1", "bl", 12, None), Pred("i1", "mc", 8, None),
+                   Pred("i1", "b", 17, None), Pred("i4", "mc", 14, None),
+                   Pred("i3", "b", 3, None), Pred("i1", "bl", 1, None)])
+    for size in range(1, len(raws) + 1):
+        e = Engine(config(max_pending=1))
+        reasons: Counter[tuple[str, str]] = Counter()
+        for i in range(0, len(raws), size):
+            e.feed(raws[i:i + size])
+            reasons.update(e.last_delta.expired)
+        # i1's first (capacity, for i4), i3 (ttl), i1's last (capacity, for i4 again)
+        assert reasons == {("bl", "capacity"): 2, ("b", "ttl"): 1}, f"batches of {size}"
+        assert (e.counters["duplicates"], e.join.pending) == (2, 1)
+
+
 # found by test_batching_and_columns_do_not_change_the_outcome (join.max_pending 2): the
 # whole batch evicted i1's waiting label 3 (ts step 20) for capacity while i2's, past its
 # label_ttl, was still held; fed one at a time, i2's was gone and i1's label met i1 and
