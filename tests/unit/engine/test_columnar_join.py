@@ -431,6 +431,24 @@ def test_a_prediction_overdue_on_arrival_expires_for_ttl_before_capacity_evicts(
         assert (e.counters["duplicates"], e.join.pending) == (2, 1)
 
 
+def test_a_joined_id_remembered_again_is_not_forgotten_with_its_first_join() -> None:
+    """i1 joins (remembered until T0 + 80m), comes again at T0 + 65m when the clock is
+    T0 + 90m (its first join forgotten by then: no duplicate) and joins again
+    (remembered until T0 + 125m). With join.max_pending 3 the oldest remembered id goes
+    when i3 makes a fourth: i4, as when fed one record a poll (the sweep had dropped
+    i1's first entry). Fed at once, i1's first entry was still first in the order and
+    took i1's second join with it, so i1's last label waited instead of being a
+    duplicate."""
+    raws = render([Pred("i1", "mc", 4, "DE"), Lab("i4", 1, 18, "b"), Lab("i1", 1, None, "ghost"),
+                   Pred("i4", "mc", 18, None), Pred("i1", "b", 13, "US"), Lab("i1", 0, 22, None),
+                   Lab("i3", 0, None, None), Pred("i0", "b", 16, None), Lab("i0", 0, None, "ghost"),
+                   Pred("i3", "bl", 8, "US"), Lab("i1", 0, 7, "ghost")])
+    want = {"counters": {"predictions": 5, "labels": 6, "joined": 5, "duplicates": 1},
+            "pending": 0, "pending_labels": 0}
+    out = outcome_by_batch_size(config(max_pending=3), raws)
+    assert out == dict.fromkeys(out, want)
+
+
 # found by test_batching_and_columns_do_not_change_the_outcome (join.max_pending 2): the
 # whole batch evicted i1's waiting label 3 (ts step 20) for capacity while i2's, past its
 # label_ttl, was still held; fed one at a time, i2's was gone and i1's label met i1 and
