@@ -51,15 +51,10 @@ class JoinRun(JoinCapacity):
                     self._finish(v, pid)  # overdue: settle it as the sweep would have
                     v = None
                 # a duplicate: of a pending one, or of a joined id (those go on the clock)
-                d = done.get(pid) if done else None
-                if v is not None or (d is not None and d > clock):
+                if v is not None or (done and self._remembered(pid, clock)):
                     ev.duplicate_predictions += 1
                     ev.dups.append(p)
-                    p += 1
-                    continue
-                if d is not None:  # a tombstone past its time
-                    self._drop_tombstone(pid)
-                if not (labels and pid in labels and self._meet_waiting(b, p, clock)):
+                elif not (labels and pid in labels and self._meet_waiting(b, p, clock)):
                     slot_of[pid] = ~p
                     self._fresh += 1
                     if full:

@@ -164,6 +164,17 @@ class JoinState:
             if not self._was_stale(pid):
                 self._done.pop(pid, None)
 
+    def _remembered(self, pid: str, now: float) -> bool:
+        """Whether a prediction of ``pid`` is a duplicate of a joined one; a tombstone
+        past its time goes (``_drop_tombstone``)."""
+        d = self._done.get(pid)
+        if d is None:
+            return False
+        if d > now:
+            return True
+        self._drop_tombstone(pid)
+        return False
+
     def _drop_tombstone(self, pid: str) -> None:
         """An id admitted again after its tombstone's time: the tombstone goes now, not
         when its entry in the order comes up, so that entry cannot take the tombstone
