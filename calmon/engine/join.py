@@ -287,6 +287,9 @@ class Join(JoinColumns):
             self._undated_labels = False
         while self._done_order:
             pid = self._done_order[0]
+            if pid in self._stale:
+                self._was_stale(self._done_order.popleft())
+                continue
             d = self._done.get(pid)
             if d is not None and d > now and len(self._done) <= self.max_pending:
                 break
@@ -328,8 +331,21 @@ class Join(JoinColumns):
             "vectors": {i: self._vec_of(s).copy() for i, s in enumerate(slots.tolist())
                         if kind[i] >= MULTICLASS},
             "labels": self._labels.snapshot(),
-            "done": [[pid, self._done[pid]] for pid in self._done_order if pid in self._done],
+            "done": self._tombstones(),
         }
+
+    def _tombstones(self) -> list[list[Any]]:
+        """The remembered joined ids and their deadlines, oldest first (stale entries of
+        the order left out)."""
+        skip = dict(self._stale)
+        out = []
+        for pid in self._done_order:
+            n = skip.get(pid)
+            if n:
+                skip[pid] = n - 1
+            elif pid in self._done:
+                out.append([pid, self._done[pid]])
+        return out
 
     def restore(self, snap: dict[str, Any]) -> None:
         ids = snap["ids"]
@@ -355,6 +371,9 @@ class Join(JoinColumns):
         deadline = self._deadlines()
         self._next_deadline = float(deadline.min()) if len(deadline) else INF
         self._next_label_deadline, self._undated_labels = self._labels.restore(snap["labels"])
+        pending = set(ids)
         for pid, d in snap["done"]:
+            if pid in pending:  # (an older release kept both): the pending one stands
+                continue
             self._done[pid] = d
             self._done_order.append(pid)

@@ -34,6 +34,8 @@ class JoinCapacity(JoinState):
             if m >= len(self._counts):  # a model admitted since the heaps were built
                 self._counts.extend([0] * (m + 1 - len(self._counts)))
             self._counts[m] += 1
+            if self._deadline(v) <= self.nows[m]:  # came overdue: its model has one to settle
+                self._dirty.add(m)
         if self.pending <= self.max_pending:
             return
         for mo in self._dirty:  # the models whose now moved: their overdue ones
@@ -66,6 +68,22 @@ class JoinCapacity(JoinState):
         stale = sum(len(a) + len(b) for a, b in heaps.values())
         if stale > 2 * (1 + (self.implicit is not None)) * self.pending + 1024:
             self._heaps = None  # mostly stale entries: built afresh when next needed
+
+    def _make_label_room(self) -> None:
+        """One label past ``join.max_pending`` waiting labels: those past their label_ttl
+        expire first (no longer waiting: fed one record a poll, the sweep after each
+        would have expired them), then, if still past, the oldest waiting label. So
+        which label capacity evicts does not depend on where polls end. The scan runs
+        only when the clock has reached the earliest deadline known, which it makes
+        exact."""
+        ev = self.events
+        now = self.clock
+        if now >= self._next_label_deadline:
+            gone, self._next_label_deadline = self._labels.expire(now)
+            ev.labels_expired += gone
+        if len(self._labels) > self.max_pending:
+            del self._labels[next(iter(self._labels))]
+            ev.labels_expired += 1
 
     def _build_heaps(self) -> dict[int, tuple[list[Any], list[tuple[float, str]]]]:
         """The per-model heaps and pending counts of ``_make_room``, built from every

@@ -51,7 +51,7 @@ class JoinRun(JoinCapacity):
                     self._finish(v, pid)  # overdue: settle it as the sweep would have
                     v = None
                 # a duplicate: of a pending one, or of a joined id (those go on the clock)
-                if v is not None or (done and done.get(pid, -INF) > clock):
+                if v is not None or (done and self._remembered(pid, clock)):
                     ev.duplicate_predictions += 1
                     ev.dups.append(p)
                 elif not (labels and pid in labels and self._meet_waiting(b, p, clock)):
@@ -186,6 +186,5 @@ class JoinRun(JoinCapacity):
             self._next_label_deadline = deadline
         if deadline == INF:
             self._undated_labels = True
-        if len(self._labels) > self.max_pending:  # the oldest waiting label goes
-            del self._labels[next(iter(self._labels))]
-            ev.labels_expired += 1
+        if len(self._labels) > self.max_pending:
+            self._make_label_room()

@@ -67,6 +67,9 @@ class JoinState:
         # ids already joined, so a late second label is a duplicate: id -> deadline
         self._done: dict[str, float] = {}
         self._done_order: deque[str] = deque()
+        # ids whose tombstone, past its time, went when the id was admitted again: how
+        # many of their entries (the first ones) in _done_order no longer stand for one
+        self._stale: dict[str, int] = {}
         self._batch = _NO_BATCH
         self._ids: list[str] = []
         self._labels_of_batch = (_EI, _E)
@@ -158,7 +161,38 @@ class JoinState:
         """Past ``join.max_pending`` joined ids, the oldest tombstones go."""
         while len(self._done) > self.max_pending and self._done_order:
             pid = self._done_order.popleft()
-            self._done.pop(pid, None)
+            if not self._was_stale(pid):
+                self._done.pop(pid, None)
+
+    def _remembered(self, pid: str, now: float) -> bool:
+        """Whether a prediction of ``pid`` is a duplicate of a joined one; a tombstone
+        past its time goes (``_drop_tombstone``)."""
+        d = self._done.get(pid)
+        if d is None:
+            return False
+        if d > now:
+            return True
+        self._drop_tombstone(pid)
+        return False
+
+    def _drop_tombstone(self, pid: str) -> None:
+        """An id admitted again after its tombstone's time: the tombstone goes now, not
+        when its entry in the order comes up, so that entry cannot take the tombstone
+        of the id's next join with it, whatever the sweeps between (the poll
+        boundaries) have already dropped."""
+        del self._done[pid]
+        self._stale[pid] = self._stale.get(pid, 0) + 1
+
+    def _was_stale(self, pid: str) -> bool:
+        """The entry of ``pid`` just taken from the front of the order was a stale one."""
+        n = self._stale.get(pid)
+        if n is None:
+            return False
+        if n == 1:
+            del self._stale[pid]
+        else:
+            self._stale[pid] = n - 1
+        return True
 
     def _finish(self, v: int, pid: str) -> None:
         """Settle a pending prediction (a slot, or ``~p``) whose deadline passed: joined

@@ -32,6 +32,7 @@ class WaitingLabels:
 
     def __init__(self, rows: int = 16) -> None:
         self._row: dict[str, int] = {}  # arrival order
+        self._id: list[str | None] = [None] * rows  # row -> its label's id, for ``expire``
         self._label = np.zeros(rows, np.int8)  # 0/1; a rare label's is in _rare
         self._ts = np.zeros(rows)  # NaN: the label had none
         self._deadline = np.full(rows, INF)  # INF: undated (or a free row)
@@ -68,6 +69,7 @@ class WaitingLabels:
                 self._grow()
             self._top -= 1
             row = self._row[lid] = int(self._free.item(self._top))
+            self._id[row] = lid
         self._rare.pop(row, None)
         if whole is not None:
             self._rare[row] = whole
@@ -95,7 +97,9 @@ class WaitingLabels:
         self.pop(lid)
 
     def _free_rows(self, rows: list[int]) -> None:
-        self._deadline[rows] = INF
+        self._deadline[rows] = INF  # what ``expire`` reads: a free row is never due
+        for row in rows:
+            self._id[row] = None
         self._free[self._top:self._top + len(rows)] = rows
         self._top += len(rows)
 
@@ -105,6 +109,7 @@ class WaitingLabels:
         self._label = np.concatenate([self._label, np.zeros(new - n, np.int8)])
         self._ts = np.concatenate([self._ts, np.zeros(new - n)])
         self._deadline = np.concatenate([self._deadline, np.full(new - n, INF)])
+        self._id.extend([None] * (new - n))
         free = np.empty(new, np.int64)
         free[:new - n] = np.arange(new - 1, n - 1, -1)
         self._free, self._top = free, new - n
@@ -117,19 +122,19 @@ class WaitingLabels:
 
     def expire(self, now: float) -> tuple[int, float]:
         """Drop the labels whose deadline is ``now`` or past; returns how many, and the
-        next deadline of those left."""
+        next deadline of those left. Two passes over the deadline column (free rows are
+        INF) and a step per label dropped: cheap enough for ``join.max_pending`` to call
+        it at a record (``JoinCapacity._make_label_room``)."""
         if not self._row:
             return 0, INF
-        rows = np.fromiter(self._row.values(), np.int64, len(self._row))
-        d = self._deadline[rows]
-        gone = d <= now
-        if gone.any():
-            for lid in [lid for lid, g in zip(self._row, gone.tolist()) if g]:
-                row = self._row.pop(lid)
-                self._rare.pop(row, None)
-            self._free_rows(rows[gone].tolist())
-        left = d[~gone]
-        return int(np.count_nonzero(gone)), float(left.min()) if len(left) else INF
+        gone = np.flatnonzero(self._deadline <= now).tolist()
+        if gone:
+            ids, row_of, rare = self._id, self._row, self._rare
+            for row in gone:
+                del row_of[ids[row]]  # type: ignore[arg-type]
+                rare.pop(row, None)
+            self._free_rows(gone)
+        return len(gone), float(self._deadline.min()) if self._row else INF
 
     # ------------------------------------------------------------ checkpoints
 

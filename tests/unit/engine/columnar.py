@@ -21,7 +21,7 @@ from calmon.engine import idindex
 from calmon.engine.engine import Engine
 from calmon.engine.rawbatch import RawBatch
 from calmon.engine.records import Kind, Raw
-from calmon.engine.snapshot import full_snapshot
+from calmon.engine.snapshot import Refresher, full_snapshot
 from calmon.engine.windows import dense_cells
 
 TOPIC = {Kind.PREDICTION: "predictions", Kind.LABEL: "labels"}
@@ -74,6 +74,8 @@ def as_rawbatch(raws: list[Raw]) -> RawBatch:
 def plain(x: Any) -> Any:
     """numpy arrays and tuples as lists, NaN as a string: something ``==`` compares."""
     if isinstance(x, np.ndarray):
+        if x.dtype.kind in "biu" or (x.dtype.kind == "f" and not np.isnan(x).any()):
+            return x.tolist()  # already plain: nested lists of Python ints and floats
         return plain(x.tolist())
     if isinstance(x, dict):
         return {_key(k): plain(v) for k, v in x.items()}
@@ -119,7 +121,7 @@ def normalised_join(snap: dict[str, Any], now: float) -> dict[str, Any]:
 
 def normalised(engine: Engine) -> dict[str, Any]:
     """The engine's snapshot with what may legitimately differ normalised away."""
-    full_snapshot(engine)  # evicts what slid out of every window, as any reader does
+    engine.read_state(engine.version)  # evicts what slid out of every window, as any read
     snap = engine.snapshot()
     now = snap["now"]
     buffers = {int(sid): {"classes": ring["classes"], "total": ring["total"],
@@ -136,9 +138,11 @@ def normalised(engine: Engine) -> dict[str, Any]:
     }
 
 
-def outcome(engine: Engine, with_rows: bool = True) -> dict[str, Any]:
+def outcome(engine: Engine, with_rows: bool = True, expensive: bool = True) -> dict[str, Any]:
     """Counters, pending counts, every window row's numbers (bins included) and the
-    normalised snapshot."""
+    normalised snapshot. Without ``expensive``, the rows leave out the statistics that
+    are a function of the window sums alone (debiased and smooth ECE, the interval):
+    the snapshot's windows are compared exactly already."""
     out = {"counters": dict(engine.counters), "pending": engine.join.pending,
            "pending_labels": engine.join.pending_labels, "state": normalised(engine)}
     if with_rows:
@@ -146,5 +150,6 @@ def outcome(engine: Engine, with_rows: bool = True) -> dict[str, Any]:
             plain([r.model, r.segment, r.window, r.binary, r.stats.as_row(),
                    r.estimates.as_row(), r.stats.bins.count, r.stats.bins.conf,
                    r.stats.bins.correct])
-            for r in full_snapshot(engine).rows)
+            for r in (full_snapshot(engine) if expensive
+                      else Refresher(engine, slice_rows=0).update()).rows)
     return out

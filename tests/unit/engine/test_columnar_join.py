@@ -12,15 +12,17 @@ deadlines fall exactly on other records' times.
   ``list[Raw]`` or a ``RawBatch`` of partition parts, nor on a checkpoint round trip
   between batches; the capacity bounds hold after every batch and every prediction
   is accounted for.
+- Under a tiny ``join.max_pending`` (1, 2, 3), where the outcome has depended on the
+  batching, every stream's counts are the same fed at once and one record a poll.
 - A plain-Python join written here from the contract's rules gives the same counters
   and the same (prediction, label) pairs in the windows (no capacity pressure, no
   implicit negatives).
 
 At the end, regressions of edges where the outcome used to depend on the batching:
 capacity enforced only at a batch's end, an undated label's clock started at the end
-of the first batch with predictions, and a prediction past its deadline evicted for
-capacity before it was settled. One edge that still does is described at
-``JOIN_SETTINGS``.
+of the first batch with predictions, a prediction past its deadline evicted for
+capacity before it was settled, and the streams of ``HARD``. One edge that still does
+is described at ``JOIN_SETTINGS``.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from calmon.config import Config, from_dict
@@ -173,7 +176,7 @@ def feed(cfg: Config, raws: list[Raw], size: int, *, columns: bool = False,
 
 
 def summary(fed: Fed) -> dict[str, Any]:
-    return {**outcome(fed.engine), "invalid": sorted(fed.invalid.items()),
+    return {**outcome(fed.engine, expensive=False), "invalid": sorted(fed.invalid.items()),
             "dup_predictions": fed.dup_predictions}
 
 
@@ -187,10 +190,54 @@ def summary(fed: Fed) -> dict[str, Any]:
 JOIN_SETTINGS = [(False, 1000), (True, 1000), (False, 1), (False, 2), (False, 3)]
 
 
+# Streams where the outcome depended on the batching, found by the test below or by a
+# wider run of it (each under one setting of capacity): each is an explicit example of
+# the test, besides a regression test of its own at the end. Random streams reach these
+# rarely (a few in a thousand), and the test would not wait for them.
+# join.max_pending 1: i3 comes past its ttl on its model's clock
+OVERDUE_ON_ARRIVAL: list[Event] = [
+    Pred("i1", "bl", 12, None), Pred("i1", "mc", 8, None), Pred("i1", "b", 17, None),
+    Pred("i4", "mc", 14, None), Pred("i3", "b", 3, None), Pred("i1", "bl", 1, None)]
+# join.max_pending 3: i1 joins twice, the second time after its first join's time
+REMEMBERED_AGAIN: list[Event] = [
+    Pred("i1", "mc", 4, "DE"), Lab("i4", 1, 18, "b"), Lab("i1", 1, None, "ghost"),
+    Pred("i4", "mc", 18, None), Pred("i1", "b", 13, "US"), Lab("i1", 0, 22, None),
+    Lab("i3", 0, None, None), Pred("i0", "b", 16, None), Lab("i0", 0, None, "ghost"),
+    Pred("i3", "bl", 8, "US"), Lab("i1", 0, 7, "ghost")]
+# join.max_pending 2: the whole batch evicted i1's waiting label 3 (ts step 20) for
+# capacity while i2's, past its label_ttl, was still held; fed one at a time, i2's was
+# gone and i1's label met i1 and was counted out of range (label_out_of_range 2 vs 1,
+# labels_expired 1 vs 2)
+LABEL_EVICTION_STREAM: list[Event] = [
+    Pred("i4", "mc", 11, None), Pred("i4", "b", 10, "US"), Pred("i3", "b", 0, "US"),
+    Lab("i4", 3, 4, "ghost"), Junk(Kind.PREDICTION), Lab("i1", 3, 20, "ghost"),
+    Lab("i2", 0, None, "b"), Pred("i4", "b", 4, "US"), Lab("i1", 0, 4, "ghost"),
+    *[Junk(Kind.LABEL)] * 4, Lab("i3", 1, 5, "b"), Junk(Kind.LABEL), Junk(Kind.PREDICTION),
+    Pred("i4", "bl", 16, "DE"), Pred("i3", "bl", 17, None), Pred("i3", "b", 7, None),
+    Junk(Kind.LABEL), Junk(Kind.PREDICTION), Lab("i3", 0, None, None), Lab("i1", 0, 0, None),
+    Lab("i0", 0, None, None), Pred("i2", "bl", 8, "US"), Pred("i4", "bl", 0, None),
+    Lab("i3", 1, None, "ghost"), Pred("i4", "b", 2, "US"), Pred("i2", "mc", 9, "DE"),
+    Lab("i0", 0, 6, "b"), Junk(Kind.PREDICTION), Pred("i1", "bl", 13, None),
+    Lab("i1", 0, 8, "ghost"), Pred("i1", "b", 3, None)]
+HARD = [(LABEL_EVICTION_STREAM, (False, 2)), (OVERDUE_ON_ARRIVAL, (False, 1)),
+        (REMEMBERED_AGAIN, (False, 3))]
+
+
+def hard_examples(with_join: bool) -> Callable[[Any], Any]:
+    """The streams of ``HARD`` as explicit examples (``with_join``: each under its
+    setting)."""
+    def add(test: Any) -> Any:
+        for events, join in reversed(HARD):
+            test = example(events=events, **({"join": join} if with_join else {}))(test)
+        return test
+    return add
+
+
 # one index mode in the quick loop (-m "not slow"), every one in the whole suite
 @pytest.mark.parametrize("mode", [m if m == "dict" else pytest.param(m, marks=pytest.mark.slow)
                                   for m in sorted(INDEX_MODES)])
 @SETTINGS
+@hard_examples(with_join=True)
 @given(streams, st.sampled_from(JOIN_SETTINGS))
 def test_batching_and_columns_do_not_change_the_outcome(mode: str, events: list[Event],
                                                         join: tuple[bool, int]) -> None:
@@ -221,6 +268,33 @@ def batching_and_columns_do_not_change_the_outcome(events: list[Event],
     assert e.counters["predictions"] == sum(isinstance(ev, Pred) for ev in events)
     assert e.counters["predictions"] == (whole.dup_predictions + e.counters["joined"]
                                          + e.counters["expired"] + e.join.pending)
+
+
+# The edges of join.max_pending are where the outcome has depended on the batching (the
+# streams of HARD), and the test above, one setting an example, reaches them rarely:
+# this one presses them harder for less (only the counts, at once and one record a
+# poll, each stream under every tiny capacity; no rejected records to dilute it). At
+# 120 examples, each of HARD's bugs put back was caught by 3 to 15 of them.
+capacity_streams = st.lists(st.one_of(pred, lab), min_size=8, max_size=50)
+
+
+@SETTINGS
+@hard_examples(with_join=False)
+@given(capacity_streams)
+def test_tiny_capacity_does_not_depend_on_the_batching(events: list[Event]) -> None:
+    capacity_does_not_depend_on_the_batching(events)
+
+
+def capacity_does_not_depend_on_the_batching(events: list[Event]) -> None:
+    """The stream's predictions and labels under join.max_pending 1, 2 and 3, fed at once
+    and one record a poll: the same counts."""
+    raws = render([ev for ev in events if not isinstance(ev, Junk)])
+    for cap in (1, 2, 3):
+        cfg = config(max_pending=cap)
+        got = [feed(cfg, raws, size) for size in (len(raws), 1)]
+        counts = [(dict(f.engine.counters), f.engine.join.pending, f.engine.join.pending_labels,
+                   sorted(f.invalid.items())) for f in got]
+        assert counts[0] == counts[1], f"join.max_pending {cap}"
 
 
 # ---------------------------------------------------------------- an independent join
@@ -393,6 +467,62 @@ def test_an_undated_label_before_any_prediction_does_not_depend_on_the_batching(
             "pending": 2, "pending_labels": 0}
     out = outcome_by_batch_size(config(), raws)
     assert out == dict.fromkeys(out, want)
+
+
+def test_capacity_expires_overdue_labels_before_evicting_a_waiting_one() -> None:
+    """Past join.max_pending waiting labels, those past their label_ttl go first (they
+    are no longer waiting: fed one at a time, the sweep after each poll drops them), and
+    only then the oldest. x at T0 starts the clock; a (ts T0 + 50m) waits until T0 + 80m,
+    b (no ts) until T0 + 30m; y at T0 + 30m ends b's wait; c (no ts, until T0 + 60m) is
+    the third label, so b expires and a still waits, and joins its prediction at T0 + 35m.
+    Fed at once, a was evicted for capacity before b was settled."""
+    raws = render([Pred("i0", "b", 0, None), Lab("i1", 1, 10, None), Lab("i2", 0, None, None),
+                   Pred("i3", "b", 6, None), Lab("i4", 1, None, None),
+                   Pred("i1", "b", 7, None)])
+    want = {"counters": {"predictions": 3, "labels": 3, "joined": 1, "labels_expired": 1},
+            "pending": 2, "pending_labels": 1}  # x and y pending, c waiting
+    out = outcome_by_batch_size(config(max_pending=2), raws)
+    assert out == dict.fromkeys(out, want)
+
+
+def test_a_prediction_overdue_on_arrival_expires_for_ttl_before_capacity_evicts() -> None:
+    """i3 (model b, ts T0 + 15m) comes when b's now is T0 + 85m, past its ttl (1h): it
+    is settled (ttl) before capacity is made, so i4 stays; fed at once, i4 was evicted
+    for capacity in its place while i3 stayed until the batch's end, and then i1's
+    second prediction was evicted too. (i1 at T0 + 1h is evicted for capacity when i4
+    comes: both models hold one, bl was admitted first.)"""
+    raws = render(OVERDUE_ON_ARRIVAL)
+    for size in range(1, len(raws) + 1):
+        e = Engine(config(max_pending=1))
+        reasons: Counter[tuple[str, str]] = Counter()
+        for i in range(0, len(raws), size):
+            e.feed(raws[i:i + size])
+            reasons.update(e.last_delta.expired)
+        # i1's first (capacity, for i4), i3 (ttl), i1's last (capacity, for i4 again)
+        assert reasons == {("bl", "capacity"): 2, ("b", "ttl"): 1}, f"batches of {size}"
+        assert (e.counters["duplicates"], e.join.pending) == (2, 1)
+
+
+def test_a_joined_id_remembered_again_is_not_forgotten_with_its_first_join() -> None:
+    """i1 joins (remembered until T0 + 80m), comes again at T0 + 65m when the clock is
+    T0 + 90m (its first join forgotten by then: no duplicate) and joins again
+    (remembered until T0 + 125m). With join.max_pending 3 the oldest remembered id goes
+    when i3 makes a fourth: i4, as when fed one record a poll (the sweep had dropped
+    i1's first entry). Fed at once, i1's first entry was still first in the order and
+    took i1's second join with it, so i1's last label waited instead of being a
+    duplicate."""
+    raws = render(REMEMBERED_AGAIN)
+    want = {"counters": {"predictions": 5, "labels": 6, "joined": 5, "duplicates": 1},
+            "pending": 0, "pending_labels": 0}
+    out = outcome_by_batch_size(config(max_pending=3), raws)
+    assert out == dict.fromkeys(out, want)
+
+
+def test_label_eviction_found_by_the_property_test() -> None:
+    batching_and_columns_do_not_change_the_outcome(LABEL_EVICTION_STREAM, (False, 2))
+    fed = feed(config(max_pending=2), render(LABEL_EVICTION_STREAM), 1)
+    assert fed.invalid[("labels", "label_out_of_range")] == 2  # i4's label 3, i1's label 3
+    assert fed.engine.counters["labels_expired"] == 1  # i2's
 
 
 # i0 at T0 + 1h, then i1 and i2 at T0: they arrive past ts + after (20m) and ts + ttl (1h)
