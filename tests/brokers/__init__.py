@@ -49,6 +49,10 @@ class Capabilities:
     - ``fences_stale_members``: a transactional offset commit (TxnOffsetCommit) with
       the group metadata of a member the group no longer has is refused (KIP-447;
       Tansu answers it with no error).
+    - ``honours_static_membership``: a member that restarts with its
+      ``group_instance_id`` is given its partitions back at once (Tansu took a minute
+      to assign a static member its first partitions and left it, restarted, with none
+      for over two minutes).
     - ``survives_members_leaving``: a group whose members leave forms again with
       those that stay. Tansu can wedge it for good: the survivor's joins come back
       without it elected leader (a departed member is) and no SyncGroup is answered,
@@ -65,6 +69,7 @@ class Capabilities:
     accepts_corrupt_batches: bool
     fences_stale_members: bool
     survives_members_leaving: bool
+    honours_static_membership: bool
 
 
 CAPABILITIES = {
@@ -72,12 +77,12 @@ CAPABILITIES = {
                           exact_end_offsets=False, keeps_data_on_restart=False,
                           describes_retention=False, fetch_past_end_is_out_of_range=False,
                           accepts_corrupt_batches=True, fences_stale_members=False,
-                          survives_members_leaving=False),
+                          survives_members_leaving=False, honours_static_membership=False),
     "kafka": Capabilities(serves_aborted=False, can_add_partitions=True,
                           exact_end_offsets=True, keeps_data_on_restart=True,
                           describes_retention=True, fetch_past_end_is_out_of_range=True,
                           accepts_corrupt_batches=False, fences_stale_members=True,
-                          survives_members_leaving=True),
+                          survives_members_leaving=True, honours_static_membership=True),
 }
 
 
@@ -130,6 +135,10 @@ class Broker:
     @property
     def fences_stale_members(self) -> bool:
         return self.caps.fences_stale_members
+
+    @property
+    def honours_static_membership(self) -> bool:
+        return self.caps.honours_static_membership
 
     @property
     def survives_members_leaving(self) -> bool:

@@ -72,7 +72,8 @@ def test_kill_9_moves_partitions_with_their_state(
             d.wait_ready(timeout=90)
         wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
                    or None, 120, "the 6 partitions split over 3 members")
-        assert committed(kafka_bootstrap, group, preds_topic) == {}  # nothing read yet
+        # nothing read yet (a member may have checkpointed its empty tasks at offset 0)
+        assert set(committed(kafka_bootstrap, group, preds_topic).values()) <= {0}
         with Producer(kafka_bootstrap) as producer:
             producer.send(first)
         pending = expected_counts(preds[:half])
