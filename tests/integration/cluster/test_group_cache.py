@@ -235,10 +235,14 @@ def changelog_bytes(bootstrap: str, topic: str) -> dict[int, int]:
 @pytest.mark.parametrize("library", ["kafka-python", "confluent"])
 def test_a_member_back_after_another_reads_what_followed_its_cache(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
-        library: str) -> None:
+        library: str, broker) -> None:
     """With either library: the cache's starting point is the offset after the last
     record its member's committed transaction wrote (librdkafka's from its delivery
     reports)."""
+    if library == "confluent" and not broker.fences_stale_members:
+        # where the offsets come from is the library's alone: librdkafka's once, on the
+        # broker its failover test runs on
+        pytest.skip(f"librdkafka's cache offsets are checked on Apache Kafka, not {broker.kind}")
     preds_topic, labels_topic = kafka_topics(count=2, partitions=PARTITIONS)
     group = f"calmon-tail-{tmp_path.name[-12:]}"
     # 45 countries (under segments.max_values): each task holds more than one group of

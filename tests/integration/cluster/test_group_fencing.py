@@ -162,12 +162,18 @@ def test_a_member_out_of_the_group_commits_nothing(
 
 @pytest.mark.slow
 def test_a_resumed_member_that_still_holds_its_generation_commits_nothing(
-        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path) -> None:
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
+        broker) -> None:
     """A member paused past the session timeout (SIGSTOP: its heartbeat thread stops
     too) and resumed still holds its old generation until its consumer hears it was
     dropped; a checkpoint in that moment is refused on every broker (calmon: no
     heartbeat answered within the session timeout; Apache Kafka also checks the
     generation, Tansu does not) and commits nothing over the new owner's."""
+    if broker.fences_stale_members:
+        # there the broker refuses it too (test_the_broker_refuses_...), so calmon's own
+        # refusal is what this test isolates: where it is the only fence
+        pytest.skip(f"{broker.kind} refuses a stale generation itself: calmon's heartbeat "
+                    "check is tested where it is the only fence")
     pair = _Pair(kafka_bootstrap, kafka_topics, tmp_path, "resumed")
     zombie = pair.zombie
     try:
