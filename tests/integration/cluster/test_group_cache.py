@@ -56,6 +56,23 @@ def static_member(tmp_path: Path, bootstrap: str, preds: str, labels: str, group
         log=tmp_path / f"{name}.log")
 
 
+def owning_all(d: CalmonDaemon, what: str) -> None:
+    """``d`` started, and owning every partition."""
+    d.start()
+    wait_until(lambda: owned(d) == list(range(PARTITIONS)) or None, 120, what,
+               detail=lambda: dump([d]))
+
+
+def fed(d: CalmonDaemon, bootstrap: str, topics: tuple[str, str],
+        pairs: tuple[list[dict[str, Any]], list[dict[str, Any]]], what: str) -> None:
+    """``d`` started, owning every partition, these predictions and labels sent and
+    counted on it."""
+    owning_all(d, "owning every partition")
+    with Producer(bootstrap) as producer:
+        producer.send(records(topics[0], pairs[0]) + records(topics[1], pairs[1]))
+    wait_until(counted([d], pairs[0]), 120, what, detail=lambda: dump([d]))
+
+
 def records(topic: str, rows: list[dict[str, Any]]) -> list[tuple[str, bytes, bytes]]:
     return [(topic, str(r["id"]).encode(), dumps(r)) for r in rows]
 
@@ -124,23 +141,15 @@ def test_a_restarted_member_restores_from_its_cache(
     a = (static_member if broker.honours_static_membership else member)(
         tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, "a")
     try:
-        a.start()
-        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
-                   "the member owning every partition", detail=lambda: dump([a]))
-        with Producer(kafka_bootstrap) as producer:
-            producer.send(records(preds_topic, preds[:N // 2])
-                          + records(labels_topic, labels[:N // 2]))
-        wait_until(counted([a], preds[:N // 2]), 120, "the first half counted",
-                   detail=lambda: dump([a]))
+        fed(a, kafka_bootstrap, (preds_topic, labels_topic),
+            (preds[:N // 2], labels[:N // 2]), "the first half counted")
         assert a.terminate() == 0  # its last checkpoint, and its cache, written
         for p in range(PARTITIONS):
             assert manifest(tmp_path, "a", p) is not None, p
         with Producer(kafka_bootstrap) as producer:  # while it is down
             producer.send(records(preds_topic, preds[N // 2:])
                           + records(labels_topic, labels[N // 2:]))
-        a.start()
-        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
-                   "the member back on every partition", detail=lambda: dump([a]))
+        owning_all(a, "the member back on every partition")
         got = tasks(a)
         # every task from the cache alone: nothing read from the changelog
         assert {t["restored_source"] for t in got.values()} == {"cache"}, dump([a])
@@ -163,13 +172,8 @@ def test_a_stale_cache_is_not_the_state(
     a = member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, "a")
     b = member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, "b")
     try:
-        a.start()
-        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
-                   "a owning every partition", detail=lambda: dump([a]))
-        with Producer(kafka_bootstrap) as producer:
-            producer.send(records(preds_topic, preds[:N // 2])
-                          + records(labels_topic, labels[:N // 2]))
-        wait_until(counted([a], preds[:N // 2]), 120, "the first half on a")
+        fed(a, kafka_bootstrap, (preds_topic, labels_topic),
+            (preds[:N // 2], labels[:N // 2]), "the first half on a")
         assert a.terminate() == 0
         stale = {p: manifest(tmp_path, "a", p) for p in range(PARTITIONS)}
         assert all(stale.values()), stale
@@ -184,9 +188,7 @@ def test_a_stale_cache_is_not_the_state(
         assert b.terminate() == 0
         heads = newest_heads(kafka_bootstrap, f"{group}-state-changelog")
         assert all(heads[p] != stale[p]["name"] for p in range(PARTITIONS)), (heads, stale)  # type: ignore[index]
-        a.start()
-        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
-                   "a back on every partition", detail=lambda: dump([a]))
+        owning_all(a, "a back on every partition")
         got = tasks(a)
         # restored as b committed it, never as a's cache had it: the changelog read (in
         # full, or what follows the cache where the committed chain goes through it)
@@ -256,12 +258,8 @@ def test_a_member_back_after_another_reads_what_followed_its_cache(
     b = member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, "b",
                library=library)
     try:
-        a.start()
-        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
-                   "a owning every partition", detail=lambda: dump([a]))
-        with Producer(kafka_bootstrap) as producer:
-            producer.send(records(preds_topic, first) + records(labels_topic, first_labels))
-        wait_until(counted([a], first), 120, "the first half on a")
+        fed(a, kafka_bootstrap, (preds_topic, labels_topic), (first, first_labels),
+            "the first half on a")
         assert a.terminate() == 0
         b.start()
         wait_until(lambda: owned(b) == list(range(PARTITIONS)) or None, 120,
@@ -273,9 +271,7 @@ def test_a_member_back_after_another_reads_what_followed_its_cache(
         changelog = f"{group}-state-changelog"
         heads, total = newest_heads(kafka_bootstrap, changelog), changelog_bytes(
             kafka_bootstrap, changelog)
-        a.start()
-        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
-                   "a back on every partition", detail=lambda: dump([a]))
+        owning_all(a, "a back on every partition")
         got = tasks(a)
         # b's checkpoints, from a's cache and only the changelog records after it
         assert {p: t["restored_from"] for p, t in got.items()} == heads, dump([a])
@@ -297,13 +293,8 @@ def test_a_corrupt_cache_falls_back_to_the_changelog(
     preds, labels = make_dataset(N, seed=43, span_s=3600.0)
     a = member(tmp_path, kafka_bootstrap, preds_topic, labels_topic, group, "a")
     try:
-        a.start()
-        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
-                   "a owning every partition", detail=lambda: dump([a]))
-        with Producer(kafka_bootstrap) as producer:
-            producer.send(records(preds_topic, preds[:N // 2])
-                          + records(labels_topic, labels[:N // 2]))
-        wait_until(counted([a], preds[:N // 2]), 120, "the first half counted")
+        fed(a, kafka_bootstrap, (preds_topic, labels_topic),
+            (preds[:N // 2], labels[:N // 2]), "the first half counted")
         wait_until(lambda: cached_through(a, tmp_path, "a", preds_topic) or None, 60,
                    "the first half in the cache")
         older = tmp_path / "older"
@@ -322,9 +313,7 @@ def test_a_corrupt_cache_falls_back_to_the_changelog(
         assert new_g0.read_bytes() != old_g0.read_bytes()
         new_g0.write_bytes(old_g0.read_bytes())
         (cache_dir(tmp_path, "a", 1) / MANIFEST).write_bytes(b'{"format": 1, "sect')
-        a.start()
-        wait_until(lambda: owned(a) == list(range(PARTITIONS)) or None, 120,
-                   "a back on every partition", detail=lambda: dump([a]))
+        owning_all(a, "a back on every partition")
         got = tasks(a)
         assert {p: t["restored_source"] for p, t in got.items()} == {
             0: "changelog", 1: "changelog", 2: "cache", 3: "cache"}, dump([a])

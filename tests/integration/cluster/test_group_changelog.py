@@ -173,6 +173,13 @@ def _restored(cfg: Any, bootstrap: str, p: int) -> Any:
                                         or None)
 
 
+def _busy(seconds: float) -> None:
+    """Encoding work that takes ``seconds`` (not a wait on anything)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sum(range(10_000))
+
+
 @pytest.mark.parametrize("library", ["kafka-python", "confluent"])
 def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_group(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
@@ -192,9 +199,7 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
 
     def write(self: TaskLog, *args: Any, **kw: Any) -> Any:
         if slow["on"]:
-            deadline = time.monotonic() + 2.0  # encoding work, not a wait on anything
-            while time.monotonic() < deadline:
-                sum(range(10_000))
+            _busy(2.0)
             slow["done"] += 1
         return real_write(self, *args, **kw)
 
@@ -245,9 +250,7 @@ def test_records_read_by_librdkafka_keepalive_are_counted_once(
                 slow["sent"] = True
                 with Producer(kafka_bootstrap) as producer:
                     producer.send(late)
-            deadline = time.monotonic() + 2.0  # encoding work, not a wait on anything
-            while time.monotonic() < deadline:
-                sum(range(10_000))
+            _busy(2.0)
         return real_write(self, *args, **kw)
 
     def keepalive(self: ConfluentGroupSource) -> None:
