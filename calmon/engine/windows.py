@@ -141,6 +141,11 @@ class BucketTables:
         self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
         # series written since the group-mode changelog last took them (tasklog)
         self.touched: set[int] = set()
+        # per window, the floors of the last eviction pass (a float, or one per series):
+        # every bucket then held lay above them, and a bucket added since lies above its
+        # model's now at the time less ``keep`` (the adds' filter), so a series whose
+        # floor has not moved since has nothing to evict (None: unknown, pass over all)
+        self._swept: list[Any] = [None] * len(windows)
 
     def current(self, w: int, now: Any) -> Any:
         """The bucket holding ``now``: an int, or an int64 array for an array of nows
@@ -246,7 +251,9 @@ class BucketTables:
         for w in range(len(self.windows)):
             floors = self.current(w, now) - self.keep
             tab = self._data[w]
-            for sid in list(tab):
+            todo = self._moved(w, floors)
+            self._swept[w] = floors
+            for sid in list(tab) if todo is None else [s for s in todo if s in tab]:
                 floor_ = floors[sid] if per_series else floors
                 buckets = tab[sid]
                 if buckets and min(buckets) > floor_:  # nothing slid out (most checks)
@@ -256,6 +263,17 @@ class BucketTables:
                     self.touched.add(sid)
                 if not buckets:
                     del tab[sid]
+
+    def _moved(self, w: int, floors: Any) -> list[int] | None:
+        """The series whose floor moved since the last pass (None: every series)."""
+        swept = self._swept[w]
+        if isinstance(floors, np.ndarray):
+            if not isinstance(swept, np.ndarray) or swept.shape != floors.shape:
+                return None
+            return np.flatnonzero(floors != swept).tolist()
+        if swept is None or isinstance(swept, np.ndarray) or swept != floors:
+            return None
+        return []
 
     def pop(self, w: int, sid: int, idx: int) -> np.ndarray | None:
         """Remove one bucket of one series and return its vector as float64 (None when
@@ -274,6 +292,7 @@ class BucketTables:
     def forget(self, sids: list[int]) -> None:
         """Drop everything kept for these series (a model's class count was reset)."""
         self.touched.update(sids)
+        self._swept = [None] * len(self.windows)  # a series id may come back
         for tab in self._data:
             for sid in sids:
                 tab.pop(sid, None)
@@ -344,6 +363,7 @@ class BucketTables:
         """From ``pack`` (or the dense ``keys``/``vecs`` of checkpoint format 1)."""
         self._data = [{} for _ in self.windows]
         self.touched.clear()
+        self._swept = [None] * len(self.windows)
         for tab, part in zip(self._data, snap):
             if "vecs" in part:  # format 1: every bucket dense
                 for (sid, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
