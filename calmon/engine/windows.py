@@ -162,10 +162,13 @@ class BucketTables:
 
     def _from_dense(self, row: np.ndarray) -> np.ndarray:
         """A new cell holding this (fresh, owned) dense vector."""
-        nz = np.flatnonzero(row)
+        nz = row.nonzero()[0]  # row is 1-d: flatnonzero's positions, without its wrappers
         if len(nz) >= self._dense_at:
             return row
-        return np.stack((nz, row[nz]))
+        cell = np.empty((2, len(nz)), row.dtype)  # np.stack((nz, row[nz])), in two writes
+        cell[0] = nz
+        cell[1] = row[nz]
+        return cell
 
     def _add_row(self, buckets: dict[int, np.ndarray], idx: int, row: np.ndarray) -> None:
         """Add a dense int64 vector into bucket ``idx`` (``row`` is not kept)."""
