@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from calmon.config import Window
+from calmon.engine.sweep import moved
 from calmon.names import BUCKETS as BUCKETS  # re-exported: older imports
 
 CONF_SCALE = float(2**32)  # confidence and Brier terms (<= 2)
@@ -141,10 +142,7 @@ class BucketTables:
         self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
         # series written since the group-mode changelog last took them (tasklog)
         self.touched: set[int] = set()
-        # per window, the floors of the last eviction pass (a float, or one per series):
-        # every bucket then held lay above them, and a bucket added since lies above its
-        # model's now at the time less ``keep`` (the adds' filter), so a series whose
-        # floor has not moved since has nothing to evict (None: unknown, pass over all)
+        # per window, the floors of the last eviction pass (calmon.engine.sweep)
         self._swept: list[Any] = [None] * len(windows)
 
     def current(self, w: int, now: Any) -> Any:
@@ -254,7 +252,7 @@ class BucketTables:
         for w in range(len(self.windows)):
             floors = self.current(w, now) - self.keep
             tab = self._data[w]
-            todo = self._moved(w, floors)
+            todo = moved(self._swept[w], floors)
             self._swept[w] = floors
             for sid in list(tab) if todo is None else [s for s in todo if s in tab]:
                 floor_ = floors[sid] if per_series else floors
@@ -266,17 +264,6 @@ class BucketTables:
                     self.touched.add(sid)
                 if not buckets:
                     del tab[sid]
-
-    def _moved(self, w: int, floors: Any) -> list[int] | None:
-        """The series whose floor moved since the last pass (None: every series)."""
-        swept = self._swept[w]
-        if isinstance(floors, np.ndarray):
-            if not isinstance(swept, np.ndarray) or swept.shape != floors.shape:
-                return None
-            return np.flatnonzero(floors != swept).tolist()
-        if swept is None or isinstance(swept, np.ndarray) or swept != floors:
-            return None
-        return []
 
     def pop(self, w: int, sid: int, idx: int) -> np.ndarray | None:
         """Remove one bucket of one series and return its vector as float64 (None when

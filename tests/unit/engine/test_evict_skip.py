@@ -1,5 +1,5 @@
 """An eviction pass passes over the series whose floor has not moved since the last pass
-(``BucketTables._moved``): on a seeded stream of small batches, each model on its own
+(``calmon.engine.sweep``): on a seeded stream of small batches, each model on its own
 clock (most batches move few clocks), with a forget and a restore on the way, the tables
 hold exactly what a pass over every series leaves."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from calmon.config import Window
+from calmon.engine import sweep
 from calmon.engine.estimates import ScoreHist
 from calmon.engine.windows import Samples, Windows
 from tests.oracle import T0, binary_terms
@@ -51,7 +52,8 @@ def test_an_eviction_that_skips_unmoved_floors_keeps_what_a_full_pass_keeps() ->
             h.add(s.sid, s.ts, s.conf, now)
         nows = clocks[np.arange(SERIES) % MODELS]
         before = [dict(tab) for tab in fast._data]
-        moved = [fast._moved(w, fast.current(w, nows) - fast.keep) for w in range(len(WINDOWS))]
+        moved = [sweep.moved(fast._swept[w], fast.current(w, nows) - fast.keep)
+                 for w in range(len(WINDOWS))]
         skipped += sum(m is not None and len(m) < len(tab) for m, tab in zip(moved, before))
         full._swept = [None] * len(WINDOWS)  # every series, every pass
         full_h._swept = [None] * len(WINDOWS)
