@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from calmon.config import Window
+from calmon.engine.sweep import moved
 from calmon.names import BUCKETS as BUCKETS  # re-exported: older imports
 
 CONF_SCALE = float(2**32)  # confidence and Brier terms (<= 2)
@@ -141,6 +142,8 @@ class BucketTables:
         self._data: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in windows]
         # series written since the group-mode changelog last took them (tasklog)
         self.touched: set[int] = set()
+        # per window, the floors of the last eviction pass (calmon.engine.sweep)
+        self._swept: list[Any] = [None] * len(windows)
 
     def current(self, w: int, now: Any) -> Any:
         """The bucket holding ``now``: an int, or an int64 array for an array of nows
@@ -157,10 +160,13 @@ class BucketTables:
 
     def _from_dense(self, row: np.ndarray) -> np.ndarray:
         """A new cell holding this (fresh, owned) dense vector."""
-        nz = np.flatnonzero(row)
+        nz = row.nonzero()[0]  # row is 1-d: flatnonzero's positions, without its wrappers
         if len(nz) >= self._dense_at:
             return row
-        return np.stack((nz, row[nz]))
+        cell = np.empty((2, len(nz)), row.dtype)  # np.stack((nz, row[nz])), in two writes
+        cell[0] = nz
+        cell[1] = row[nz]
+        return cell
 
     def _add_row(self, buckets: dict[int, np.ndarray], idx: int, row: np.ndarray) -> None:
         """Add a dense int64 vector into bucket ``idx`` (``row`` is not kept)."""
@@ -246,7 +252,9 @@ class BucketTables:
         for w in range(len(self.windows)):
             floors = self.current(w, now) - self.keep
             tab = self._data[w]
-            for sid in list(tab):
+            todo = moved(self._swept[w], floors)
+            self._swept[w] = floors
+            for sid in list(tab) if todo is None else [s for s in todo if s in tab]:
                 floor_ = floors[sid] if per_series else floors
                 buckets = tab[sid]
                 if buckets and min(buckets) > floor_:  # nothing slid out (most checks)
@@ -274,6 +282,7 @@ class BucketTables:
     def forget(self, sids: list[int]) -> None:
         """Drop everything kept for these series (a model's class count was reset)."""
         self.touched.update(sids)
+        self._swept = [None] * len(self.windows)  # a series id may come back
         for tab in self._data:
             for sid in sids:
                 tab.pop(sid, None)
@@ -344,6 +353,7 @@ class BucketTables:
         """From ``pack`` (or the dense ``keys``/``vecs`` of checkpoint format 1)."""
         self._data = [{} for _ in self.windows]
         self.touched.clear()
+        self._swept = [None] * len(self.windows)
         for tab, part in zip(self._data, snap):
             if "vecs" in part:  # format 1: every bucket dense
                 for (sid, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
