@@ -1,7 +1,7 @@
 """The columnar join (``JoinColumns.run_all``): a batch decided over numpy columns where no
 decision depends on another, and only the records whose id has a history sent through
 ``run`` one by one (``_run_odd``), what both did merged in batch order
-(``_merge_joins``). The property test of tests/unit/engine/test_join_columns.py holds
+(``_merge_joins``). The property test of tests/unit/engine/test_columnar_join.py holds
 it to ``run``."""
 
 from __future__ import annotations
