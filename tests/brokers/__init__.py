@@ -53,11 +53,14 @@ class Capabilities:
       ``group_instance_id`` is given its partitions back at once (Tansu took a minute
       to assign a static member its first partitions and left it, restarted, with none
       for over two minutes).
-    - ``survives_members_leaving``: a group whose members leave forms again with
-      those that stay. Tansu can wedge it for good: the survivor's joins come back
-      without it elected leader (a departed member is) and no SyncGroup is answered,
-      whether the others left together or one at a time (about one 3 -> 1 scale-down
-      in six, kafka-python 3.0.12; a new member id does not help).
+    - ``survives_members_leaving``: a group forms again with the members that stay,
+      whichever leave and when. Tansu 0.6.0 (and its main branch, December 2026)
+      wedges it for good when the leader leaves while the group is forming (right
+      after another member left): its LeaveGroup in the forming state removes the
+      member but keeps it as leader (``administrator.rs``; a missed heartbeat clears
+      both), so the survivors' SyncGroup waits for the departed leader's assignment.
+      Reproduced every time with plain kafka-python consumers (leader leaving second);
+      leaving one at a time, the group formed between, works.
     """
 
     serves_aborted: bool

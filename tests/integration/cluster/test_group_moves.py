@@ -70,12 +70,19 @@ def test_rescale_2_3_1_keeps_every_window(
                    detail=lambda: (dump(live), want - summed_samples(live)))
         with Producer(kafka_bootstrap) as producer:
             producer.send(steps[2])
-        if not broker.survives_members_leaving:
-            pytest.skip(f"{broker.kind} can wedge a group whose members leave (its joins "
-                        "never complete): the scale-down to one runs on a broker that "
-                        "forms the group again; 2 -> 3 held exactly")
-        for d in daemons[:2]:  # scaled down to one: the other two leave
-            assert d.terminate() == 0
+        if broker.survives_members_leaving:
+            for d in daemons[:2]:  # scaled down to one: the other two leave together
+                assert d.terminate() == 0
+        else:
+            # Tansu keeps a leader that leaves while the group is forming, and the
+            # survivor waits for its assignment for good (tests/brokers: the
+            # capability): here the two leave one at a time, the group formed again
+            # between them, as a scale-down of a StatefulSet does
+            assert daemons[0].terminate() == 0
+            wait_until(lambda: _all_owned(daemons[1:])() and all(owned(d) for d in daemons[1:]),
+                       180, "the two members left sharing the partitions",
+                       detail=lambda: dump(daemons[1:]))
+            assert daemons[1].terminate() == 0
         live = daemons[2:]
         wait_until(_all_owned(live), 180, "the last member owning every partition",
                    detail=lambda: dump(live))
