@@ -88,6 +88,14 @@ def test_the_worst_case_counts_the_maps_and_the_new_families(capsys, tmp_path: P
                      "metrics": {"windows": ["1h"], "bins": 2,
                                  "export": {"families": ["ece", "estimated_accuracy"]}}})
     assert worst_case(one).exported == 2 + 3 * 2  # two gauges of one window, bin counters
+    # the v5 band and the two sums PromQL combines: four gauges a window
+    band = ["estimated_accuracy_lower", "estimated_accuracy_upper", "estimated_correct",
+            "estimated_correct_variance"]
+    two = from_dict({"limits": {"max_models": 1}, "segments": {"slices": []},
+                     "recalibration": {"window": "1h"},
+                     "metrics": {"windows": ["1h", "24h"], "bins": 2,
+                                 "export": {"families": band}}})
+    assert worst_case(two).exported == 4 * 2 + 3 * 2
     rc, out, _ = check(capsys, tmp_path, "{}\n")
     assert rc == 0
     assert "exported series" in out and "estimates" in out

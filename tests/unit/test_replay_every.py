@@ -306,3 +306,71 @@ def test_every_with_recalibrate(capsys, tmp_path: Path) -> None:
                 assert_close(r[name], exp["realized"][name], 1e-9, name)
         assert r["pending_samples"] == exp["pending"]
         assert r["calibrated_ece"] is None and not math.isnan(r["period_start"])
+
+
+MAP_CONFIG = """
+join:
+  ttl: 12h
+metrics:
+  windows: [1h, 24h, 60d]
+  fine_bins: 200
+segments:
+  slices: [[country]]
+estimates:
+  min_samples: 100
+  samples: 1000000
+"""
+
+
+def test_every_day_reads_the_map_as_of_each_period_end(tmp_path: Path) -> None:
+    """With maps (min_samples 100, a 60-day window holding every labelled sample): each
+    period's estimates and band are the contract's scikit-learn / numpy reference
+    (``test_estmap.reference``) fitted on the samples joined by period_end, the series'
+    own once it has 100 of them, before that its model's."""
+    from tests.unit.engine.test_estmap import reference
+
+    data = make_days(12, seed=9)
+    p, lab, cfg = write_files(tmp_path, data)
+    cfg.write_text(MAP_CONFIG)
+    got = {(r.row.model, r.row.segment, r.start): r.row.estimates
+           for r in run_every(p, lab, cfg)}
+    bases: Counter[str] = Counter()
+    for model, d in data.items():
+        ts, period = d["ts"], np.floor(d["ts"] / DAY)
+        clock_at = ts[np.searchsorted(ts, d["label_ts"], side="right") - 1]
+        joins = (d["kind"] != 2) & (ts + TTL > clock_at)
+        conf = raw_confidence(d)
+        right = (d["y"] == 1) if d["binary"] else (d["scores"].argmax(axis=1) == d["y"])
+        for seg in ("__all__", "country=FR", "country=US"):
+            mine = (np.ones(len(ts), bool) if seg == "__all__"
+                    else d["country"] == seg.split("=")[1])
+            for k in np.unique(period[mine]):
+                end = (k + 1) * DAY
+                clock = ts[ts < end].max()
+                inside = mine & (period == k)
+                pending = inside & ~(joins & (d["label_ts"] < end)) & (ts + TTL > clock)
+                fitted = joins & (d["label_ts"] < end)
+                basis = ("series" if (fitted & mine).sum() >= 100 else
+                         "model" if fitted.sum() >= 100 else "raw")
+                e = got[(model, seg, k * DAY)]
+                assert e.estimate_basis == basis and e.pending_samples == pending.sum(), (
+                    model, seg, k, e.estimate_basis, basis)
+                bases[basis] += 1
+                if basis == "raw" or not pending.any():
+                    continue
+                use = fitted & mine if basis == "series" else fitted
+                b = np.searchsorted(np.linspace(0, 1, 201)[1:-1], conf[use], side="left")
+                sums = (np.bincount(b, minlength=200).astype(float),
+                        np.bincount(b, conf[use], minlength=200),
+                        np.bincount(b, right[use].astype(float), minlength=200))
+                flip = ((conf[pending] < 0.5) if d["binary"]
+                        else np.zeros(pending.sum(), bool)).astype(int)
+                acc, pos, _var, lo, hi, _ = reference(*sums, conf[pending], flip)
+                assert e.estimate_fit_samples == use.sum()
+                where = f"{model} {seg} day {k}"
+                assert_close(e.estimated_accuracy, acc, 1e-9, where)
+                if d["binary"]:
+                    assert_close(e.estimated_positive_rate, pos, 1e-9, where)
+                assert_close(e.estimated_accuracy_lower, lo, 1e-9, where)
+                assert_close(e.estimated_accuracy_upper, hi, 1e-9, where)
+    assert bases["series"] > 30 and bases["model"] > 0, bases

@@ -241,3 +241,23 @@ def test_labels_waiting_by_name_survive_a_checkpoint() -> None:
     assert got.samples == 300
     decided = np.where(d >= 0, d, probs.argmax(axis=1))
     assert got.accuracy == pytest.approx(np.mean(decided == y), abs=1e-9)
+
+
+def test_a_binary_model_names_exactly_two_classes() -> None:
+    """Binary classes are exactly [negative, positive]: a binary model configured with
+    a third name joins the first two as 0 and 1 and rejects the third, as a label or a
+    decision, as it would the index 2 (check-config cannot tell a binary model from
+    its config; its records do)."""
+    engine = engine_for(models={"m": {"classes": ["no", "yes", "maybe"]}})
+    rejected = engine.feed([
+        P("a", T0, prob=0.7), L("a", "yes", T0 + 1),
+        P("b", T0 + 2, prob=0.7, decision="no"), L("b", "no", T0 + 3),
+        P("c", T0 + 4, prob=0.2), L("c", "maybe", T0 + 5),
+        P("d", T0 + 6, prob=0.7, decision="maybe"),
+        P("e", T0 + 7, prob=0.7, decision=2)])
+    assert sorted(r.reason for r in rejected) == (["bad_decision"] * 2
+                                                  + ["label_out_of_range"])
+    got = row(engine).stats
+    assert got.samples == 2  # a (yes: right at 0.7) and b (decided no, was no)
+    assert got.accuracy == pytest.approx(1.0, abs=1e-12)
+    assert full_snapshot(engine).pending == 1  # c still waits for a valid label

@@ -188,6 +188,38 @@ def test_live_calibration_keeps_the_v3_numbers() -> None:
     assert got.estimated_positive_rate == pytest.approx(pend.mean(), abs=1e-9)
 
 
+def test_live_calibration_reads_the_live_calibrator_as_v3_did() -> None:
+    """``estimates.calibration: live`` with a calibrator served and enough labels for a
+    map: the estimates are v3's, the live calibrator's probability of the side each
+    raw score decides (numpy), basis ``live``, the band the pending count's alone."""
+    from statistics import NormalDist
+
+    rng = np.random.default_rng(13)
+
+    def apply(scores: np.ndarray, kind: str) -> np.ndarray:
+        assert kind == "prob"
+        return np.clip(scores ** 0.7, 0, 1)
+
+    for calibration, basis in (("live", "live"), ("labelled", "series")):
+        engine = Engine(from_dict(config(estimates={"calibration": calibration})),
+                        calibrators={("m", ALL): (apply, None)})
+        _, _, _, raws = labelled_binary(rng, 3000, T0, 50 * 60, "a")
+        pend, praws = pending_binary(rng, 500, T0 + 50 * 60, 60, "b")
+        engine.feed(raws + praws)
+        got = estimates(engine)
+        assert got.estimate_basis == basis
+        if calibration == "labelled":
+            continue
+        q1 = pend ** 0.7
+        q = np.where(pend >= 0.5, q1, 1 - q1)
+        assert got.estimate_fit_samples == 0 and got.pending_samples == 500
+        assert got.estimated_accuracy == pytest.approx(q.mean(), abs=1e-9)
+        assert got.estimated_positive_rate == pytest.approx(q1.mean(), abs=1e-9)
+        half = NormalDist().inv_cdf(0.95) * np.sqrt(np.sum(q * (1 - q))) / 500
+        assert got.estimated_accuracy_lower == pytest.approx(q.mean() - half, abs=1e-9)
+        assert got.estimated_accuracy_upper == pytest.approx(q.mean() + half, abs=1e-9)
+
+
 def test_reliability_shows_each_estimate_with_its_band_and_basis() -> None:
     from calmon.io import reliability
 
