@@ -10,8 +10,7 @@ stream (paired: their difference is the detector's, not the noise's). The SPRT o
 is the known alternative's likelihood ratio (the truth against the model's claim) on
 the same post-change samples, in arrival order, until it reaches 1/alpha.
 
-The table in the README ("How long a series waits") is what these tests print
-(pytest -s).
+The README's "How long a series waits" quotes what these tests print (pytest -s).
 """
 
 from __future__ import annotations
@@ -127,8 +126,9 @@ def test_per_segment_detection_costs_at_most_1_6x_the_samples() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("per_day", [300, 3000])
 def test_slow_and_fast_series_over_seeds(per_day: int) -> None:
-    """3 seeds each: the change after 1 or 29 calm days, and per segment. Means over the
-    seeds: after 29 calm days <= 1.6x after 1; per segment <= 1.6x alone."""
+    """3 seeds each: the change after 1 or 29 calm days, and per segment: no alarm before
+    the change, exactly one publish and served true ECE <= 0.03 in every run. Means over
+    the seeds: after 29 calm days <= 1.6x after 1; per segment <= 1.6x alone."""
     lines = []
     got = {calm: [outcome(per_day, calm, s) for s in range(3)] for calm in (1.0, 29.0)}
     split = [outcome(per_day, 1.0, s, per_segment=True) for s in range(3)]
@@ -140,10 +140,8 @@ def test_slow_and_fast_series_over_seeds(per_day: int) -> None:
     lines.append(f"{per_day}/day, mean samples to alarm: " + ", ".join(
         f"{k}: {v:.0f}" for k, v in mean.items()))
     print("\n" + "\n".join(lines))
-    for runs in got.values():
-        for o in runs:
-            _check_fixed(o)
-    assert all(o.early == 0 for o in split)
+    for o in (*got[1.0], *got[29.0], *split):  # per segment too: one publish of __all__
+        _check_fixed(o)
     assert mean[29.0] <= 1.6 * mean[1.0]
     assert mean["segments"] <= 1.6 * mean[1.0]
 
