@@ -166,23 +166,19 @@ class ConfluentGroupSource(GroupSource):
             self._labels_on -= set(gone)
         self._forget([p for p in gone if p not in self.owned])
 
-    def _restore(self) -> None:
-        for p in sorted(self.unrestored):
-            try:
-                committed = self.committed(p)
-            except KafkaException as e:  # the rest at the next poll: the loop must poll on
-                log.info("committed offset of partition %d not known yet (%r): its task "
-                         "waits", p, e)
-                break
-            starts = self.hooks.assigned({p: committed})
-            try:
-                self.seek(p, starts.get(p, (None, None)))
-            except KafkaException as e:  # not read from the wrong place: restored again
-                log.warning("partition %d: cannot move to its task's positions (%r); "
-                            "restored again at the next poll", p, e)
-                self.hooks.lost([p])
-                continue
-            self.unrestored.discard(p)
+    NOT_YET = (KafkaException,)
+
+    def _started(self, p: int, start: Offsets) -> bool:
+        """The task's positions sought; a seek that fails gives the task back (not read
+        from the wrong place: restored again at the next poll)."""
+        try:
+            self.seek(p, start)
+        except KafkaException as e:
+            log.warning("partition %d: cannot move to its task's positions (%r); "
+                        "restored again at the next poll", p, e)
+            self.hooks.lost([p])
+            return False
+        return True
 
     def reload(self, p: int) -> None:
         self.unrestored.add(p)

@@ -174,19 +174,32 @@ class GroupSource:
         self.labels.pause(*[TopicPartition(self.cfg.labels_topic, p) for p in parts])
         self.unrestored |= set(parts)
 
+    # what ``committed`` raises while the broker cannot say yet (this library's error)
+    NOT_YET: tuple[type[Exception], ...] = (KafkaError,)
+
     def _restore(self) -> None:
-        assert self.preds is not None and self.labels is not None
+        """The tasks of ``unrestored`` in partition order, each from its committed
+        checkpoint (``hooks.assigned``), then read from its positions (``_started``);
+        stops at the first whose committed offset is not known yet (the rest wait for
+        the next poll: the loop must poll on)."""
         for p in sorted(self.unrestored):
             try:
                 committed = self.committed(p)
-            except KafkaError as e:  # the rest at the next poll: the loop must poll on
+            except self.NOT_YET as e:
                 log.info("committed offset of partition %d not known yet (%r): its task "
                          "waits", p, e)
                 break
             starts = self.hooks.assigned({p: committed})
-            self.unrestored.discard(p)
-            self.seek(p, starts.get(p, (None, None)))
-            self.labels.resume(TopicPartition(self.cfg.labels_topic, p))
+            if self._started(p, starts.get(p, (None, None))):
+                self.unrestored.discard(p)
+
+    def _started(self, p: int, start: Offsets) -> bool:
+        """Partition ``p``'s consumers moved to its restored task's positions and its
+        labels resumed; whether it may be read now."""
+        assert self.labels is not None
+        self.seek(p, start)
+        self.labels.resume(TopicPartition(self.cfg.labels_topic, p))
+        return True
 
     def reload(self, p: int) -> None:
         """Partition ``p``'s task again from its committed checkpoint, both topics
