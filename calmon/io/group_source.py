@@ -58,6 +58,13 @@ class Hooks(Protocol):
         ...
 
 
+def too_silent(heard: float, session_s: float, interval_s: float) -> float | None:
+    """The seconds since ``heard`` (``time.monotonic()``: the coordinator's last answer)
+    when past the bound a live member never reaches, else None."""
+    silent = time.monotonic() - heard
+    return silent if silent > max(session_s / 2, session_s - interval_s) else None
+
+
 def _settings(cfg: KafkaConfig, *, group: bool) -> dict[str, Any]:
     size = fetch_bytes(cfg.max_record_bytes)
     out: dict[str, Any] = {"max_partition_fetch_bytes": size,
@@ -368,10 +375,10 @@ class GroupSource:
         try:
             session = beat.config["session_timeout_ms"] / 1000
             interval = beat.config["heartbeat_interval_ms"] / 1000
-            silent = time.monotonic() - max(beat.last_receive, beat.last_reset)
+            heard = max(beat.last_receive, beat.last_reset)
         except (AttributeError, KeyError, TypeError):
             return None
-        return silent if silent > max(session / 2, session - interval) else None
+        return too_silent(heard, session, interval)
 
     def in_group(self) -> bool:
         """Whether the member holds a generation of the group (else ``group_metadata``
