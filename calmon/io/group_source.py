@@ -323,7 +323,10 @@ class GroupSource:
         finally:
             skips, deferred = batch_guard.end()
         for tp, offset in deferred.items():  # read again, first, in the next poll
-            consumer.seek(tp, offset)
+            try:
+                consumer.seek(tp, offset)
+            except (KafkaError, ValueError, KeyError) as e:  # revoked within the poll
+                log.debug("partition %s not sought back: %r", tp, e)
         self._skips += skips
         return [(tp.topic, tp.partition, [r.value for r in recs],
                  [r.timestamp for r in recs], [r.offset for r in recs],
