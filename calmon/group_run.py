@@ -112,7 +112,8 @@ class GroupRun:
         return True
 
     def _feed(self, daemon: Daemon, chunks: list[Any], force: bool = False) -> None:
-        rejected = self.tasks.feed(chunks, daemon._not_after(), force=force)
+        rejected = self.tasks.feed(chunks, daemon._not_after(), force=force,
+                                   skips=self.source.take_skips())
         for rej in rejected:
             daemon.said.invalid(rej.kind, rej.reason, rej.source)
             self.dead_letters.send(rej.value, rej.reason, rej.source)

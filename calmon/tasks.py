@@ -20,10 +20,10 @@ from calmon.cluster.group_sender import GroupSender
 from calmon.config import Config
 from calmon.engine.delta import Delta
 from calmon.engine.engine import Engine
-from calmon.engine.records import Kind
+from calmon.engine.records import Kind, Raw
 from calmon.io.changelog import Changelog, ChangelogError, Restored, TaskWrite
 from calmon.io.group_source import GroupSource, Offsets
-from calmon.io.source import Chunk, to_batch
+from calmon.io.source import Chunk, Skip, to_batch
 from calmon.io.taskcache import TaskCache, restore_from
 from calmon.io.totals import ProcessTotals
 from calmon.tasklog import TaskLog
@@ -92,6 +92,7 @@ class Tasks:
         self.careful: set[int] = set()  # tasks read one record at a time (an engine bug)
         self._held: dict[int, list[Chunk]] = {}  # records read, not yet fed (see feed)
         self._held_since: dict[int, float] = {}
+        self._held_skips: dict[int, list[Skip]] = {}  # offsets read past, not yet counted
         self.poison: set[str] = set()  # sources of records the engine raises on
         # scaled-out recalibration: each task's joined samples, in its checkpoint
         self.joined: GroupSender | None = None
@@ -123,6 +124,7 @@ class Tasks:
             self._written.pop(p, None)
             self._held.pop(p, None)
             self._held_since.pop(p, None)
+            self._held_skips.pop(p, None)
             if self.joined is not None:
                 self.joined.drop(p)
 
@@ -202,8 +204,8 @@ class Tasks:
 
     # ------------------------------------------------------------ records
 
-    def feed(self, chunks: list[Chunk], not_after: float, *, force: bool = False
-             ) -> list[Any]:
+    def feed(self, chunks: list[Chunk], not_after: float, *, force: bool = False,
+             skips: list[Skip] | None = None) -> list[Any]:
         """Each partition's records into its task; the rejected records. A task's
         records are held until it has ``FEED_AT`` of them or the oldest waited
         ``HOLD_S`` (``force``: all now, before a checkpoint): a poll split over many
@@ -211,30 +213,55 @@ class Tasks:
         which the join decides over columns. A task whose engine raises (a calmon bug:
         bad data is only counted) goes back to its committed checkpoint and reads its
         partition again one record at a time, the record that raises counted invalid
-        as ``internal`` from then on."""
+        as ``internal`` from then on. ``skips``: offsets the source read past without
+        a record (``Skip``), held with the records and counted by their task."""
         now = time.monotonic()
         for chunk in chunks:
             if chunk[1] in self.tasks:  # else revoked within this poll
                 self._held.setdefault(chunk[1], []).append(chunk)
                 self._held_since.setdefault(chunk[1], now)
+        for skip in skips or ():
+            if skip.partition in self.tasks:
+                self._held_skips.setdefault(skip.partition, []).append(skip)
+                self._held_since.setdefault(skip.partition, now)
         rejected: list[Any] = []
-        for p in sorted(self._held):
-            mine = self._held[p]
+        for p in sorted(self._held_since):
+            mine = self._held.get(p, [])
             if not (force or sum(len(c[4]) for c in mine) >= FEED_AT
                     or now - self._held_since[p] >= HOLD_S):
                 continue
-            del self._held[p], self._held_since[p]
+            skipped = self._held_skips.pop(p, [])
+            self._held.pop(p, None)
+            del self._held_since[p]
             task = self.tasks.get(p)
             if task is None:
                 continue
             batch = to_batch(mine, self._kinds, columns=True)
-            out = self._feed_task(task, batch.columns(), not_after)
+            out = self._feed_task(task, batch.columns(), not_after) if mine else []
             if out is None:
                 continue  # rolled back: read again from the checkpoint's positions
             rejected.extend(out)
+            rejected.extend(self._skipped(task, skipped))
+            batch.add_skips(skipped)
             for (topic, _), off in batch.positions.items():
                 task.positions[topic] = off
         return rejected
+
+    def _skipped(self, task: Task, skips: list[Skip]) -> list[Any]:
+        """Skipped offsets counted invalid by their task, each once under its reason
+        (an empty reason only moves the position), as the static daemon counts them."""
+        out = []
+        for s in skips:
+            if not s.reason:
+                continue
+            at = f"{s.topic}/{s.partition}/{s.first}"
+            out.append(task.engine.reject(Raw(self._kinds[s.topic], s.value, None, at),
+                                          s.reason))
+            self._count(task.partition, at, task.engine.last_delta)
+            span = f" to {s.next_offset - 1}" if s.next_offset - s.first > 1 else ""
+            log.warning("task %d: offsets %s%s read past (%s: %s)", task.partition, at,
+                        span, s.reason, s.detail)
+        return out
 
     def _feed_task(self, task: Task, records: Any, not_after: float) -> list[Any] | None:
         p, engine = task.partition, task.engine

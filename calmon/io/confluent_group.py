@@ -35,9 +35,9 @@ from confluent_kafka import (
 from calmon.config import KafkaConfig
 from calmon.io.changelog import ChangelogError
 from calmon.io.confluent_settings import GROUP_PROPERTIES, LibrdkafkaLog, librdkafka_settings
-from calmon.io.confluent_source import _chunks
+from calmon.io.confluent_source import _chunks, skip_past
 from calmon.io.group_source import COMMITTED_TIMEOUT_MS, ENDS_EVERY_S, GroupSource, Hooks, Offsets
-from calmon.io.source import Chunk, CoPartitionError, KafkaSourceError
+from calmon.io.source import Chunk, CoPartitionError, KafkaSourceError, Skip
 from calmon.io.topics import copartition_problem, fetch_bytes
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class ConfluentGroupSource(GroupSource):
         self._next: dict[tuple[str, int], int] = {}  # the next offset the loop reads
         self._held: list[Message] = []  # read by keepalive, handed out by the next poll
         self._error_at = -float("inf")
+        self._bad_batch: dict[tuple[str, int], tuple[int, int]] = {}  # see skip_past
 
     def _settings(self, *, group: bool) -> dict[str, Any]:
         cfg = self.cfg
@@ -152,8 +153,9 @@ class ConfluentGroupSource(GroupSource):
 
     def _forget(self, parts: list[int]) -> None:
         for p in parts:
-            self._next.pop((self.cfg.predictions_topic, p), None)
-            self._next.pop((self.cfg.labels_topic, p), None)
+            for topic in (self.cfg.predictions_topic, self.cfg.labels_topic):
+                self._next.pop((topic, p), None)
+                self._bad_batch.pop((topic, p), None)
 
     def _assign_labels(self) -> None:
         """The labels partitions of tasks gone (or waiting for a restore) unassigned."""
@@ -166,23 +168,19 @@ class ConfluentGroupSource(GroupSource):
             self._labels_on -= set(gone)
         self._forget([p for p in gone if p not in self.owned])
 
-    def _restore(self) -> None:
-        for p in sorted(self.unrestored):
-            try:
-                committed = self.committed(p)
-            except KafkaException as e:  # the rest at the next poll: the loop must poll on
-                log.info("committed offset of partition %d not known yet (%r): its task "
-                         "waits", p, e)
-                break
-            starts = self.hooks.assigned({p: committed})
-            try:
-                self.seek(p, starts.get(p, (None, None)))
-            except KafkaException as e:  # not read from the wrong place: restored again
-                log.warning("partition %d: cannot move to its task's positions (%r); "
-                            "restored again at the next poll", p, e)
-                self.hooks.lost([p])
-                continue
-            self.unrestored.discard(p)
+    NOT_YET = (KafkaException,)
+
+    def _started(self, p: int, start: Offsets) -> bool:
+        """The task's positions sought; a seek that fails gives the task back (not read
+        from the wrong place: restored again at the next poll)."""
+        try:
+            self.seek(p, start)
+        except KafkaException as e:
+            log.warning("partition %d: cannot move to its task's positions (%r); "
+                        "restored again at the next poll", p, e)
+            self.hooks.lost([p])
+            return False
+        return True
 
     def reload(self, p: int) -> None:
         self.unrestored.add(p)
@@ -218,25 +216,25 @@ class ConfluentGroupSource(GroupSource):
 
     # ------------------------------------------------------------ reading
 
-    def poll_chunks(self, timeout_ms: int, max_records: int) -> list[Chunk]:
-        """As ``GroupSource.poll_chunks``; the records keepalive held come first."""
-        assert self.cpreds is not None and self.clabels is not None
-        running = set(self.owned) - self.unrestored
+    def _poll_predictions(self, timeout_ms: int, max_records: int) -> list[Chunk]:
+        """The records keepalive held first, then a consume."""
+        assert self.cpreds is not None
         held, self._held = self._held, []
-        out = self._consume(self.cpreds, timeout_ms // 2, max_records, held)
-        running -= {p for _, parts in self.events for p in parts}  # moved in this poll
-        self._handle_events()
-        if self.unrestored:
-            self._restore()
-        keep = running & (set(self.owned) - self.unrestored)
-        out = [c for c in out if c[1] in keep]
-        if self._labels_on:
-            out += [c for c in self._consume(self.clabels, timeout_ms // 2, max_records)
-                    if c[1] in self._labels_on]
-        for topic, p, *_, offsets, _keys in out:
+        return self._consume(self.cpreds, timeout_ms, max_records, held)
+
+    def _poll_labels(self, timeout_ms: int, max_records: int) -> list[Chunk]:
+        if not self._labels_on:
+            return []
+        assert self.clabels is not None
+        return [c for c in self._consume(self.clabels, timeout_ms, max_records)
+                if c[1] in self._labels_on]
+
+    def _polled(self, chunks: list[Chunk], skips: list[Skip]) -> None:
+        for topic, p, *_, offsets, _keys in chunks:
             self._next[(topic, p)] = offsets[-1] + 1
-        self._fetch_ends()
-        return out
+        for s in skips:
+            at = (s.topic, s.partition)
+            self._next[at] = max(self._next.get(at, 0), s.next_offset)
 
     def _consume(self, consumer: Consumer, timeout_ms: int, max_records: int,
                  held: list[Message] | None = None) -> list[Chunk]:
@@ -245,14 +243,26 @@ class ConfluentGroupSource(GroupSource):
         except KafkaException as e:
             self._error(f"poll failed: {e!r}")
             got = []
-        good = self._good([*(held or ()), *got])
+        good = self._good(consumer, [*(held or ()), *got])
         return _chunks(good) if good else []
 
-    def _good(self, messages: list[Message]) -> list[Message]:
+    def _good(self, consumer: Consumer, messages: list[Message]) -> list[Message]:
+        """The messages without an error. One at an offset of an input partition (a
+        batch librdkafka cannot decode, fetched again forever) is skipped by offset
+        (``skip_past``, as the static source: counted, dead-lettered); any other is
+        logged (e.g. _MAX_POLL_EXCEEDED: this poll rejoins the group)."""
         for m in messages:
             err = m.error()
-            if err is not None:  # e.g. _MAX_POLL_EXCEEDED: this poll rejoins the group
+            if err is None:
+                continue
+            offset = m.offset()
+            if m.topic() not in self._kinds or offset is None or offset < 0:
                 self._error(f"consume: {err}")
+                continue
+            skip, trouble = skip_past(consumer, self._bad_batch, m, err)
+            self._skips.append(skip)
+            if trouble is not None:
+                self._error(trouble)
         return [m for m in messages if m.error() is None]
 
     def _error(self, what: str) -> None:
@@ -282,7 +292,7 @@ class ConfluentGroupSource(GroupSource):
             return
         running = (set(self.owned) - self.unrestored
                    - {p for _, parts in self.events for p in parts})
-        for m in self._good(got):
+        for m in self._good(self.cpreds, got):
             p: Any = m.partition()
             if p in running:
                 self._held.append(m)

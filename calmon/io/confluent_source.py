@@ -410,24 +410,10 @@ class ConfluentSource(SourceBase):
                 or self._consumer is None):
             self._trouble(f"fetch error: {err}")
             return
-        # librdkafka reports a batch it cannot decode (at its first offset, or where the
-        # fetch began) and fetches it again, forever: seek past it. The error does not
-        # say where the batch ends, so step one offset at a time; an error between the
-        # batch's first offset and the step just taken is the same batch, counted once.
-        key = (topic, partition)
-        seen = self._bad_batch.get(key)
-        same = seen is not None and seen[0] <= offset <= seen[1]
-        first = seen[0] if same and seen is not None else offset
-        step = max(offset, seen[1] if same and seen is not None else offset) + 1
-        self._bad_batch[key] = (first, step)
-        self._skips.append(Skip(topic, partition, step - 1, step,
-                                "" if same else "bad_batch",
-                                f"librdkafka: {err.str()}", None))
-        try:
-            self._consumer.seek(TopicPartition(topic, partition, step))
-        except KafkaException as exc:
-            self._trouble(f"cannot seek past the batch at {topic}/{partition}/{offset}: "
-                          f"{exc!r}")
+        skip, trouble = skip_past(self._consumer, self._bad_batch, m, err)
+        self._skips.append(skip)
+        if trouble is not None:
+            self._trouble(trouble)
 
     # ------------------------------------------------------------------ logging
 
@@ -446,6 +432,34 @@ class ConfluentSource(SourceBase):
             log.warning("Kafka reachable again after %.0fs", time.monotonic() - self._down_since)
             self._down_since = None
             self._last_warning = -float("inf")
+
+
+def skip_past(consumer: Consumer, bad: dict[Position, tuple[int, int]], m: Message,
+              err: KafkaError) -> tuple[Skip, str | None]:
+    """A message error at an offset of an input partition: the offset skipped (and the
+    consumer sought past it), with why the seek failed, if it did. librdkafka reports a
+    batch it cannot decode (at its first offset, or where the fetch began) and fetches
+    it again, forever. The error does not say where the batch ends, so the consumer
+    steps one offset at a time (``bad``: per partition, the batch's first offset and the
+    next to try); an error between the batch's first offset and the step just taken is
+    the same batch, counted once (the later skips have no reason)."""
+    topic: Any = m.topic()
+    partition: Any = m.partition()
+    offset: Any = m.offset()
+    key = (topic, partition)
+    seen = bad.get(key)
+    same = seen is not None and seen[0] <= offset <= seen[1]
+    first = seen[0] if same and seen is not None else offset
+    step = max(offset, seen[1] if same and seen is not None else offset) + 1
+    bad[key] = (first, step)
+    skip = Skip(topic, partition, step - 1, step, "" if same else "bad_batch",
+                f"librdkafka: {err.str()}", None)
+    try:
+        consumer.seek(TopicPartition(topic, partition, step))
+    except KafkaException as exc:
+        return skip, (f"cannot seek past the batch at {topic}/{partition}/{offset}: "
+                      f"{exc!r}")
+    return skip, None
 
 
 def _chunks(messages: list[Any]) -> list[Chunk]:

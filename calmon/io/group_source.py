@@ -29,8 +29,9 @@ from kafka.errors import KafkaError
 
 from calmon.config import KafkaConfig
 from calmon.engine.records import Kind
+from calmon.io import batch_guard
 from calmon.io.changelog import ChangelogError
-from calmon.io.source import Batch, Chunk, CoPartitionError, KafkaSourceError, to_batch
+from calmon.io.source import Batch, Chunk, CoPartitionError, KafkaSourceError, Skip, to_batch
 from calmon.io.topics import client_settings, copartition_problem, fetch_bytes
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,13 @@ class Hooks(Protocol):
         """Restore these tasks (partition -> the committed predictions offset and its
         metadata, the checkpoint's name) and say where each starts reading."""
         ...
+
+
+def too_silent(heard: float, session_s: float, interval_s: float) -> float | None:
+    """The seconds since ``heard`` (``time.monotonic()``: the coordinator's last answer)
+    when past the bound a live member never reaches, else None."""
+    silent = time.monotonic() - heard
+    return silent if silent > max(session_s / 2, session_s - interval_s) else None
 
 
 def _settings(cfg: KafkaConfig, *, group: bool) -> dict[str, Any]:
@@ -110,10 +118,16 @@ class GroupSource:
         self.unrestored: set[int] = set()  # assigned, task not restored yet (not read)
         self._ends_at = 0.0
         self._kinds = {cfg.predictions_topic: Kind.PREDICTION, cfg.labels_topic: Kind.LABEL}
+        self._skips: list[Skip] = []  # read past by the library, not yet sorted by a poll
+        self._skipped: list[Skip] = []  # of running tasks, for take_skips
+        fetch = fetch_bytes(cfg.max_record_bytes)
+        self._batch_limit = max(batch_guard.BATCH_LIMIT, 2 * fetch)
+        self._poll_budget = max(batch_guard.POLL_BUDGET, fetch)
 
     def start(self) -> int:
         """Connect, check co-partitioning (CoPartitionError) and subscribe; the
         partition count of the input topics."""
+        batch_guard.install()  # batches kafka-python cannot read are skipped, not raised
         try:
             self.preds = KafkaConsumer(**_settings(self.cfg, group=True))
             self.labels = KafkaConsumer(**_settings(self.cfg, group=False))
@@ -174,19 +188,32 @@ class GroupSource:
         self.labels.pause(*[TopicPartition(self.cfg.labels_topic, p) for p in parts])
         self.unrestored |= set(parts)
 
+    # what ``committed`` raises while the broker cannot say yet (this library's error)
+    NOT_YET: tuple[type[Exception], ...] = (KafkaError,)
+
     def _restore(self) -> None:
-        assert self.preds is not None and self.labels is not None
+        """The tasks of ``unrestored`` in partition order, each from its committed
+        checkpoint (``hooks.assigned``), then read from its positions (``_started``);
+        stops at the first whose committed offset is not known yet (the rest wait for
+        the next poll: the loop must poll on)."""
         for p in sorted(self.unrestored):
             try:
                 committed = self.committed(p)
-            except KafkaError as e:  # the rest at the next poll: the loop must poll on
+            except self.NOT_YET as e:
                 log.info("committed offset of partition %d not known yet (%r): its task "
                          "waits", p, e)
                 break
             starts = self.hooks.assigned({p: committed})
-            self.unrestored.discard(p)
-            self.seek(p, starts.get(p, (None, None)))
-            self.labels.resume(TopicPartition(self.cfg.labels_topic, p))
+            if self._started(p, starts.get(p, (None, None))):
+                self.unrestored.discard(p)
+
+    def _started(self, p: int, start: Offsets) -> bool:
+        """Partition ``p``'s consumers moved to its restored task's positions and its
+        labels resumed; whether it may be read now."""
+        assert self.labels is not None
+        self.seek(p, start)
+        self.labels.resume(TopicPartition(self.cfg.labels_topic, p))
+        return True
 
     def reload(self, p: int) -> None:
         """Partition ``p``'s task again from its committed checkpoint, both topics
@@ -240,10 +267,10 @@ class GroupSource:
         """Records of both topics as per-partition columns (offsets ascending). A
         rebalance noted inside the predictions poll is handled before the labels are
         read (tasks dropped, or restored and their consumers moved to their positions).
-        Never raises on broker trouble."""
-        assert self.preds is not None and self.labels is not None
+        Batches that cannot be read are skipped by offset (``take_skips``). Never
+        raises on broker trouble."""
         running = set(self.owned) - self.unrestored
-        out = self._read(self.preds, timeout_ms // 2, max_records)
+        out = self._poll_predictions(timeout_ms // 2, max_records)
         running -= {p for _, parts in self.events for p in parts}  # moved in this poll
         self._handle_events()
         if self.unrestored:
@@ -252,18 +279,55 @@ class GroupSource:
         # dropped, or restored (and sought) in this poll, reads its records afresh
         keep = running & (set(self.owned) - self.unrestored)
         out = [c for c in out if c[1] in keep]
-        if self.owned:
-            out += self._read(self.labels, timeout_ms // 2, max_records)
+        skips = [s for s in self._skips if s.partition in keep]
+        self._skips = []
+        out += self._poll_labels(timeout_ms // 2, max_records)
+        live = set(self.owned) - self.unrestored
+        skips += [s for s in self._skips if s.partition in live]
+        self._skips = []
+        self._polled(out, skips)
+        self._skipped += skips
         self._fetch_ends()
         return out
 
-    @staticmethod
-    def _read(consumer: KafkaConsumer, timeout_ms: int, max_records: int) -> list[Chunk]:
+    def take_skips(self) -> list[Skip]:
+        """The offsets of running tasks' partitions the polls since the last call read
+        past without a record (a batch that cannot be decoded, one that inflates past
+        the bound: see ``Skip``), oldest first."""
+        out, self._skipped = self._skipped, []
+        return out
+
+    def _poll_predictions(self, timeout_ms: int, max_records: int) -> list[Chunk]:
+        assert self.preds is not None
+        return self._read(self.preds, timeout_ms, max_records)
+
+    def _poll_labels(self, timeout_ms: int, max_records: int) -> list[Chunk]:
+        assert self.labels is not None
+        return self._read(self.labels, timeout_ms, max_records) if self.owned else []
+
+    def _polled(self, chunks: list[Chunk], skips: list[Skip]) -> None:
+        """What a poll hands out (a library that keeps its own positions notes them)."""
+
+    def _read(self, consumer: KafkaConsumer, timeout_ms: int, max_records: int
+              ) -> list[Chunk]:
+        """One poll, batches decoded in bounded memory and one that cannot be read
+        skipped (``batch_guard``, as the static source): never raised at the same
+        offset every poll."""
+        batch_guard.begin(batch_limit=self._batch_limit, poll_budget=self._poll_budget,
+                          keep_bytes=self.cfg.max_record_bytes)
         try:
             polled = consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
-        except KafkaError as e:
+        except Exception as e:  # KafkaError, or a decoding error kafka-python lets out
             log.warning("poll failed: %r", e)
-            return []
+            polled = {}
+        finally:
+            skips, deferred = batch_guard.end()
+        for tp, offset in deferred.items():  # read again, first, in the next poll
+            try:
+                consumer.seek(tp, offset)
+            except (KafkaError, ValueError, KeyError) as e:  # revoked within the poll
+                log.debug("partition %s not sought back: %r", tp, e)
+        self._skips += skips
         return [(tp.topic, tp.partition, [r.value for r in recs],
                  [r.timestamp for r in recs], [r.offset for r in recs],
                  [r.key for r in recs]) for tp, recs in polled.items() if recs]
@@ -314,10 +378,10 @@ class GroupSource:
         try:
             session = beat.config["session_timeout_ms"] / 1000
             interval = beat.config["heartbeat_interval_ms"] / 1000
-            silent = time.monotonic() - max(beat.last_receive, beat.last_reset)
+            heard = max(beat.last_receive, beat.last_reset)
         except (AttributeError, KeyError, TypeError):
             return None
-        return silent if silent > max(session / 2, session - interval) else None
+        return too_silent(heard, session, interval)
 
     def in_group(self) -> bool:
         """Whether the member holds a generation of the group (else ``group_metadata``

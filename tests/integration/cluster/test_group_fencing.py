@@ -10,6 +10,10 @@ that takes over is a real ``calmon run``."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -27,7 +31,14 @@ from calmon.io.changelog import ChangelogError
 from calmon.io.confluent_settings import librdkafka_settings
 from calmon.io.consumer_process import group_classes
 from calmon.io.totals import ProcessTotals
-from tests.daemon_helpers import Producer, dumps, make_dataset, wait_until
+from tests.daemon_helpers import (
+    REPO,
+    Producer,
+    dumps,
+    make_dataset,
+    subprocess_env,
+    wait_until,
+)
 from tests.fakes import DeadLetterLog
 from tests.integration.cluster.fleet import GROUP_CLIENT
 from tests.integration.cluster.group import committed, member, owned, task_write
@@ -265,3 +276,93 @@ class Member:
 
     def close(self) -> None:
         self.c.close()
+
+
+class _Child:
+    """The zombie of a ``_Pair`` in a process of its own (``paused_member``): SIGSTOP
+    stops every thread of it, librdkafka's heartbeats and session check included."""
+
+    def __init__(self, pair: _Pair, tmp_path: Path) -> None:
+        self.log = tmp_path / "zombie.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.cluster.paused_member",
+             str(pair.other.config)], cwd=str(REPO), env=subprocess_env(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.open("wb"),
+            text=True, bufsize=1)
+        self.last: dict[str, Any] = {}
+
+    def ask(self, command: str = "poll") -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the paused member exited: {self.log.read_text()[-3000:]}"
+        self.last = json.loads(line)
+        return self.last
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.mark.slow
+def test_a_sigstopped_librdkafka_member_resumed_into_a_checkpoint_commits_nothing(
+        kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
+        broker) -> None:
+    """``kafka.library: confluent``: a member SIGSTOPped past the session timeout and
+    given a checkpoint as its very first step once resumed commits nothing, on Tansu,
+    where calmon's own refusal is the only fence. kafka-python needs calmon's heartbeat
+    age check for this (the resumed consumer keeps its generation until a heartbeat
+    answers); librdkafka does not: its main thread waits at most a second for work,
+    then checks the session (``rd_kafka_cgrp_serve``: no successful coordinator answer
+    for ``session.timeout.ms``, SESSTMOUT), clears the member id and revokes the
+    assignment as lost, so ``group_metadata`` finds no member id and refuses."""
+    if broker.fences_stale_members:
+        pytest.skip(f"{broker.kind} refuses a stale generation itself: calmon's heartbeat "
+                    "check is tested where it is the only fence")
+    pair = _Pair(kafka_bootstrap, kafka_topics, tmp_path, "sigstop", "confluent")
+    other, half = pair.other, N // 2
+    child: _Child | None = None
+    try:
+        other.start()
+        wait_until(lambda: owned(other) == [0, 1] or None, 90, "the other member running")
+        child = _Child(pair, tmp_path)
+        wait_until(lambda: child.ask()["running"] == 1 and len(owned(other)) == 1, 120,
+                   "a partition each", detail=lambda: (child.last, owned(other)))
+        [p] = child.last["tasks"]
+        with Producer(pair.bootstrap) as producer:
+            producer.send(pair.records(pair.preds[:half], pair.preds_topic)
+                          + pair.records(pair.labels[:half], pair.labels_topic))
+        wait_until(lambda: child.ask()["joined"] + other.status()["counters"].get(
+            "joined", 0) == half, 60, "the first half joined")
+        assert child.ask("checkpoint")["written"]  # a member of the group commits
+        mine = pair.committed()[p]
+        with Producer(pair.bootstrap) as producer:
+            producer.send(pair.records(pair.preds[half:], pair.preds_topic))
+        wait_until(lambda: child.ask()["pending"] + other.status()["pending"] == N - half,
+                   60, "the second half pending")
+        child.proc.send_signal(signal.SIGSTOP)  # every thread of it, heartbeats too
+        ends = pair.taken_over()
+        assert ends[p] > mine, (ends, mine)
+        assert child.proc.stdin is not None
+        child.proc.stdin.write("checkpoint\n")  # its first step once resumed
+        child.proc.stdin.flush()
+        child.proc.send_signal(signal.SIGCONT)
+        assert child.proc.stdout is not None
+        got = json.loads(child.proc.stdout.readline())
+        assert got["written"] is False and got["refused"] == 1, got
+        assert pair.committed() == ends  # nothing stale
+        assert "this member is not in the group" in child.log.read_text()
+        # librdkafka's log lines come out of its queue at the member's next polls
+        wait_until(lambda: (child.ask() and "SESSTMOUT" in child.log.read_text()) or None,
+                   60, "librdkafka's own session check in the member's log")
+    finally:
+        if child is not None:
+            child.close()
+        pair.close()
