@@ -34,7 +34,7 @@ from calmon.calibrators.signing import Signer
 from calmon.cluster.group_sender import GroupSender
 from calmon.cluster.kafka import record_budget
 from calmon.config import Config
-from calmon.engine.engine import Engine
+from calmon.engine.engine import COUNTER_KEYS, Engine
 from calmon.engine.snapshot import Refresher
 from calmon.engine.summed import SummedEngine
 from calmon.errors import ConfigError
@@ -137,7 +137,9 @@ class GroupRun:
 
     def engine_status(self) -> dict[str, Any]:
         """``Engine.status()`` summed over the tasks (counters, pending, event time)."""
-        out: dict[str, Any] = {"counters": {}, "pending": 0, "pending_labels": 0,
+        # every counter, at 0 on a member that owns no task yet (as one instance shows)
+        out: dict[str, Any] = {"counters": dict.fromkeys(COUNTER_KEYS, 0), "pending": 0,
+                               "pending_labels": 0,
                                "now": float("-inf"), "version": self.refresher.latest.version}
         for engine in self.tasks.engines():
             s = engine.status()
