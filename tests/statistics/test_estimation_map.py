@@ -31,9 +31,9 @@ from scipy.special import expit, softmax
 from calmon.config import from_dict
 from calmon.engine.engine import Engine
 from calmon.engine.estimates import Estimates
-from calmon.engine.records import Kind, Raw
+from calmon.engine.records import Raw
 from calmon.engine.snapshot import full_snapshot
-from tests.oracle import T0, label_bytes, logit_records, pred_bytes
+from tests.oracle import T0, logit_records
 
 HOUR = 3600.0
 N_FIT, PERIODS, PER_PERIOD = 50_000, 10, 5_000
@@ -69,10 +69,8 @@ def run_binary(seed: int, calibration: str = "labelled"):
         mu += rng.choice([-0.2, 0.2])
         zk = rng.normal(mu, 1.5, PER_PERIOD)
         tk = T0 + 20 * HOUR + k * 600 + rng.uniform(0, 600, PER_PERIOD)
-        for i in range(PER_PERIOD):
-            raws.append(Raw(Kind.PREDICTION, pred_bytes(f"p{k}-{i}", float(tk[i]),
-                                                        logit=float(zk[i]),
-                                                        segment={"period": str(k)})))
+        raws += logit_records([f"p{k}-{i}" for i in range(PER_PERIOD)], tk, zk,
+                              segment={"period": str(k)})
         q = expit(1.3 * zk)  # the truth
         decided = zk >= 0
         truth.append((float(np.where(decided, q, 1 - q).mean()), float(q.mean()),
@@ -115,25 +113,19 @@ def test_live_calibration_reads_the_raw_scores_as_before() -> None:
 @pytest.mark.parametrize("k", [3, 20])
 def test_multiclass_top_label_over_confident_is_estimated_right(k: int) -> None:
     rng = np.random.default_rng(100 + k)
-    raws: list[Raw] = []
     z = rng.normal(0.0, 1.5, (N_FIT, k))
     truth = softmax(0.77 * z, axis=1)
     y = (rng.random(N_FIT)[:, None] > np.cumsum(truth, axis=1)).sum(axis=1)
     ts = T0 + np.sort(rng.uniform(0, 20 * HOUR, N_FIT))
-    for i in range(N_FIT):
-        raws.append(Raw(Kind.PREDICTION, pred_bytes(f"f{i}", float(ts[i]),
-                                                    logits=z[i].tolist())))
-        raws.append(Raw(Kind.LABEL, label_bytes(f"f{i}", int(y[i]), float(ts[i]) + 60)))
+    raws = logit_records([f"f{i}" for i in range(N_FIT)], ts, z, labels=y)
     shift = np.zeros(k)
     expected = []
     for p in range(PERIODS):
         shift = shift + rng.choice([-0.2, 0.2], k)
         zk = rng.normal(0.0, 1.5, (PER_PERIOD, k)) + shift
         tk = T0 + 20 * HOUR + p * 600 + rng.uniform(0, 600, PER_PERIOD)
-        for i in range(PER_PERIOD):
-            raws.append(Raw(Kind.PREDICTION, pred_bytes(f"p{p}-{i}", float(tk[i]),
-                                                        logits=zk[i].tolist(),
-                                                        segment={"period": str(p)})))
+        raws += logit_records([f"p{p}-{i}" for i in range(PER_PERIOD)], tk, zk,
+                              segment={"period": str(p)})
         t = softmax(0.77 * zk, axis=1)
         expected.append(float(t[np.arange(PER_PERIOD), zk.argmax(1)].mean()))
     engine = Engine(cfg())
