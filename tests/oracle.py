@@ -37,6 +37,36 @@ def label_bytes(lid: str, label: Any, ts: float | None = None, **extra: Any) -> 
     return json.dumps(obj).encode()
 
 
+def logit_records(ids: list[str], ts: np.ndarray, logit: np.ndarray, model: str = "m",
+                  labels: np.ndarray | None = None, label_delay: float = 60.0,
+                  segment: dict[str, str] | None = None) -> list[Raw]:
+    """Many logit predictions (``logit`` (n,): binary ``logit``; (n, K): ``logits``),
+    each of ``segment`` when given, and with ``labels`` each one's label ``label_delay``
+    s later, right after it: the bytes ``pred_bytes`` and ``label_bytes`` write, built
+    without a dict and a json.dumps per record (ids plain ASCII, no escaping; floats in
+    json's own repr). The first record of each kind is checked against them."""
+    t, z = np.asarray(ts, np.float64).tolist(), np.asarray(logit, np.float64).tolist()
+    name = "logit" if np.ndim(logit) == 1 else "logits"
+    score = [repr(b) if name == "logit" else f"[{', '.join(map(repr, b))}]" for b in z]
+    seg = "" if segment is None else f', "segment": {json.dumps(segment)}'
+    preds = [f'{{"id": "{i}", "model": "{model}", "ts": {a!r}, "{name}": {b}{seg}}}'.encode()
+             for i, a, b in zip(ids, t, score, strict=True)]
+    if ids:
+        first = {name: z[0]} | ({} if segment is None else {"segment": segment})
+        assert preds[0] == pred_bytes(ids[0], t[0], model, **first), preds[0]
+    if labels is None:
+        return [Raw(Kind.PREDICTION, v) for v in preds]
+    y = np.asarray(labels).astype(np.int64).tolist()
+    lab = [f'{{"id": "{i}", "label": {c}, "ts": {a + label_delay!r}}}'.encode()
+           for i, c, a in zip(ids, y, t, strict=True)]
+    if ids:
+        assert lab[0] == label_bytes(ids[0], y[0], t[0] + label_delay), lab[0]
+    out: list[Raw] = []
+    for v, w in zip(preds, lab):
+        out += (Raw(Kind.PREDICTION, v), Raw(Kind.LABEL, w))
+    return out
+
+
 def P(pid: str, ts: float, model: str = "m", **fields: Any) -> Raw:
     return Raw(Kind.PREDICTION, pred_bytes(pid, ts, model, **fields))
 

@@ -233,6 +233,7 @@ class Simulation:
             # the original scenarios draw segment by segment (their seeds' streams); the
             # new ones draw every segment's count at once
             counts = None if self._sequential else self.rng.poisson(self.per_check)
+            drawn: list[tuple[int, np.ndarray]] = []  # (segment, scores) of this interval
             for seg in range(self.segments):
                 self._carry[seg] += (self.rng.poisson(self.per_check[seg]) if counts is None
                                      else counts[seg])
@@ -248,7 +249,8 @@ class Simulation:
                 self._pending.append((arrival, np.full(n, seg), ts, labels, kind, scores))
                 if self.record:
                     self._drawn.append((ts, arrival, np.full(n, seg), labels, scores, truth))
-                self._hist.append((self.t, seg, _conf_hist(scores)))
+                drawn.append((seg, scores))
+            self._hist += [(self.t, seg, h) for seg, h in _conf_hists(drawn)]
             self._deliver(self.t + interval)
             self.t += interval
             new, self._new = self._new, set()
@@ -322,6 +324,19 @@ def _conf_hist(scores: np.ndarray) -> np.ndarray:
     conf = p if p.ndim == 1 else p.max(axis=1)
     return np.bincount(np.clip(np.ceil(conf * BINS).astype(int) - 1, 0, BINS - 1),
                        minlength=BINS)
+
+
+def _conf_hists(drawn: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+    """``_conf_hist`` of each segment's scores, one probability transform and one
+    bincount for all (row by row the same confidences, so the same counts)."""
+    if len({s.shape[1:] for _, s in drawn}) != 1:  # none, or binary and multiclass
+        return [(seg, _conf_hist(s)) for seg, s in drawn]
+    p = probs_of(np.concatenate([s for _, s in drawn]))
+    conf = p if p.ndim == 1 else p.max(axis=1)
+    b = np.clip(np.ceil(conf * BINS).astype(int) - 1, 0, BINS - 1)
+    b += BINS * np.repeat(np.arange(len(drawn)), [len(s) for _, s in drawn])
+    counts = np.bincount(b, minlength=BINS * len(drawn)).reshape(len(drawn), BINS)
+    return [(seg, counts[i]) for i, (seg, _) in enumerate(drawn)]
 
 
 def logit_of(p: np.ndarray) -> np.ndarray:

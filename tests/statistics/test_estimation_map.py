@@ -31,9 +31,9 @@ from scipy.special import expit, softmax
 from calmon.config import from_dict
 from calmon.engine.engine import Engine
 from calmon.engine.estimates import Estimates
-from calmon.engine.records import Kind, Raw
+from calmon.engine.records import Raw
 from calmon.engine.snapshot import full_snapshot
-from tests.oracle import T0, label_bytes, pred_bytes
+from tests.oracle import T0, logit_records
 
 HOUR = 3600.0
 N_FIT, PERIODS, PER_PERIOD = 50_000, 10, 5_000
@@ -46,9 +46,9 @@ def cfg(**over: object):
     return from_dict(base)
 
 
-def feed(engine: Engine, raws: list[tuple[Kind, bytes]]) -> None:
+def feed(engine: Engine, raws: list[Raw]) -> None:
     for i in range(0, len(raws), 20_000):
-        engine.feed([Raw(k, v) for k, v in raws[i:i + 20_000]])
+        engine.feed(raws[i:i + 20_000])
 
 
 def by_segment(engine: Engine, window: str = "7d") -> dict[tuple[str, str], Estimates]:
@@ -59,23 +59,18 @@ def by_segment(engine: Engine, window: str = "7d") -> dict[tuple[str, str], Esti
 def run_binary(seed: int, calibration: str = "labelled"):
     """(expected accuracy, expected positive rate, raw estimate, estimates) by period."""
     rng = np.random.default_rng(seed)
-    raws: list[tuple[Kind, bytes]] = []
     z = rng.normal(0.0, 1.5, N_FIT)
     y = rng.random(N_FIT) < expit(1.3 * z)
     ts = T0 + np.sort(rng.uniform(0, 20 * HOUR, N_FIT))
-    for i in range(N_FIT):
-        raws.append((Kind.PREDICTION, pred_bytes(f"f{i}", float(ts[i]), logit=float(z[i]))))
-        raws.append((Kind.LABEL, label_bytes(f"f{i}", int(y[i]), float(ts[i]) + 60)))
+    raws = logit_records([f"f{i}" for i in range(N_FIT)], ts, z, labels=y)
     mu = 0.0
     truth = []
     for k in range(PERIODS):
         mu += rng.choice([-0.2, 0.2])
         zk = rng.normal(mu, 1.5, PER_PERIOD)
         tk = T0 + 20 * HOUR + k * 600 + rng.uniform(0, 600, PER_PERIOD)
-        for i in range(PER_PERIOD):
-            raws.append((Kind.PREDICTION, pred_bytes(f"p{k}-{i}", float(tk[i]),
-                                                     logit=float(zk[i]),
-                                                     segment={"period": str(k)})))
+        raws += logit_records([f"p{k}-{i}" for i in range(PER_PERIOD)], tk, zk,
+                              segment={"period": str(k)})
         q = expit(1.3 * zk)  # the truth
         decided = zk >= 0
         truth.append((float(np.where(decided, q, 1 - q).mean()), float(q.mean()),
@@ -118,24 +113,19 @@ def test_live_calibration_reads_the_raw_scores_as_before() -> None:
 @pytest.mark.parametrize("k", [3, 20])
 def test_multiclass_top_label_over_confident_is_estimated_right(k: int) -> None:
     rng = np.random.default_rng(100 + k)
-    raws: list[tuple[Kind, bytes]] = []
     z = rng.normal(0.0, 1.5, (N_FIT, k))
     truth = softmax(0.77 * z, axis=1)
     y = (rng.random(N_FIT)[:, None] > np.cumsum(truth, axis=1)).sum(axis=1)
     ts = T0 + np.sort(rng.uniform(0, 20 * HOUR, N_FIT))
-    for i in range(N_FIT):
-        raws.append((Kind.PREDICTION, pred_bytes(f"f{i}", float(ts[i]), logits=z[i].tolist())))
-        raws.append((Kind.LABEL, label_bytes(f"f{i}", int(y[i]), float(ts[i]) + 60)))
+    raws = logit_records([f"f{i}" for i in range(N_FIT)], ts, z, labels=y)
     shift = np.zeros(k)
     expected = []
     for p in range(PERIODS):
         shift = shift + rng.choice([-0.2, 0.2], k)
         zk = rng.normal(0.0, 1.5, (PER_PERIOD, k)) + shift
         tk = T0 + 20 * HOUR + p * 600 + rng.uniform(0, 600, PER_PERIOD)
-        for i in range(PER_PERIOD):
-            raws.append((Kind.PREDICTION, pred_bytes(f"p{p}-{i}", float(tk[i]),
-                                                     logits=zk[i].tolist(),
-                                                     segment={"period": str(p)})))
+        raws += logit_records([f"p{p}-{i}" for i in range(PER_PERIOD)], tk, zk,
+                              segment={"period": str(p)})
         t = softmax(0.77 * zk, axis=1)
         expected.append(float(t[np.arange(PER_PERIOD), zk.argmax(1)].mean()))
     engine = Engine(cfg())
@@ -153,7 +143,7 @@ def test_multiclass_top_label_over_confident_is_estimated_right(k: int) -> None:
 def test_the_band_covers_the_realized_accuracy() -> None:
     rng = np.random.default_rng(2039)
     reps, n_fit, n_pend, level = 200, 5_000, 2_000, 0.9
-    raws: list[tuple[Kind, bytes]] = []
+    raws: list[Raw] = []
     at: list[float] = []  # each record's event time
     pending_truth = []
     for r in range(reps):
@@ -161,16 +151,11 @@ def test_the_band_covers_the_realized_accuracy() -> None:
         z = rng.normal(-0.5, 1.5, n_fit)
         y = rng.random(n_fit) < expit(z)  # calibrated
         ts = T0 + rng.uniform(0, 20 * HOUR, n_fit)
-        for i in range(n_fit):
-            raws.append((Kind.PREDICTION, pred_bytes(f"{r}f{i}", float(ts[i]), model=model,
-                                                     logit=float(z[i]))))
-            raws.append((Kind.LABEL, label_bytes(f"{r}f{i}", int(y[i]), float(ts[i]) + 60)))
+        raws += logit_records([f"{r}f{i}" for i in range(n_fit)], ts, z, model, labels=y)
         at += np.repeat(ts, 2).tolist()
         zp = rng.normal(-0.5, 1.5, n_pend)
         tp = T0 + 20 * HOUR + rng.uniform(0, 600, n_pend)
-        for i in range(n_pend):
-            raws.append((Kind.PREDICTION, pred_bytes(f"{r}p{i}", float(tp[i]), model=model,
-                                                     logit=float(zp[i]))))
+        raws += logit_records([f"{r}p{i}" for i in range(n_pend)], tp, zp, model)
         at += tp.tolist()
         pending_truth.append(expit(zp))
     engine = Engine(cfg(segments={"slices": []}))

@@ -18,7 +18,14 @@ import pytest
 
 from calmon.calibrators.signing import Signer, keygen
 from calmon.cluster.service import Cluster
-from tests.daemon_helpers import CalmonDaemon, Producer, series, wait_until, write_config
+from tests.daemon_helpers import (
+    CalmonDaemon,
+    Producer,
+    produce_all,
+    series,
+    wait_until,
+    write_config,
+)
 from tests.integration.cluster.fleet import GROUP_CLIENT, RECAL, owner_config, records_of
 from tests.recal_helpers import BASE_TS, binary_logit_stream
 
@@ -92,9 +99,7 @@ def test_a_catch_up_larger_than_a_record_reaches_the_owner(
     rng = np.random.default_rng(35)
     big = binary_logit_stream(rng, "big", N_BIG, BASE_TS, 3600.0)
     small = binary_logit_stream(rng, "small", N_SMALL, BASE_TS, 3600.0)
-    with Producer(kafka_bootstrap, batch_size=1 << 20) as p:
-        p.send(records_of(preds, labels, big) + records_of(preds, labels, small),
-               timeout=300)
+    produce_all(kafka_bootstrap, records_of(preds, labels, big) + records_of(preds, labels, small))
     d = CalmonDaemon(write_config(
         tmp_path / "instance0.yaml", kafka_bootstrap, preds, labels,
         kafka={"instance": {"index": 0, "count": 2}, "joined_topic": joined_topic,
