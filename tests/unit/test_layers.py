@@ -210,7 +210,37 @@ def test_every_unit_the_table_names_exists() -> None:
             assert (PACKAGE / unit).exists(), f"{layer.name}: {unit} is not in calmon/"
 
 
+def unnamed(package: Path, text: str) -> list[str]:
+    """Modules inside a package of the table (``engine/windows.py``) whose name its
+    row's "what it holds" cell does not give in backticks (``windows``, or within a
+    longer name: ``windows.in_window``); ``__init__`` and ``__main__`` go unnamed."""
+    holds: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 4:
+            named = {w for t in re.findall(r"`([^`]+)`", cells[2])
+                     for w in re.findall(r"[A-Za-z_]\w*", t)}
+            for unit in re.findall(r"`([^`]+)/`", cells[1]):
+                holds[unit] = named
+    return sorted(str(f.relative_to(package)) for f in package.glob("*/*.py")
+                  if f.stem not in ("__init__", "__main__")
+                  and f.stem not in holds.get(f.parent.name, set()))
+
+
+def test_every_module_of_a_package_is_named_in_its_row() -> None:
+    assert unnamed(PACKAGE, TABLE.read_text(encoding="utf-8")) == []
+
+
 # ---------------------------------------------------------------- the checker fails
+
+
+def test_a_module_its_row_does_not_name_is_found(tmp_path: Path) -> None:
+    text = TABLE.read_text(encoding="utf-8")
+    pkg = _copy(tmp_path)
+    assert unnamed(pkg, text) == []
+    (pkg / "engine" / "newcomer.py").write_text("", encoding="utf-8")
+    (pkg / "io" / "exporter.py").rename(pkg / "io" / "exporting.py")
+    assert unnamed(pkg, text) == ["engine/newcomer.py", "io/exporting.py"]
 
 
 def _copy(tmp_path: Path) -> Path:

@@ -1,8 +1,10 @@
 """Readers of the engine, the recalibration and the cluster use public interfaces
 (issue 32): in ``calmon/engine/snapshot.py`` and ``summed.py``, ``calmon/cluster/`` and
 ``calmon/recal/`` no expression reads ``name._member`` of another object unless
-``_member`` is defined in that same file (``self._x`` and ``cls._x`` are the object's
-own; imports and comments are not attribute reads, and ``ast`` sees neither as one)."""
+``_member`` is defined in that same file: ``self._x`` too (a member a base class in
+another file defines is that file's), ``obj.__x`` too (name mangling hides nothing
+from a reader); only dunders (``__name__``) are public. Imports and comments are not
+attribute reads, and ``ast`` sees neither as one."""
 
 from __future__ import annotations
 
@@ -36,10 +38,9 @@ def private_reads(text: str) -> list[str]:
     own = _defined(tree)
     out = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
-                and not node.attr.startswith("__")):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
             continue
-        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+        if node.attr.startswith("__") and node.attr.endswith("__"):  # a dunder
             continue
         if node.attr not in own:
             out.append(f"{node.lineno}: {ast.unparse(node)}")
@@ -70,9 +71,11 @@ def test_the_check_sees_what_it_says() -> None:
            "    a = engine._changed_at\n"
            "    b = self.engine._lock\n"
            "    c = self._mine + engine.__class__.__name__\n"
-           "    return engine.windows._rows(a, b, c)\n")
+           "    d = cls._inherited + engine.__hidden\n"
+           "    return engine.windows._rows(a, b, c, d)\n")
     assert private_reads(bad) == ["5: engine._changed_at", "6: self.engine._lock",
-                                  "8: engine.windows._rows"]
+                                  "7: self._mine", "8: cls._inherited",
+                                  "8: engine.__hidden", "9: engine.windows._rows"]
     own = ("class A:\n"
            "    def __init__(self):\n"
            "        self._n = 0\n"
