@@ -315,7 +315,7 @@ class Policy:
             # settled, else which samples arrive would depend on their labels
             due = batch.ts <= now - self._hold()
             st.held = None if due.all() else batch.select(~due)
-            ready = batch.select(due)
+            ready = batch if st.held is None else batch.select(due)  # (no copy of all)
             if len(ready):
                 probs, labels = scored(cal, ready)
                 p, y = confidence_and_correct(probs, labels)
