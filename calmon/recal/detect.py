@@ -154,7 +154,8 @@ def log_lr(p: np.ndarray, y: np.ndarray) -> np.ndarray:
     np.negative(out, out=out)
     out -= log_p
     np.maximum(out, -_LOG_CAP, out=out)
-    return np.minimum(out, _LOG_CAP, out=out)
+    np.minimum(out, _LOG_CAP, out=out)
+    return out
 
 
 def _weight_sum(lo: int, hi: int) -> float:
