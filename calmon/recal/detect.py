@@ -256,11 +256,11 @@ class Detector:
 
     def update(self, p: np.ndarray, y: np.ndarray, log_threshold: float,
                tilt: np.ndarray | None = None, ts: np.ndarray | None = None,
-               now: float | None = None) -> None:
+               now: float | None = None, ll: np.ndarray | None = None) -> None:
         """Feed samples (any order); latch the alarm when M crosses the threshold.
         ``tilt``: the batch's tilt_log_lr (multiclass), added to the mixture on the
         detector's first batch; ``ts``: the samples' prediction times; ``now``: no grid
-        point is opened past it."""
+        point is opened past it; ``ll``: ``log_lr(p, y)`` when the caller has it."""
         n = len(p)
         if n == 0:
             return
@@ -277,7 +277,7 @@ class Detector:
         lo = float(np.minimum.reduce(ts))  # ts.min(), unwrapped (NaN: the mask below)
         if self.origin is None:
             self.origin = math.floor(lo / self.spacing) * self.spacing
-        ll_all = _stack(len(self.off), log_lr(p, y), tilt)
+        ll_all = _stack(len(self.off), log_lr(p, y) if ll is None else ll, tilt)
         if not lo >= self.origin:  # some predate the origin: those are left out
             keep = ts >= self.origin
             ll_all, ts = ll_all[:, keep], ts[keep]
