@@ -17,6 +17,8 @@ import numpy as np
 
 from calmon.recal.detect import log_lr
 
+FEW = 16  # a batch this small costs less to compute than to look up
+
 
 class SharedRatios:
     """``log_lr(p, y)`` of one check's series, a model's after its segments'."""
@@ -27,7 +29,7 @@ class SharedRatios:
     def of(self, p: np.ndarray, y: np.ndarray, whole: bool) -> np.ndarray:
         """The ratios of (p, y): a segment's (``whole`` False) computed and kept, the
         model's read from the kept ones where they have its pairs."""
-        if not whole or not self.kept:
+        if not whole or not self.kept or len(p) < FEW:
             ll = log_lr(p, y)
             if not whole:
                 self.kept.append((np.asarray(p, dtype=np.float64), np.asarray(y), ll))
