@@ -325,7 +325,7 @@ class Policy:
                 # by prediction time: the detector's grid places each sample by its ts
                 st.detector.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels),
                                    ts=ready.ts, now=now - self._hold(),
-                                   ll=self._ratios.of(p, y, segment == ALL))
+                                   ll=self._ratios.of(p, y, cal, segment == ALL))
 
     def _cycle(self, model: str, segment: str) -> float | None:
         """The cycle's length, ``recalibration.window``, when the series alternates

@@ -13,6 +13,8 @@ floats in any array, so the detector is the same to the last bit.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from calmon.recal.detect import log_lr
@@ -25,27 +27,31 @@ class SharedRatios:
 
     def __init__(self) -> None:
         self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (p, y, ratios)
+        self.cals: list[Any] = []  # the calibrator each kept batch was scored with
 
-    def of(self, p: np.ndarray, y: np.ndarray, whole: bool) -> np.ndarray:
-        """The ratios of (p, y): a segment's (``whole`` False) computed and kept, the
-        model's read from the kept ones where they have its pairs."""
-        if not whole or not self.kept or len(p) < FEW:
+    def of(self, p: np.ndarray, y: np.ndarray, cal: Any, whole: bool) -> np.ndarray:
+        """The ratios of (p, y), scored with ``cal`` (None: as given): a segment's
+        (``whole`` False) computed and kept, the model's read from the kept ones scored
+        with the same calibrator (only those can hold its pairs) where they have them."""
+        kept = [k for k, c in zip(self.kept, self.cals) if c is cal] if whole else []
+        if not kept or len(p) < FEW:
             ll = log_lr(p, y)
             if not whole:
                 self.kept.append((np.asarray(p, dtype=np.float64), np.asarray(y), ll))
+                self.cals.append(cal)
             return ll
         p = np.asarray(p, dtype=np.float64)
-        kp = np.concatenate([k[0] for k in self.kept])
+        kp = np.concatenate([k[0] for k in kept])
         if np.signbit(kp).any() or np.signbit(p).any():  # the key needs the sign bit
             return log_lr(p, y)
-        keys = _key(kp, np.concatenate([k[1] for k in self.kept]))
+        keys = _key(kp, np.concatenate([k[1] for k in kept]))
         order = keys.argsort(kind="stable")
         keys = keys[order]
         want = _key(p, y)
         at = np.minimum(keys.searchsorted(want), len(keys) - 1)
         hit = keys[at] == want
         cols = order[at]
-        ratios = np.concatenate([k[2] for k in self.kept], axis=1)
+        ratios = np.concatenate([k[2] for k in kept], axis=1)
         if hit.all():
             out: np.ndarray = ratios[:, cols]
             return out

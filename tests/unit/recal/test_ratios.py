@@ -25,7 +25,7 @@ def test_the_model_s_ratios_are_bitwise_those_computed_from_its_pairs() -> None:
         share = SharedRatios()
         parts = [_pairs(rng, int(rng.integers(1, 40))) for _ in range(int(rng.integers(1, 5)))]
         for p, y in parts:  # the segments first, as a check orders them
-            assert share.of(p, y, whole=False).tobytes() == log_lr(p, y).tobytes()
+            assert share.of(p, y, None, whole=False).tobytes() == log_lr(p, y).tobytes()
         p = np.concatenate([q for q, _ in parts])
         y = np.concatenate([v for _, v in parts])
         extra = _pairs(rng, int(rng.integers(0, 10)))  # samples no segment had this check
@@ -33,7 +33,7 @@ def test_the_model_s_ratios_are_bitwise_those_computed_from_its_pairs() -> None:
         flip = rng.random(len(y)) < 0.05  # the same p with the other label is another pair
         y[flip] = 1.0 - y[flip]
         order = rng.permutation(len(p))
-        got = share.of(p[order], y[order], whole=True)
+        got = share.of(p[order], y[order], None, whole=True)
         assert got.shape == (len(log_lr(p[:1], y[:1])), len(p))
         assert got.tobytes() == log_lr(p[order], y[order]).tobytes()
 
@@ -43,9 +43,9 @@ def test_a_negative_p_is_not_read_as_the_positive_one() -> None:
     a ratio must never be another pair's) is computed, not looked up."""
     share = SharedRatios()
     p, y = np.full(FEW, 0.3), np.zeros(FEW)
-    share.of(p, y, whole=False)
+    share.of(p, y, None, whole=False)
     q = -p
-    assert share.of(q, y, whole=True).tobytes() == log_lr(q, y).tobytes()
+    assert share.of(q, y, None, whole=True).tobytes() == log_lr(q, y).tobytes()
     assert not np.array_equal(log_lr(q, y), log_lr(p, y))
 
 
