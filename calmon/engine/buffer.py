@@ -93,7 +93,9 @@ class Ring:
             n = self.capacity
         self._grow(self.size + n)
         rows = len(self.ts)
-        idx = (self.head + np.arange(n)) % rows
+        # one slice where the run does not wrap (a check's few samples): the same writes
+        idx: slice | np.ndarray = (slice(self.head, self.head + n) if self.head + n <= rows
+                                   else (self.head + np.arange(n)) % rows)
         self.ts[idx] = ts
         self.label[idx] = label
         self.kind[idx] = kind
@@ -110,9 +112,13 @@ class Ring:
                              self.total)
         rows = len(self.ts)
         start = (self.head - n) % rows
-        idx = (start + np.arange(n)) % rows
-        return SampleSet(self.ts[idx].copy(), self.label[idx].copy(), self.kind[idx].copy(),
-                         self.score[idx].copy(), self.total)
+        if start + n <= rows:  # not wrapped: slices, copied
+            sl = slice(start, start + n)
+            return SampleSet(self.ts[sl].copy(), self.label[sl].copy(), self.kind[sl].copy(),
+                             self.score[sl].copy(), self.total)
+        idx = (start + np.arange(n)) % rows  # a fancy index copies already
+        return SampleSet(self.ts[idx], self.label[idx], self.kind[idx], self.score[idx],
+                         self.total)
 
     def snapshot(self) -> dict[str, Any]:
         s = self.samples()

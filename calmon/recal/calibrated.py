@@ -17,6 +17,7 @@ from calmon.calibrators import Calibrator
 from calmon.config import Config
 from calmon.engine.buffer import SampleSet
 from calmon.engine.metrics import Bins, bins_from_samples, confidence_and_correct, ece
+from calmon.engine.records import SCORE_KINDS
 from calmon.engine.windows import in_window
 from calmon.recal.refit import apply_or_identity, input_kind, scores_as
 from calmon.recal.registry import Live
@@ -89,8 +90,13 @@ def target(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.n
 
 def scored(cal: Calibrator | None, samples: SampleSet) -> tuple[np.ndarray, np.ndarray]:
     """(calibrated probabilities, integer labels) of the samples after ``cal``."""
-    kind = input_kind(samples)
-    probs = apply_or_identity(cal, scores_as(samples, kind), kind)
+    kinds = samples.kind
+    if len(kinds) and (kinds == kinds[0]).all():  # one kind (the usual): no conversion
+        kind, given = SCORE_KINDS[int(kinds[0])], samples.score.astype(np.float64)
+    else:  # what input_kind and scores_as decide for a mix
+        kind = input_kind(samples)
+        given = scores_as(samples, kind)
+    probs = apply_or_identity(cal, given, kind)
     return probs, samples.label.astype(np.int64)
 
 

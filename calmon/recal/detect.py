@@ -76,6 +76,24 @@ def _log_weights_at(j: np.ndarray) -> np.ndarray:
     return out
 
 
+_TABLE_MAX: Final = 1 << 18  # grid points whose weights are kept in a table (4 MiB)
+_TABLE: list[np.ndarray] = [np.zeros(0), np.zeros(0)]  # log w_j and w_j, j = 0 ..
+
+
+def _weights(lo: int, hi: int) -> tuple[np.ndarray, float]:
+    """(log w_j for j in [lo, hi), the sum of those w_j): the floats of
+    ``_log_weights_at`` and ``np.exp(...).sum()``, read from a table (both elementwise,
+    so a slice of the table is the same floats) as a check opens a point or two."""
+    if hi > _TABLE_MAX:
+        lw = _log_weights_at(np.arange(lo, hi, dtype=np.int64))
+        return lw, float(np.exp(lw).sum())
+    if hi > len(_TABLE[0]):
+        size = min(_TABLE_MAX, max(hi, 2 * len(_TABLE[0]), 4096))
+        _TABLE[0] = _log_weights_at(np.arange(size, dtype=np.int64))
+        _TABLE[1] = np.exp(_TABLE[0])
+    return _TABLE[0][lo:hi], float(_TABLE[1][lo:hi].sum())
+
+
 def row_log_weights(rows: int) -> np.ndarray:
     """log v of each alternative: uniform over the Platt ones, or half on them and half
     on the tilts (rows past ``ALTERNATIVES``) when there are tilts."""
@@ -121,16 +139,22 @@ def log_lr(p: np.ndarray, y: np.ndarray) -> np.ndarray:
     """(J, n) log-likelihood ratios of every alternative against Bernoulli(p)."""
     p = np.asarray(p, dtype=np.float64)
     pos = np.asarray(y, dtype=np.float64) > 0.5
-    pc = np.clip(p, _P_EPS, 1.0 - _P_EPS)
+    pc = np.minimum(np.maximum(p, _P_EPS), 1.0 - _P_EPS)  # np.clip's floats, fewer calls
     z = np.log(pc / (1.0 - pc))
     # log q = -log(1 + e^-eta) for y = 1, log(1 - q) = -log(1 + e^eta) for y = 0: one
     # logaddexp with the sign folded into eta. The denominators use the unclipped p so
-    # E[L] = 1 holds exactly (p = 0 with y = 1 is infinite evidence, capped).
-    sign = np.where(pos, -1.0, 1.0)
-    eta = (_A * z + _B) * sign
+    # E[L] = 1 holds exactly (p = 0 with y = 1 is infinite evidence, capped). In place:
+    # the same floats as (A z + B) sign, -logaddexp(0, eta) - log_p, clipped.
+    eta = _A * z
+    eta += _B
+    eta *= np.where(pos, -1.0, 1.0)
     with np.errstate(divide="ignore"):
         log_p = np.log(np.where(pos, p, 1.0 - p))
-    out: np.ndarray = np.clip(-np.logaddexp(0.0, eta) - log_p, -_LOG_CAP, _LOG_CAP)
+    out: np.ndarray = np.logaddexp(0.0, eta, out=eta)
+    np.negative(out, out=out)
+    out -= log_p
+    np.maximum(out, -_LOG_CAP, out=out)
+    np.minimum(out, _LOG_CAP, out=out)
     return out
 
 
@@ -156,10 +180,11 @@ def _kept(j: np.ndarray, newest: int) -> np.ndarray:
 
 
 def _lse(x: np.ndarray, axis: int) -> np.ndarray:
-    """log sum exp along ``axis`` (-inf for all -inf), without warnings."""
-    top = x.max(axis=axis, keepdims=True)
+    """log sum exp along ``axis`` (-inf for all -inf), without warnings (the ufuncs'
+    reduce: what x.max / x.sum call, without their wrappers)."""
+    top = np.maximum.reduce(x, axis=axis, keepdims=True)
     top[~np.isfinite(top)] = 0.0
-    total = np.exp(x - top).sum(axis=axis)
+    total = np.add.reduce(np.exp(x - top), axis=axis)
     out = np.full(total.shape, -np.inf)
     np.log(total, out=out, where=total > 0)
     out += np.squeeze(top, axis)
@@ -231,11 +256,11 @@ class Detector:
 
     def update(self, p: np.ndarray, y: np.ndarray, log_threshold: float,
                tilt: np.ndarray | None = None, ts: np.ndarray | None = None,
-               now: float | None = None) -> None:
+               now: float | None = None, ll: np.ndarray | None = None) -> None:
         """Feed samples (any order); latch the alarm when M crosses the threshold.
         ``tilt``: the batch's tilt_log_lr (multiclass), added to the mixture on the
         detector's first batch; ``ts``: the samples' prediction times; ``now``: no grid
-        point is opened past it."""
+        point is opened past it; ``ll``: ``log_lr(p, y)`` when the caller has it."""
         n = len(p)
         if n == 0:
             return
@@ -243,21 +268,23 @@ class Detector:
             extra = len(tilt)  # the tilts join: rows at P = 1 for every point so far
             self.log_p = np.vstack((self.log_p, np.zeros((extra, self.log_p.shape[1]))))
             self.off = np.concatenate((self.off, np.zeros(extra)))
-            self.blk = np.vstack((self.blk, np.zeros((extra, self.blk.shape[1]))))
+            self.blk = np.vstack((self.blk, np.full((extra, self.blk.shape[1]), -np.inf)))
             self._reblock(0)
         if ts is None:  # sequential: sample k is predicted at time k
             ts = np.arange(self.k, self.k + n, dtype=np.float64)
             self.origin = 0.0 if self.origin is None else self.origin
         ts = np.asarray(ts, dtype=np.float64)
+        lo = float(np.minimum.reduce(ts))  # ts.min(), unwrapped (NaN: the mask below)
         if self.origin is None:
-            self.origin = math.floor(float(ts.min()) / self.spacing) * self.spacing
-        keep = ts >= self.origin
-        ll_all = _stack(len(self.off), log_lr(p, y), tilt)
-        if not keep.all():
+            self.origin = math.floor(lo / self.spacing) * self.spacing
+        ll_all = _stack(len(self.off), log_lr(p, y) if ll is None else ll, tilt)
+        if not lo >= self.origin:  # some predate the origin: those are left out
+            keep = ts >= self.origin
             ll_all, ts = ll_all[:, keep], ts[keep]
         self.k += n
         if len(ts):
-            top = float(ts.max()) if now is None else min(float(ts.max()), now)
+            hi = float(np.maximum.reduce(ts))
+            top = hi if now is None else min(hi, now)
             self._open(math.floor((top - self.origin) / self.spacing) + 1)
             self._add(ll_all, ts)
         self.log_m = self._log_m()
@@ -270,19 +297,19 @@ class Detector:
         after it."""
         origin = self.origin
         assert origin is not None
-        order = np.argsort(ts, kind="stable")
+        order = ts.argsort(kind="stable")
         t_sorted = ts[order]
         ll = ll[:, order]
         suffix = np.zeros((len(ll), len(order) + 1))
-        suffix[:, :-1] = np.cumsum(ll[:, ::-1], axis=1)[:, ::-1]
+        suffix[:, :-1] = ll[:, ::-1].cumsum(axis=1)[:, ::-1]
         total = suffix[:, 0].copy()
         self.off += total  # every point at or before the oldest sample
         # points after the oldest sample see only the samples after them
         j0 = math.floor((t_sorted[0] - origin) / self.spacing) + 1
-        c0 = int(np.searchsorted(self.cols[:self.ncols], j0, side="left"))
+        c0 = int(self.cols[:self.ncols].searchsorted(j0, side="left"))
         if c0 < self.ncols:
             taus = origin + self.spacing * self.cols[c0:self.ncols]
-            idx = np.searchsorted(t_sorted, taus, side="left")
+            idx = t_sorted.searchsorted(taus, side="left")
             self.log_p[:, c0:self.ncols] += suffix[:, idx] - total[:, None]
             self._dirty = min(self._dirty, c0 // BLOCK)
 
@@ -290,12 +317,13 @@ class Detector:
         """The block sums from block ``start`` on, all at once (each block's sum is the
         same reduction of its own 64 columns as one by one: the same floats)."""
         self._dirty = 1 << 62
-        blocks = self.blk.shape[1] - start
+        # blocks past the open columns hold only -inf columns: their sums stay -inf
+        blocks = min(self.blk.shape[1], -(-self.ncols // BLOCK)) - start
         if blocks <= 0:
             return
         sl = slice(start * BLOCK, (start + blocks) * BLOCK)
         x = self.log_p[:, sl] + self.lw[None, sl]
-        self.blk[:, start:] = _lse(x.reshape(len(x), blocks, BLOCK), axis=2)
+        self.blk[:, start:start + blocks] = _lse(x.reshape(len(x), blocks, BLOCK), axis=2)
 
     def _open(self, upto: int) -> None:
         """Open grid points up to index ``upto`` (exclusive); thin the old ones."""
@@ -307,8 +335,8 @@ class Detector:
             self.w_open += _weight_sum(self.opened, skip_to)
             self.opened = skip_to
         new = np.arange(self.opened, upto, dtype=np.int64)
-        lw = _log_weights_at(new)
-        self.w_open += float(np.exp(lw).sum())
+        lw, w = _weights(self.opened, upto)
+        self.w_open += w
         self.opened = upto
         if len(new) > RESOLUTION:  # born old (a gap): stopped at P = 1 at once
             keep = _kept(new, upto - 1)
@@ -367,9 +395,11 @@ class Detector:
         parts = [self.log_frozen, math.log1p(-min(self.w_open, 0.999999))]
         if self.blk.shape[1]:
             terms = self.blk + (self.off + self.row_lw)[:, None]
-            top = float(terms.max())
+            top = float(np.maximum.reduce(terms, axis=None))  # terms.max(), unwrapped
             if top > -math.inf:
-                parts.append(top + math.log(float(np.exp(terms - top).sum())))
+                terms -= top
+                parts.append(top + math.log(float(np.add.reduce(np.exp(terms, out=terms),
+                                                                axis=None))))
         return _lse_list(parts)
 
     def _profile(self) -> np.ndarray:

@@ -65,6 +65,7 @@ from calmon.recal.detect import BLOCK, MAX_GRID, Detector, fit_start, tilt_log_l
 from calmon.recal.guards import deferred, segment_guards
 from calmon.recal.hold import ScoresOf, moved
 from calmon.recal.latch import TOO_FEW, Latch
+from calmon.recal.ratios import SharedRatios
 from calmon.recal.refit import (
     Guard,
     Prior,
@@ -82,7 +83,7 @@ from calmon.recal.skip import Reads, Untouched, check_order, idle, lazy_keys
 from calmon.recal.state import Event as Event  # re-exported: its old place
 from calmon.recal.state import Gauges, gauges_of
 from calmon.recal.state import SeriesState as SeriesState  # re-exported: its old place
-from calmon.recal.triggers import Decision, Reading, decide, worst_class_ece
+from calmon.recal.triggers import Decision, Reading, baseline, decide, worst_class_ece
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ class Policy:
         self._untouched = Untouched()  # which series a check may pass over unread
         # replay reads the readers' view only at its ends: it publishes it then
         self.readers_each_check = True
+        self._ratios = SharedRatios()
 
     # ------------------------------------------------------------ budget
 
@@ -172,6 +174,7 @@ class Policy:
         """``keys``: the model's series to check; ``mine()``: all of them (what a
         model-level refit looks at)."""
         events: list[Event] = []
+        self._ratios = SharedRatios()  # the model's __all__ reads its segments' ratios
         for model, segment in keys:
             try:
                 events += self._check_series(now, model, segment, mine, samples_of)
@@ -315,13 +318,14 @@ class Policy:
             # settled, else which samples arrive would depend on their labels
             due = batch.ts <= now - self._hold()
             st.held = None if due.all() else batch.select(~due)
-            ready = batch.select(due)
+            ready = batch if st.held is None else batch.select(due)  # (no copy of all)
             if len(ready):
                 probs, labels = scored(cal, ready)
                 p, y = confidence_and_correct(probs, labels)
                 # by prediction time: the detector's grid places each sample by its ts
                 st.detector.update(p, y, self.log_threshold(), tilt_log_lr(probs, labels),
-                                   ts=ready.ts, now=now - self._hold())
+                                   ts=ready.ts, now=now - self._hold(),
+                                   ll=self._ratios.of(p, y, cal, segment == ALL))
 
     def _cycle(self, model: str, segment: str) -> float | None:
         """The cycle's length, ``recalibration.window``, when the series alternates
@@ -362,23 +366,13 @@ class Policy:
         classwise = (worst_class_ece(probs, labels, self.cfg.metrics.bins, self.rc.alpha)[0]
                      if self.cfg.metrics.classwise and probs.ndim == 2 else None)
         reading = Reading(bins_from_samples(p, y, self.cfg.metrics.bins), post.score.ndim == 1,
-                          self._baseline(model, segment, live), classwise)
+                          baseline(live, self.published_ece.get((model, segment))), classwise)
         return decide(self.rc, reading), post
 
     def _deferred(self, model: str, segment: str, keys: list[tuple[str, str]]) -> bool:
         """calmon.recal.guards.deferred: a model-level refit waits while the drift looks
         local."""
         return deferred(self.rc.per_segment, self.states, self._served, model, segment, keys)
-
-    def _baseline(self, model: str, segment: str, live: Live | None) -> float | None:
-        """The ECE ``ece_increase`` compares with: the live document's bias-corrected
-        holdout ECE (so a rollback by the CLI moves it too), else the last publish this
-        process made; None (the trigger is off) for a document without one, whose
-        plug-in ECE would not compare like with like."""
-        try:
-            return float(live.doc["fit"]["holdout_after"]["ece_debiased"])  # type: ignore[union-attr]
-        except (AttributeError, KeyError, TypeError, ValueError):
-            return self.published_ece.get((model, segment)) if live is not None else None
 
     def _refit(self, now: float, model: str, segment: str, st: SeriesState, post: SampleSet,
                live: Live | None, trigger: str, keys: list[tuple[str, str]],

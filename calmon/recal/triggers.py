@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -154,3 +155,14 @@ def worst_class_ece(probs: np.ndarray, labels: np.ndarray, bins: int, alpha: flo
         if gap - floor > worst:
             worst, which = gap - floor, c
     return worst, which
+
+
+def baseline(live: Any, published: float | None) -> float | None:
+    """The ECE ``ece_increase`` compares with: the live document's (``live``, a
+    registry.Live or None) bias-corrected holdout ECE (so a rollback by the CLI moves it
+    too), else ``published``, the last publish this process made; None (the trigger is
+    off) for a document without one, whose plug-in ECE would not compare like with like."""
+    try:
+        return float(live.doc["fit"]["holdout_after"]["ece_debiased"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return published if live is not None else None
