@@ -3,6 +3,9 @@
 default policy but for the check interval: hourly (the detector's grid then has a point
 an hour; its statistic is the same kind of martingale, and 440 series x 30 days of
 5-minute checks would cost ~20 minutes of CPU; one model is also run at 5 minutes).
+Run once by hand at 5-minute checks, all 40 models (``_check(40, 30.0, seed=2,
+interval="5m")``, 1,003 s on 6 Dec 2026): 0 models alarmed, 0 publishes, M ever
+reached 10 / 30 / 100 in 32 / 9 / 3 of the 440 series (bounds 44 / 14.7 / 4.4).
 Every model is calibrated all along (true logit z ~ N(mu, 1.2), mu from -3 to 0 across
 the fleet, labels drawn from sigmoid(z)).
 
