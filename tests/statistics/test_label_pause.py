@@ -23,7 +23,7 @@ import numpy as np
 from scipy.special import expit
 
 from calmon.engine.engine import Engine
-from calmon.engine.records import Kind
+from calmon.engine.records import Kind, Raw
 from tests.oracle import T0, label_bytes, pred_bytes
 from tests.statistics.test_estimation_map import HOUR, N_FIT, by_segment, cfg, feed
 
@@ -44,10 +44,10 @@ def test_three_days_without_labels_keep_the_map_and_the_estimates() -> None:
     z = rng.normal(0.0, 1.5, N_FIT)
     y = rng.random(N_FIT) < expit(1.3 * z)
     ts = T0 + np.sort(rng.uniform(0, DAY, N_FIT))
-    raws: list[tuple[Kind, bytes]] = []
+    raws: list[Raw] = []
     for i in range(N_FIT):
-        raws.append((Kind.PREDICTION, pred_bytes(f"f{i}", float(ts[i]), logit=float(z[i]))))
-        raws.append((Kind.LABEL, label_bytes(f"f{i}", int(y[i]), float(ts[i]) + 60)))
+        raws.append(Raw(Kind.PREDICTION, pred_bytes(f"f{i}", float(ts[i]), logit=float(z[i]))))
+        raws.append(Raw(Kind.LABEL, label_bytes(f"f{i}", int(y[i]), float(ts[i]) + 60)))
     feed(engine, raws)
     before = by_segment(engine)[("m", "__all__")]
     assert before.estimate_basis == "series" and before.estimate_fit_samples == N_FIT
@@ -58,7 +58,7 @@ def test_three_days_without_labels_keep_the_map_and_the_estimates() -> None:
         mu += rng.choice([-0.2, 0.2])
         zk = rng.normal(mu, 1.5, PER_DAY)
         tk = np.sort(T0 + DAY + k * DAY + rng.uniform(0, DAY, PER_DAY))
-        feed(engine, [(Kind.PREDICTION, pred_bytes(f"p{k}-{i}", float(tk[i]),
+        feed(engine, [Raw(Kind.PREDICTION, pred_bytes(f"p{k}-{i}", float(tk[i]),
                                                    logit=float(zk[i]),
                                                    segment={"period": str(k)}))
                       for i in range(PER_DAY)])
