@@ -130,7 +130,12 @@ def test_group_members_recalibrate_once_on_every_sample_through_a_kill(
             owner_samples()), 180, "the owner holding every labelled sample",
             detail=lambda: (owner_samples(), dump(live)))
         assert got == labelled
-        assert sum(d.status()["counters"]["joined"] for d in live) == labelled
+        # and the members' joined counters (task state, restored with it) add up to it
+        # once no task is in flight: a member read in a rebalance (loaded machine: a
+        # poll past max_poll_interval_ms) holds none of its tasks for that moment
+        wait_until(lambda: sum(d.status()["counters"]["joined"] for d in live) == labelled
+                   or None, 120, "the members' joined counters adding up to the stream",
+                   detail=lambda: ([d.status()["counters"] for d in live], dump(live)))
 
         # the drift is published once, by the one owner
         wait_until(lambda: documents(kafka_bootstrap, cal_topic) or None, 180,
