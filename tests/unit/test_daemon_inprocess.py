@@ -60,7 +60,19 @@ class Running:
             assert self.thread.is_alive(), "the daemon stopped"
             return cond()
 
-        wait_until(met, timeout, what, interval=0.01)
+        wait_until(met, timeout, what, interval=0.01, detail=self.detail)
+
+    def detail(self) -> str:
+        """What a failed wait reports: the daemon's state and, in group mode, its tasks
+        and the group's view (so a timeout says which step it stuck at)."""
+        d = self.daemon
+        out = f"daemon alive {self.thread.is_alive()}, rc {self.rc}, state {d.state.value}"
+        if d.group is not None:
+            src = d.group.source
+            out += (f"\ntasks {d.group.tasks.status()}\nrebalances "
+                    f"{getattr(src, 'rebalances', None)}, unrestored "
+                    f"{sorted(getattr(src, 'unrestored', ()))}, fenced {d.group.tasks.fenced}")
+        return out
 
     def __exit__(self, *exc: object) -> None:
         self.daemon.request_stop()

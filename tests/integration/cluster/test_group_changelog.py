@@ -22,7 +22,7 @@ from calmon.engine.records import Kind, Raw
 from calmon.io.changelog import CKPT_HEADER, Changelog, _records
 from calmon.io.exposition import new_registry
 from calmon.tasklog import TaskLog
-from tests.daemon_helpers import Producer, wait_until, write_config
+from tests.daemon_helpers import Producer, write_config
 from tests.integration.cluster.fleet import GROUP_CLIENT
 from tests.oracle import T0, label_bytes, pred_bytes
 from tests.unit.test_daemon_inprocess import Running
@@ -147,9 +147,9 @@ def test_a_checkpoint_writes_what_changed_and_a_takeover_restores_it_exactly(
         assert b.group is not None
         # generous: the first member's session may have to time out first on a busy
         # machine (its leave came too late once on Apache Kafka)
-        wait_until(lambda: run.thread.is_alive() and len(b.group.tasks.tasks) == 2 and all(
+        run.wait(lambda: len(b.group.tasks.tasks) == 2 and all(  # type: ignore[union-attr]
             t.state == "running" for t in b.group.tasks.tasks.values()),  # type: ignore[union-attr]
-            180, "both tasks restored by the new member")
+            "both tasks restored by the new member", timeout=180)
         got = {p: t.engine.snapshot() for p, t in b.group.tasks.tasks.items()}
     for p in (0, 1):
         got[p].pop("maps"), kept[p].pop("maps")  # refitted by each member's statistics
@@ -173,6 +173,15 @@ def _restored(cfg: Any, bootstrap: str, p: int) -> Any:
                                         or None)
 
 
+# A checkpoint of two tasks at BUSY_S each outlasts max_poll_interval_ms. The keepalive
+# runs between tasks, so a gap of BUSY_S (plus the real encode and commit, slow on a
+# loaded machine) must stay well inside both timeouts: 3.5 s of 6 s, where 2 s of 3 s
+# once lost the member to one extra rebalance in CI. (librdkafka wants
+# max_poll_interval_ms >= session_timeout_ms.)
+SLOW_CLIENT = {**GROUP_CLIENT, "max_poll_interval_ms": 6000, "session_timeout_ms": 6000}
+BUSY_S = 3.5
+
+
 def _busy(seconds: float) -> None:
     """Encoding work that takes ``seconds`` (not a wait on anything)."""
     deadline = time.monotonic() + seconds
@@ -184,13 +193,12 @@ def _busy(seconds: float) -> None:
 def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_group(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, library: str) -> None:
-    """Each task's encode made to take 2 s (a large state on a busy machine): a
-    checkpoint of both tasks takes 4 s, past max_poll_interval_ms (3 s). The member
+    """Each task's encode made to take 3.5 s (a large state on a busy machine): a
+    checkpoint of both tasks takes 7 s, past max_poll_interval_ms (6 s). The member
     polls the group meanwhile, so it is never dropped: no rebalance, nothing refused
     (librdkafka's member too, whose keepalive is a consume)."""
     preds, labels = kafka_topics(count=2, partitions=2)
-    # (librdkafka wants max_poll_interval_ms >= session_timeout_ms)
-    client = {**GROUP_CLIENT, "max_poll_interval_ms": 3000, "session_timeout_ms": 3000}
+    client = SLOW_CLIENT
     path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
                         kafka={"instance": "group", "client": client, "library": library},
                         state={"checkpoint_interval": "1s"})
@@ -199,7 +207,7 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
 
     def write(self: TaskLog, *args: Any, **kw: Any) -> Any:
         if slow["on"]:
-            _busy(2.0)
+            _busy(BUSY_S)
             slow["done"] += 1
         return real_write(self, *args, **kw)
 
@@ -212,7 +220,7 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
                  timeout=180)
         rebalances = source.rebalances
         slow["on"] = True
-        for k in range(3):  # three slow checkpoints of both tasks
+        for k in range(2):  # two slow checkpoints of both tasks
             producer.send([*stream((preds, labels), 100 * k, 20, 0),
                            *stream((preds, labels), 100 * k, 20, 1)])
             run.wait(lambda k=k: slow["done"] >= 2 * (k + 1) and all(
@@ -235,7 +243,7 @@ def test_records_read_by_librdkafka_keepalive_are_counted_once(
     from calmon.io.confluent_group import ConfluentGroupSource
 
     preds, labels = kafka_topics(count=2, partitions=2)
-    client = {**GROUP_CLIENT, "max_poll_interval_ms": 3000, "session_timeout_ms": 3000}
+    client = SLOW_CLIENT
     path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
                         kafka={"instance": "group", "client": client, "library": "confluent"},
                         state={"checkpoint_interval": "1s"})
@@ -250,7 +258,7 @@ def test_records_read_by_librdkafka_keepalive_are_counted_once(
                 slow["sent"] = True
                 with Producer(kafka_bootstrap) as producer:
                     producer.send(late)
-            _busy(2.0)
+            _busy(BUSY_S)
         return real_write(self, *args, **kw)
 
     def keepalive(self: ConfluentGroupSource) -> None:
