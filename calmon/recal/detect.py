@@ -168,14 +168,22 @@ def _weight_sum(lo: int, hi: int) -> float:
     return (1.0 / math.log(lo + 2) - 1.0 / math.log(hi + 2)) / _WEIGHT_SUM
 
 
+_R_BITS: Final = RESOLUTION.bit_length() - 1  # RESOLUTION = 2^_R_BITS
+_EXACT_AGE: Final = 1 << 48  # float log2 and the bit length agree on ages below this
+
+
 def _kept(j: np.ndarray, newest: int) -> np.ndarray:
     """Which grid points stay open: the newest ``RESOLUTION`` all; older ones at age in
     [R 2^(L-1), R 2^L) only at multiples of 2^L (R/2 points an octave of age, nested, so
     a point dropped never has to come back). Point 0, the restart, always stays."""
     age = np.maximum(newest - j, 0)
-    level = np.zeros(len(j), dtype=np.int64)
-    old = age >= RESOLUTION
-    level[old] = np.floor(np.log2(age[old] / RESOLUTION)).astype(np.int64) + 1
+    if newest < _EXACT_AGE:  # floor(log2(age / R)) + 1 as the exponent frexp gives
+        # age // R (the bit length): the same integers below 2^48, in two calls
+        level = np.frexp(age >> _R_BITS)[1].astype(np.int64)
+    else:
+        level = np.zeros(len(j), dtype=np.int64)
+        old = age >= RESOLUTION
+        level[old] = np.floor(np.log2(age[old] / RESOLUTION)).astype(np.int64) + 1
     return np.asarray((j & ((np.int64(1) << level) - 1)) == 0)
 
 
@@ -184,10 +192,11 @@ def _lse(x: np.ndarray, axis: int) -> np.ndarray:
     reduce: what x.max / x.sum call, without their wrappers)."""
     top = np.maximum.reduce(x, axis=axis, keepdims=True)
     top[~np.isfinite(top)] = 0.0
-    total = np.add.reduce(np.exp(x - top), axis=axis)
+    e = np.subtract(x, top)
+    total = np.add.reduce(np.exp(e, out=e), axis=axis)
     out = np.full(total.shape, -np.inf)
     np.log(total, out=out, where=total > 0)
-    out += np.squeeze(top, axis)
+    out += top.reshape(total.shape)  # squeezed, without np.squeeze's wrapper
     return out
 
 
@@ -367,27 +376,30 @@ class Detector:
         """Drop the columns ``_kept`` no longer keeps, their terms frozen as they are."""
         n = self.ncols
         keep = _kept(self.cols[:n], self.opened - 1)
-        if keep.all():
+        kept = np.flatnonzero(keep)
+        m = len(kept)
+        if m == n:
             return
-        gone = ~keep
+        gone = ~keep  # (a mask's gather along axis 1 is F-ordered: its sums' floats)
         terms = self.log_p[:, :n][:, gone] + self.off[:, None] + self.lw[None, :n][:, gone]
         part = _lse(_lse(terms, axis=1)[None, :] + self.row_lw[None, :], axis=1)[0]
         self.log_frozen = _lse_list([self.log_frozen, float(part)])
-        m = int(keep.sum())
         cap = self.log_p.shape[1]
-        self.log_p[:, :m] = self.log_p[:, :n][:, keep]
-        self.cols[:m] = self.cols[:n][keep]
-        self.lw[:m] = self.lw[:n][keep]
-        self.cols[m:], self.lw[m:] = -1, -np.inf
-        self.log_p[:, m:] = 0.0
-        self.ncols = m
         # shrink to the blocks in use plus one, so memory follows the open points
-        blocks = -(-m // BLOCK) + 1
-        if blocks * BLOCK < cap:
-            self.log_p = self.log_p[:, :blocks * BLOCK].copy()
-            self.cols, self.lw = self.cols[:blocks * BLOCK].copy(), self.lw[:blocks * BLOCK].copy()
+        width = min(cap, (-(-m // BLOCK) + 1) * BLOCK)
+        log_p, cols, lw = self.log_p.take(kept, axis=1), self.cols.take(kept), self.lw.take(kept)
+        if width < cap:
+            self.log_p = np.zeros((len(self.off), width))
+            self.cols, self.lw = np.full(width, -1, np.int64), np.full(width, -np.inf)
+        else:
+            self.log_p[:, m:] = 0.0
+            self.cols[m:], self.lw[m:] = -1, -np.inf
+        self.log_p[:, :m], self.cols[:m], self.lw[:m] = log_p, cols, lw
+        self.ncols = m
+        # every block sum is stale: _log_m, which ends every update, computes them all
+        # once the update's columns are in (the same reduction of the same columns)
         self.blk = np.full((len(self.off), self.log_p.shape[1] // BLOCK), -np.inf)
-        self._reblock(0)
+        self._dirty = 0
 
     def _log_m(self) -> float:
         if self._dirty < self.blk.shape[1]:

@@ -155,8 +155,8 @@ class Policy:
         with self._lock:
             samples_of = reads = Reads(samples_of)
             every = set(series)
-            keys = sorted(self._untouched.candidates(list(every), new, self.registry.generation,
-                                                     self.states), key=check_order)
+            keys = sorted(self._untouched.candidate_set(every, new, self.registry.generation,
+                                                        self.states), key=check_order)
             events: list[Event] = []
             for model, group in itertools.groupby(keys, key=lambda k: k[0]):
                 now = now_of(model)

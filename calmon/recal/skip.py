@@ -60,15 +60,21 @@ class Untouched:
     def candidates(self, keys: list[Key], new: Iterable[Key] | None,
                    generation: int | None, states: dict[Key, SeriesState]) -> list[Key]:
         """``keys`` less those a check may pass over (all of them when ``new`` is None:
-        the caller does not know, or when the registry changed)."""
+        the caller does not know, or when the registry changed), in their order."""
+        got = self.candidate_set(set(keys), new, generation, states)
+        return [k for k in keys if k in got]
+
+    def candidate_set(self, keys: set[Key], new: Iterable[Key] | None,
+                      generation: int | None, states: dict[Key, SeriesState]) -> set[Key]:
+        """``candidates`` as a set, from set operations (a check of a fleet's
+        thousands of series then costs no Python pass over them)."""
         last, self.generation = self.generation, (None if new is None else generation)
         if new is None:
             return keys
         self.pending.update(new)
         if generation is None or generation != last:
             return keys
-        pending, busy = self.pending, self.busy
-        return [k for k in keys if k in pending or k in busy or k not in states]
+        return ((self.pending | self.busy) & keys) | (keys - states.keys())
 
     def checked(self, key: Key, st: SeriesState | None) -> None:
         """``key`` went through a check (idle or not) and left ``st``."""

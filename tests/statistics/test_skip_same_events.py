@@ -25,7 +25,7 @@ K = 5
 def full_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every series of every check down the full path: none idle, none passed over."""
     monkeypatch.setattr(policy_mod, "idle", lambda *_a: False)
-    monkeypatch.setattr(skip.Untouched, "candidates",
+    monkeypatch.setattr(skip.Untouched, "candidate_set",
                         lambda _self, keys, _new, _generation, _states: keys)
 
 
