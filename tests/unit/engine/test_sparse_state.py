@@ -136,3 +136,36 @@ def test_score_histograms_hold_the_plain_counts_in_the_cell_their_samples_make()
             dense += cell.ndim == 1
             sparse += cell.ndim == 2
     assert sparse > 100 and dense > 10  # both kinds of cell met and merged into
+
+
+def test_a_feeds_bin_delta_is_each_series_plain_counts() -> None:
+    """``last_delta.bins`` (the exported per-bin counters' increments): per series a
+    feed joined samples into, the count, confidence sum and positives of each bin, as
+    plain numpy counts them; series the feed joined nothing into are absent."""
+    e = Engine(from_dict({"segments": {"slices": [["country"]]}}))
+    bins = e.cfg.metrics.bins
+    rng = np.random.default_rng(37)
+    p, y = rng.uniform(0, 1, 600), rng.integers(0, 2, 600)
+    country = [f"c{i % 7}" for i in range(600)]
+    raws = []
+    for i in range(600):
+        raws += [P(f"x{i}", T0 + i, model=f"m{i % 2}", prob=float(p[i]),
+                   segment={"country": country[i]}),
+                 L(f"x{i}", int(y[i]))]
+    e.feed(raws[:800])  # 400 predictions, their labels
+    e.feed([*raws[800:], P("lone", T0 + 700, model="m9", prob=0.5)])
+    got = e.last_delta.bins
+    joined = np.arange(400, 600)
+    want = {}
+    for i in joined.tolist():
+        for seg in ("__all__", f"country={country[i]}"):
+            want.setdefault((f"m{i % 2}", seg), []).append(i)
+    assert sorted(got) == sorted(want)
+    for key, rows in want.items():
+        b = right_closed_bins(p[rows], bins)
+        expected = np.stack([np.bincount(b, minlength=bins),
+                             np.bincount(b, p[rows], minlength=bins),
+                             np.bincount(b, y[rows], minlength=bins)])
+        assert np.array_equal(got[key][0], expected[0]), key
+        np.testing.assert_allclose(got[key][1], expected[1], rtol=1e-12)
+        assert np.array_equal(got[key][2], expected[2]), key
