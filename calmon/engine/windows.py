@@ -192,13 +192,15 @@ class BucketTables:
         slot_of: dict[tuple[int, int], int] = {}  # a held sparse bucket -> its slot
         held: list[np.ndarray] = []
         slots = np.full(len(gsid), -1, np.int64)  # group -> slot, or -1
+        entries = np.stack((pos, val))  # a new sparse cell: a copy of its columns
         for j, (sid, idx, a, z) in enumerate(zip(gsid, gidx, starts.tolist(), ends)):
             buckets = tab.get(sid)
             if buckets is None:
                 buckets = tab[sid] = {}
             cell = buckets.get(idx)
             if cell is None:
-                buckets[idx] = self._canonical(pos[a:z], val[a:z])
+                buckets[idx] = (entries[:, a:z].copy() if z - a < self._dense_at
+                                else self._canonical(pos[a:z], val[a:z]))
             elif cell.ndim == 1:
                 cell[pos[a:z]] += val[a:z]
             else:
@@ -254,8 +256,7 @@ class BucketTables:
 
     def _lower(self, w: int, lo: int) -> None:
         """Buckets from ``lo`` on are being added to window ``w`` (``sweep``'s bound)."""
-        if lo < self._low[w]:
-            self._low[w] = lo
+        self._low[w] = min(self._low[w], lo)
 
     def pop(self, w: int, sid: int, idx: int) -> np.ndarray | None:
         """Remove one bucket of one series and return its vector as float64 (None when
