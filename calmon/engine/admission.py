@@ -1,6 +1,8 @@
 """Admission: a parsed batch's models and class counts admitted (or the record rejected
 with the reason), the common batch through one columnar ``Join.run_all``, any other
-record by record (``Admission._consume``), then the batch settled."""
+record by record (``Admission._consume``), then the batch settled. A batch whose new
+models would all be admitted record by record, rejecting nothing, admits them first and
+is a common batch (``Admission._admit_new``)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ class Admission(Settling):
         record, since each decision changes the next."""
         n_pred = len(b.p_id)
         get = self._model_idx.get
+        if n_pred and not all(map(self._model_idx.__contains__, set(b.p_model))):
+            self._admit_new(b)
         classes = self.class_counts.classes
         models = b.p_model
         one = get(models[0]) if models and models.count(models[0]) == n_pred else None
@@ -68,6 +72,30 @@ class Admission(Settling):
         admitted = (np.full(n_pred, one, np.int64) if one is not None and plain else
                     np.array([m for m in pm if m is not None], np.int64))
         return self._settle(b, raws, cols, admitted, arrivals, pm, rejected)
+
+    def _admit_new(self, b: Parsed) -> None:
+        """The batch's new models admitted up front, in the order of their first
+        predictions (the record-by-record path's order), when that path would admit
+        them all and reject nothing: they fit in ``limits.max_models`` and every
+        prediction has its model's class count (a new model's: its first prediction's).
+        The batch is then a common one: one columnar join, not a join a record (each
+        task's first batch in group mode). Not when a label names a new model: record
+        by record, one ahead of that model's first prediction counts under "unknown"."""
+        get = self._model_idx.get
+        classes = self.class_counts.classes
+        new: dict[str, int] = {}
+        for model, k in zip(b.p_model, b.p_classes):
+            midx = get(model)
+            if midx is None:
+                if new.setdefault(model, k) != k:
+                    return
+            elif classes[midx] != k:
+                return
+        held = len(self.models) - len(self._free_models)
+        if held + len(new) > self.max_models or not new.keys().isdisjoint(b.l_model):
+            return
+        for model, k in new.items():
+            self._new_model(model, k)
 
     def _one_by_one(self, b: Parsed, raws: RawBatch | None, pm: list[int | None],
                     combos: np.ndarray, rejected: list[tuple[int, Rejected]]) -> list[int]:

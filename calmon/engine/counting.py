@@ -175,14 +175,17 @@ class Counting(EngineState):
         corr = np.bincount(key, s.correct.astype(np.float64),
                            minlength=top * bins).reshape(top, bins)
         out = self.last_delta.bins
-        for sid in np.flatnonzero(count.any(axis=1)).tolist():  # series, not (series, bin)
-            key = self.index.series[sid]
-            arr = out.get(key)
-            if arr is None:
-                arr = out[key] = np.zeros((3, bins))
-            arr[0] += count[sid]
-            arr[1] += conf[sid]
-            arr[2] += corr[sid]
+        held = np.flatnonzero(count.any(axis=1))  # series, not (series, bin)
+        trio = np.empty((len(held), 3, bins))  # each series' (3, bins), made at once
+        trio[:, 0], trio[:, 1], trio[:, 2] = count[held], conf[held], corr[held]
+        series = self.index.series
+        for sid, arr in zip(held.tolist(), trio):
+            key = series[sid]
+            mine = out.get(key)
+            if mine is None:
+                out[key] = arr
+            else:  # a feed's samples added in parts (the one-by-one retry)
+                mine += arr
 
     def _count_delays(self, delays: np.ndarray, models: np.ndarray) -> None:
         known = np.isfinite(delays)  # NaN where the label had no time

@@ -91,6 +91,7 @@ class EngineState:
         self._combo_model = np.zeros(0, np.int64)  # combo -> model index
         self._series_model = np.zeros(0, np.int64)  # series id -> model index
         self._maps_at = (-1, -1)  # the index generation they were built at
+        self._maps_rw = (0, -1)  # and its identity and rewrites (SeriesIndex.rewrites)
         self._arrivals: list[int] = []  # a batch fed one by one: its arrivals so far
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
         self.last_delta = Delta()  # what the last feed did (process counters add it up)
@@ -150,15 +151,21 @@ class EngineState:
         self._changed_at[sids] = self.version + 1
 
     def _maps(self) -> None:
-        """combo -> model and series -> model, rebuilt when the index changed."""
-        at = (self.index.generation, len(self.index.combos))
-        if self._maps_at != at:
-            get = self._model_idx.get
-            self._combo_model = np.fromiter((get(m, 0) for m, _ in self.index.combos),
-                                            np.int64, len(self.index.combos))
-            self._series_model = np.fromiter((get(m, 0) for m, _ in self.index.series),
-                                             np.int64, len(self.index.series))
-            self._maps_at = at
+        """combo -> model and series -> model, brought up to date when the index changed:
+        the ids added since, or all of them when one was dropped or reused (a model's
+        name leaves ``_model_idx`` only with its ids, ``index.drop_model``)."""
+        ix = self.index
+        at = (ix.generation, len(ix.combos))
+        if self._maps_at == at:
+            return
+        get = self._model_idx.get
+        same = self._maps_at != (-1, -1) and self._maps_rw == (id(ix), ix.rewrites)
+        nc, ns = (len(self._combo_model), len(self._series_model)) if same else (0, 0)
+        self._combo_model = np.concatenate((self._combo_model[:nc], np.fromiter(
+            (get(m, 0) for m, _ in ix.combos[nc:]), np.int64, len(ix.combos) - nc)))
+        self._series_model = np.concatenate((self._series_model[:ns], np.fromiter(
+            (get(m, 0) for m, _ in ix.series[ns:]), np.int64, len(ix.series) - ns)))
+        self._maps_at, self._maps_rw = at, (id(ix), ix.rewrites)
 
     def _combo_models(self) -> np.ndarray:
         self._maps()

@@ -110,6 +110,7 @@ class ScoreHist(BucketTables):
                 continue
             bk = bucket[keep]
             lo = int(bk.min())
+            self._lower(w, lo)
             span = int(bk.max()) - lo + 1
             key = sid[keep] * span + (bk - lo)
             size = int(key.max()) + 1
@@ -121,13 +122,12 @@ class ScoreHist(BucketTables):
             else:
                 keys, inv = np.unique(key, return_inverse=True)
             counts = np.bincount(inv * self.bins + b[keep], minlength=len(keys) * self.bins)
-            tab = self._data[w]
-            pairs = zip((keys // span).tolist(), (keys % span + lo).tolist())
-            for (s, idx), row in zip(pairs, counts.reshape(len(keys), self.bins)):
-                buckets = tab.get(s)
-                if buckets is None:
-                    buckets = tab[s] = {}
-                self._add_row(buckets, idx, row)
+            # as sparse entries (every group holds one at least), merged like the windows'
+            at = np.flatnonzero(counts)
+            group, pos = np.divmod(at, self.bins)
+            starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+            self._merge(self._data[w], (keys // span).tolist(), (keys % span + lo).tolist(),
+                        starts, pos, counts[at])
 
     def counts(self, sid: int, w: int, now: float, previous: bool = False) -> np.ndarray:
         """The window's counts, or with ``previous`` those of the window just before."""

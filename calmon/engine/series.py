@@ -52,7 +52,11 @@ class SeriesIndex:
         self._start = np.zeros(0, np.int64)
         self._len = np.zeros(0, np.int64)
         self.generation = 0  # bumped whenever a combo or a series is added or dropped
+        # bumped whenever an id is dropped or reused: while it stays, ids were only added
+        # (what is built over the ids so far holds; ``_arrays``, the engine's maps)
+        self.rewrites = 0
         self._arrays_at = -1
+        self._arrays_rw = -1
 
     def combo_ids(self, models: list[str], keys: list[Hashable],
                   segments: list[dict[str, str]]) -> list[int]:
@@ -116,6 +120,7 @@ class SeriesIndex:
     def _intern(self, model: str, folded: tuple[str | None, ...]) -> int:
         self.generation += 1
         if self._free_combos:
+            self.rewrites += 1
             cid = self._free_combos.pop()
             self.combos[cid] = (model, folded)
         else:
@@ -140,6 +145,7 @@ class SeriesIndex:
     def drop_model(self, model: str) -> list[int]:
         """Forget a model's combos and series (it was idle); returns its series ids."""
         self.generation += 1
+        self.rewrites += 1
         cids = [c for c, (m, _) in enumerate(self.combos) if m == model]
         sids = [s for s, (m, _) in enumerate(self.series) if m == model]
         for c in cids:
@@ -161,6 +167,7 @@ class SeriesIndex:
         """Forget these combos (idle) of live models, and the series and admitted
         segment values no other combo of their model uses; returns the freed series."""
         self.generation += 1
+        self.rewrites += 1
         dead = set(cids)
         models = {self.combos[c][0] for c in cids}
         for c in cids:
@@ -192,11 +199,18 @@ class SeriesIndex:
         return freed
 
     def _arrays(self) -> None:
-        if self._arrays_at != self.generation or len(self._len) != len(self.combo_series):
-            self._arrays_at = self.generation
-            self._len = np.array([len(t) for t in self.combo_series], np.int64)
-            self._start = np.concatenate(([0], np.cumsum(self._len)[:-1])).astype(np.int64)
-            self._flat = np.array([s for t in self.combo_series for s in t], np.int64)
+        if self._arrays_at == self.generation and len(self._len) == len(self.combo_series):
+            return
+        self._arrays_at = self.generation
+        n = len(self._len) if self._arrays_rw == self.rewrites else 0  # combos as built
+        self._arrays_rw = self.rewrites
+        new = self.combo_series[n:]
+        lens = np.array([len(t) for t in new], np.int64)
+        head = int(self._len[:n].sum())
+        self._len = np.concatenate((self._len[:n], lens))
+        self._start = np.concatenate((self._start[:n], head + np.cumsum(lens) - lens))
+        self._flat = np.concatenate((self._flat[:head],
+                                     np.array([s for t in new for s in t], np.int64)))
 
     def fan_out(self, combos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For samples with these combos: (sample index, series id) for every series each
@@ -219,6 +233,7 @@ class SeriesIndex:
         if sid is None:
             self.generation += 1
             if self._free_series:
+                self.rewrites += 1
                 sid = self._free_series.pop()
                 self.series[sid] = (model, segment)
             else:
@@ -261,3 +276,4 @@ class SeriesIndex:
                 self._free_combos.insert(0, cid)
         self._admitted = {(m, k): set(vs) for m, k, vs in snap["admitted"]}
         self.generation += 1
+        self.rewrites += 1

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from calmon.config import Window
-from calmon.engine.sweep import moved
+from calmon.engine import sweep
 from calmon.names import BUCKETS as BUCKETS  # re-exported: older imports
 
 CONF_SCALE = float(2**32)  # confidence and Brier terms (<= 2)
@@ -144,6 +144,8 @@ class BucketTables:
         self.touched: set[int] = set()
         # per window, the floors of the last eviction pass (calmon.engine.sweep)
         self._swept: list[Any] = [None] * len(windows)
+        # per window, at most the lowest bucket index held (inf: none; -inf: unknown)
+        self._low: list[float] = [math.inf] * len(windows)
 
     def current(self, w: int, now: Any) -> Any:
         """The bucket holding ``now``: an int, or an int64 array for an array of nows
@@ -190,13 +192,15 @@ class BucketTables:
         slot_of: dict[tuple[int, int], int] = {}  # a held sparse bucket -> its slot
         held: list[np.ndarray] = []
         slots = np.full(len(gsid), -1, np.int64)  # group -> slot, or -1
+        entries = np.stack((pos, val))  # a new sparse cell: a copy of its columns
         for j, (sid, idx, a, z) in enumerate(zip(gsid, gidx, starts.tolist(), ends)):
             buckets = tab.get(sid)
             if buckets is None:
                 buckets = tab[sid] = {}
             cell = buckets.get(idx)
             if cell is None:
-                buckets[idx] = self._canonical(pos[a:z], val[a:z])
+                buckets[idx] = (entries[:, a:z].copy() if z - a < self._dense_at
+                                else self._canonical(pos[a:z], val[a:z]))
             elif cell.ndim == 1:
                 cell[pos[a:z]] += val[a:z]
             else:
@@ -247,23 +251,12 @@ class BucketTables:
 
     def evict(self, now: float | np.ndarray) -> None:
         """Drop buckets that slid out of what is kept, and series left empty. ``now``:
-        one for all, or each series' own (by series id)."""
-        per_series = isinstance(now, np.ndarray)
-        for w in range(len(self.windows)):
-            floors = self.current(w, now) - self.keep
-            tab = self._data[w]
-            todo = moved(self._swept[w], floors)
-            self._swept[w] = floors
-            for sid in list(tab) if todo is None else [s for s in todo if s in tab]:
-                floor_ = floors[sid] if per_series else floors
-                buckets = tab[sid]
-                if buckets and min(buckets) > floor_:  # nothing slid out (most checks)
-                    continue
-                for idx in [i for i in buckets if i <= floor_]:
-                    del buckets[idx]
-                    self.touched.add(sid)
-                if not buckets:
-                    del tab[sid]
+        one for all, or each series' own (by series id). See ``calmon.engine.sweep``."""
+        sweep.evict(self, now)
+
+    def _lower(self, w: int, lo: int) -> None:
+        """Buckets from ``lo`` on are being added to window ``w`` (``sweep``'s bound)."""
+        self._low[w] = min(self._low[w], lo)
 
     def pop(self, w: int, sid: int, idx: int) -> np.ndarray | None:
         """Remove one bucket of one series and return its vector as float64 (None when
@@ -354,6 +347,7 @@ class BucketTables:
         self._data = [{} for _ in self.windows]
         self.touched.clear()
         self._swept = [None] * len(self.windows)
+        self._low = [-math.inf] * len(self.windows)  # the next (full) pass finds it
         for tab, part in zip(self._data, snap):
             if "vecs" in part:  # format 1: every bucket dense
                 for (sid, idx), vec in zip(part["keys"].tolist(), part["vecs"]):
@@ -395,7 +389,10 @@ class BucketTables:
             dense = np.zeros(self._width, np.int64)
             dense[pos] = val
             return dense
-        return np.stack((pos, val))
+        cell = np.empty((2, len(pos)), np.int64)  # np.stack((pos, val)), in two writes
+        cell[0] = pos
+        cell[1] = val
+        return cell
 
 
 class Windows(BucketTables):
@@ -439,6 +436,8 @@ class Windows(BucketTables):
         if not all_kept or span >= 2**62:
             self._add_per_window(s, b, f, confq, correct, bkt, keeps)
             return
+        for w, lo in enumerate(bases):
+            self._lower(w, lo)
         if span <= 1 << 16:  # small key space: bincount instead of a sort
             present = np.bincount(key, minlength=span) > 0
             groups = np.flatnonzero(present)
@@ -536,6 +535,7 @@ class Windows(BucketTables):
             rows = np.flatnonzero(keep) if not keep.all() else np.arange(len(keep))
             sid, bucket = s.sid[rows].astype(np.int64), bkt[w][rows]
             lo = int(bucket.min())
+            self._lower(w, lo)
             span = int(bucket.max()) - lo + 1
             if int(sid.max()) + 1 < 2**62 // span:
                 groups, inv = np.unique(sid * span + (bucket - lo), return_inverse=True)

@@ -1,9 +1,12 @@
 """An eviction pass passes over the series whose floor has not moved since the last pass
 (``calmon.engine.sweep``): on a seeded stream of small batches, each model on its own
 clock (most batches move few clocks), with a forget and a restore on the way, the tables
-hold exactly what a pass over every series leaves."""
+hold exactly what a pass over every series leaves. Passes whose floors all lie below
+the lowest bucket held (the table's bound, ``sweep.evict``) are skipped too."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -43,7 +46,7 @@ def test_an_eviction_that_skips_unmoved_floors_keeps_what_a_full_pass_keeps() ->
     clocks = np.full(MODELS, T0)
     fast, full = Windows(WINDOWS, 4, 8), Windows(WINDOWS, 4, 8)
     fast_h, full_h = ScoreHist(WINDOWS, 4), ScoreHist(WINDOWS, 4)
-    skipped = 0
+    skipped = bounded = 0
     for step in range(1500):
         s, now = _step(rng, clocks)
         for w in (fast, full):
@@ -55,8 +58,11 @@ def test_an_eviction_that_skips_unmoved_floors_keeps_what_a_full_pass_keeps() ->
         moved = [sweep.moved(fast._swept[w], fast.current(w, nows) - fast.keep)
                  for w in range(len(WINDOWS))]
         skipped += sum(m is not None and len(m) < len(tab) for m, tab in zip(moved, before))
-        full._swept = [None] * len(WINDOWS)  # every series, every pass
-        full_h._swept = [None] * len(WINDOWS)
+        for t in (full, full_h):  # every series, every pass: no floors, no bound kept
+            t._swept = [None] * len(WINDOWS)
+            t._low = [-math.inf] * len(WINDOWS)
+        bounded += sum(low > (fast.current(w, nows) - fast.keep).max()
+                       for w, low in enumerate(fast._low))
         for tables in (fast, full, fast_h, full_h):
             tables.evict(nows)
         if step == 500:  # a model's series forgotten (a class reset), its clock anew
@@ -70,4 +76,5 @@ def test_an_eviction_that_skips_unmoved_floors_keeps_what_a_full_pass_keeps() ->
             assert _packed(fast) == _packed(full), step
             assert _packed(fast_h) == _packed(full_h), step
     assert skipped > 500  # the skip was taken: most passes looked at few series
+    assert bounded > 100  # and passes with every floor below the held buckets skipped
     assert fast.cells() > 0

@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calmon.config import from_dict
+from calmon.config import Window, from_dict
 from calmon.engine import windows
 from calmon.engine.engine import Engine
+from calmon.engine.estimates import ScoreHist
 from calmon.engine.snapshot import full_snapshot
-from calmon.engine.windows import CONF_SCALE, Samples, Windows, dense_cells
+from calmon.engine.windows import BUCKETS, CONF_SCALE, Samples, Windows, dense_cells
 from tests.oracle import T0, L, P, binary_terms, right_closed_bins
 
 
@@ -98,3 +99,73 @@ def test_sparse_and_dense_paths_leave_the_same_state(monkeypatch: pytest.MonkeyP
     sparse, dense = run(0), run(1 << 40)
     assert sum(len(t) for t in sparse) > 500
     assert sparse == dense
+
+
+def test_score_histograms_hold_the_plain_counts_in_the_cell_their_samples_make() -> None:
+    """A score histogram's buckets (``ScoreHist.add``, merged as sparse entries) hold, over
+    batches that meet buckets already held sparse or dense, the plain numpy counts of
+    every (series, bucket); a cell is dense exactly when half its bins or more are used."""
+    bins, widths = 10, (3600.0, 86400.0)
+    h = ScoreHist(tuple(Window(f"w{i}", w) for i, w in enumerate(widths)), bins)
+    rng = np.random.default_rng(37)
+    seen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for k in range(40):  # batches of 1-300 samples; busy series 0-2 fill their cells
+        n = int(rng.integers(1, 300))
+        sid = np.where(rng.random(n) < 0.3, rng.integers(0, 3, n), rng.integers(0, 400, n))
+        ts = T0 + rng.uniform(0, 3000, n)
+        conf = rng.uniform(0, 1, n)
+        conf[:1] = 1.0 if k % 2 else 0.0
+        h.add(sid.astype(np.int64), ts, conf, T0 + 3000)
+        seen.append((sid, ts, conf))
+    sid, ts, conf = (np.concatenate(c) for c in zip(*seen))
+    sparse = dense = 0
+    for w, (part, width) in enumerate(zip(h.pack(), widths)):
+        keys, vecs = dense_cells(part)
+        bucket = np.floor(ts / (width / BUCKETS)).astype(np.int64)
+        want = {}
+        for s_, b_ in set(zip(sid.tolist(), bucket.tolist())):
+            m = (sid == s_) & (bucket == b_)
+            want[(s_, b_)] = np.bincount(right_closed_bins(conf[m], bins), minlength=bins)
+        got = {(int(a), int(b)): v for (a, b), v in zip(keys.tolist(), vecs)}
+        assert sorted(got) == sorted(want)
+        for key, v in want.items():
+            assert np.array_equal(got[key], v), (w, key)
+            cell = h._data[w][key[0]][key[1]]
+            assert cell.dtype == np.int64
+            assert (cell.ndim == 1) == (np.count_nonzero(v) >= bins // 2), (w, key)
+            dense += cell.ndim == 1
+            sparse += cell.ndim == 2
+    assert sparse > 100 and dense > 10  # both kinds of cell met and merged into
+
+
+def test_a_feeds_bin_delta_is_each_series_plain_counts() -> None:
+    """``last_delta.bins`` (the exported per-bin counters' increments): per series a
+    feed joined samples into, the count, confidence sum and positives of each bin, as
+    plain numpy counts them; series the feed joined nothing into are absent."""
+    e = Engine(from_dict({"segments": {"slices": [["country"]]}}))
+    bins = e.cfg.metrics.bins
+    rng = np.random.default_rng(37)
+    p, y = rng.uniform(0, 1, 600), rng.integers(0, 2, 600)
+    country = [f"c{i % 7}" for i in range(600)]
+    raws = []
+    for i in range(600):
+        raws += [P(f"x{i}", T0 + i, model=f"m{i % 2}", prob=float(p[i]),
+                   segment={"country": country[i]}),
+                 L(f"x{i}", int(y[i]))]
+    e.feed(raws[:800])  # 400 predictions, their labels
+    e.feed([*raws[800:], P("lone", T0 + 700, model="m9", prob=0.5)])
+    got = e.last_delta.bins
+    joined = np.arange(400, 600)
+    want = {}
+    for i in joined.tolist():
+        for seg in ("__all__", f"country={country[i]}"):
+            want.setdefault((f"m{i % 2}", seg), []).append(i)
+    assert sorted(got) == sorted(want)
+    for key, rows in want.items():
+        b = right_closed_bins(p[rows], bins)
+        expected = np.stack([np.bincount(b, minlength=bins),
+                             np.bincount(b, p[rows], minlength=bins),
+                             np.bincount(b, y[rows], minlength=bins)])
+        assert np.array_equal(got[key][0], expected[0]), key
+        np.testing.assert_allclose(got[key][1], expected[1], rtol=1e-12)
+        assert np.array_equal(got[key][2], expected[2]), key
