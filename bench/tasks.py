@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -179,23 +180,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=50_000)
     ap.add_argument("--task-batch", type=int, default=1,
                     help="feed a task once it holds this many records (1: every poll)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternate the two feeds this many times and print the median "
+                         "ratio (one run on a shared machine ranges 0.7x-1.1x)")
     ap.add_argument("--child", choices=("one", "tasks"))
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(run(args, args.child)))
         return 0
-    rows = {}
-    for side in ("one", "tasks"):
-        argv_ = [sys.executable, __file__, *(argv or sys.argv[1:]), "--child", side]
-        rows[side] = json.loads(subprocess.run(argv_, capture_output=True, text=True,
-                                               check=True).stdout)
-    one, tasks = rows["one"], rows["tasks"]
+    given = list(argv or sys.argv[1:])
+    if "--rounds" in given:  # the children run one feed each: no rounds
+        del given[given.index("--rounds"):given.index("--rounds") + 2]
+    child = [a for a in given if not a.startswith("--rounds=")]
+    wall, cpu = [], []
+    for _ in range(max(1, args.rounds)):
+        rows = {}
+        for side in ("one", "tasks"):
+            argv_ = [sys.executable, __file__, *child, "--child", side]
+            rows[side] = json.loads(subprocess.run(argv_, capture_output=True, text=True,
+                                                   check=True).stdout)
+        one, tasks = rows["one"], rows["tasks"]
+        wall.append(one["feed_s"] / tasks["feed_s"])
+        cpu.append(one["feed_cpu_s"] / tasks["feed_cpu_s"])
     print(f"{args.models} models x {args.values} values, {args.partitions} partitions, "
           f"{one['records']:,} records")
-    print(f"feed: one engine {one['records'] / one['feed_s']:,.0f} rec/s, tasks "
-          f"{tasks['records'] / tasks['feed_s']:,.0f} rec/s "
-          f"({one['feed_s'] / tasks['feed_s']:.2f}x); in CPU time, which other processes "
-          f"on the machine disturb less: {one['feed_cpu_s'] / tasks['feed_cpu_s']:.2f}x")
+    print(f"feed (last round): one engine {one['records'] / one['feed_s']:,.0f} rec/s, tasks "
+          f"{tasks['records'] / tasks['feed_s']:,.0f} rec/s")
+    print(f"ratio tasks / one engine, median of {len(wall)} alternated rounds: "
+          f"{statistics.median(wall):.2f}x (rounds {', '.join(f'{r:.2f}' for r in wall)}); "
+          f"in CPU time, which other processes on the machine disturb less: "
+          f"{statistics.median(cpu):.2f}x (target >= 0.9x)")
     print(f"RSS growth: one engine {one['rss'] / 2**20:.0f} MiB, tasks "
           f"{tasks['rss'] / 2**20:.0f} MiB")
     cb = tasks["ckpt_bytes"]
