@@ -195,8 +195,11 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
         monkeypatch: pytest.MonkeyPatch, library: str) -> None:
     """Each task's encode made to take 3.5 s (a large state on a busy machine): a
     checkpoint of both tasks takes 7 s, past max_poll_interval_ms (6 s). The member
-    polls the group meanwhile, so it is never dropped: no rebalance, nothing refused
-    (librdkafka's member too, whose keepalive is a consume)."""
+    polls the group meanwhile, so it is never dropped: the same member id throughout
+    (a member dropped at max_poll_interval_ms rejoins under a new one), the same tasks,
+    nothing refused (librdkafka's member too, whose keepalive is a consume). Not the
+    rebalance count: kafka-python's leader rejoins, keeping its id, when one metadata
+    answer lacks a topic's partitions, which a loaded broker gave once in CI."""
     preds, labels = kafka_topics(count=2, partitions=2)
     client = SLOW_CLIENT
     path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
@@ -218,7 +221,7 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
         tasks, source = d.group.tasks, d.group.source
         run.wait(lambda: len(tasks.tasks) == 2 and not source.unrestored, "both tasks",
                  timeout=180)
-        rebalances = source.rebalances
+        member = member_id(source)
         slow["on"] = True
         for k in range(2):  # two slow checkpoints of both tasks
             producer.send([*stream((preds, labels), 100 * k, 20, 0),
@@ -226,9 +229,16 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
             run.wait(lambda k=k: slow["done"] >= 2 * (k + 1) and all(
                 dict(tasks._written.get(p, (0, ()))[1]).get(preds) == 20 * (k + 1)
                 for p in (0, 1)), "a slow checkpoint of both tasks committed")
-        assert source.rebalances == rebalances
+        assert member and member_id(source) == member
         assert tasks.fenced == 0
         assert sorted(tasks.tasks) == [0, 1]
+
+
+def member_id(source: Any) -> str:
+    """The member id the group gave this member (new after a drop and rejoin)."""
+    if hasattr(source, "cpreds"):  # librdkafka's
+        return str(source.cpreds.memberid() or "")
+    return str(source.preds.group_metadata().member_id or "")
 
 
 def test_records_read_by_librdkafka_keepalive_are_counted_once(
