@@ -6,6 +6,7 @@ under read_committed) restores exactly the state that was written."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -192,7 +193,8 @@ def _busy(seconds: float) -> None:
 @pytest.mark.parametrize("library", ["kafka-python", "confluent"])
 def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_group(
         kafka_bootstrap: str, kafka_topics: Callable[..., list[str]], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, library: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, library: str, caplog: pytest.LogCaptureFixture,
+) -> None:
     """Each task's encode made to take 3.5 s (a large state on a busy machine): a
     checkpoint of both tasks takes 7 s, past max_poll_interval_ms (6 s). The member
     polls the group meanwhile, so it is never dropped: the same member id throughout
@@ -201,6 +203,7 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
     rebalance count: a rebalance that keeps the member (kafka-python's leader rejoins
     under its id when, say, one metadata answer lacks a topic's partitions) made it
     2 == 1 twice in CI on a loaded Apache Kafka, its cause not captured."""
+    caplog.set_level(logging.INFO, logger="kafka.coordinator")  # why, should it fail
     preds, labels = kafka_topics(count=2, partitions=2)
     client = SLOW_CLIENT
     path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
