@@ -188,15 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(run(args, args.child)))
         return 0
-    given = list(argv or sys.argv[1:])
-    if "--rounds" in given:  # the children run one feed each: no rounds
-        del given[given.index("--rounds"):given.index("--rounds") + 2]
-    child = [a for a in given if not a.startswith("--rounds=")]
     wall, cpu = [], []
     for _ in range(max(1, args.rounds)):
         rows = {}
         for side in ("one", "tasks"):
-            argv_ = [sys.executable, __file__, *child, "--child", side]
+            # a child runs its one feed and returns before --rounds is read
+            argv_ = [sys.executable, __file__, *(argv or sys.argv[1:]), "--child", side]
             rows[side] = json.loads(subprocess.run(argv_, capture_output=True, text=True,
                                                    check=True).stdout)
         one, tasks = rows["one"], rows["tasks"]

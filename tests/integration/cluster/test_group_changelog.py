@@ -205,9 +205,8 @@ def test_a_checkpoint_longer_than_max_poll_interval_keeps_the_member_in_the_grou
     2 == 1 twice in CI on a loaded Apache Kafka, its cause not captured."""
     caplog.set_level(logging.INFO, logger="kafka.coordinator")  # why, should it fail
     preds, labels = kafka_topics(count=2, partitions=2)
-    client = SLOW_CLIENT
     path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
-                        kafka={"instance": "group", "client": client, "library": library},
+                        kafka={"instance": "group", "client": SLOW_CLIENT, "library": library},
                         state={"checkpoint_interval": "1s"})
     real_write = TaskLog.write
     slow = {"on": False, "done": 0}
@@ -257,9 +256,9 @@ def test_records_read_by_librdkafka_keepalive_are_counted_once(
     from calmon.io.confluent_group import ConfluentGroupSource
 
     preds, labels = kafka_topics(count=2, partitions=2)
-    client = SLOW_CLIENT
     path = write_config(tmp_path / "g.yaml", kafka_bootstrap, preds, labels,
-                        kafka={"instance": "group", "client": client, "library": "confluent"},
+                        kafka={"instance": "group", "client": SLOW_CLIENT,
+                               "library": "confluent"},
                         state={"checkpoint_interval": "1s"})
     real_write, real_keepalive = TaskLog.write, ConfluentGroupSource.keepalive
     held: list[int] = []
