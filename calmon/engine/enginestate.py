@@ -91,7 +91,7 @@ class EngineState:
         self._combo_model = np.zeros(0, np.int64)  # combo -> model index
         self._series_model = np.zeros(0, np.int64)  # series id -> model index
         self._maps_at = (-1, -1)  # the index generation they were built at
-        self._maps_rw = (0, -1)  # and its identity and rewrites (SeriesIndex.rewrites)
+        self._maps_rw = -1  # and its rewrites (SeriesIndex.rewrites; a restore resets _maps_at)
         self._arrivals: list[int] = []  # a batch fed one by one: its arrivals so far
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTER_KEYS})
         self.last_delta = Delta()  # what the last feed did (process counters add it up)
@@ -159,13 +159,13 @@ class EngineState:
         if self._maps_at == at:
             return
         get = self._model_idx.get
-        same = self._maps_at != (-1, -1) and self._maps_rw == (id(ix), ix.rewrites)
+        same = self._maps_at != (-1, -1) and self._maps_rw == ix.rewrites
         nc, ns = (len(self._combo_model), len(self._series_model)) if same else (0, 0)
         self._combo_model = np.concatenate((self._combo_model[:nc], np.fromiter(
             (get(m, 0) for m, _ in ix.combos[nc:]), np.int64, len(ix.combos) - nc)))
         self._series_model = np.concatenate((self._series_model[:ns], np.fromiter(
             (get(m, 0) for m, _ in ix.series[ns:]), np.int64, len(ix.series) - ns)))
-        self._maps_at, self._maps_rw = at, (id(ix), ix.rewrites)
+        self._maps_at, self._maps_rw = at, ix.rewrites
 
     def _combo_models(self) -> np.ndarray:
         self._maps()
