@@ -19,6 +19,7 @@ written with the predictions offsets in one transaction (``calmon.io.changelog``
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -94,6 +95,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.source.events.append(("revoked", sorted(tp.partition for tp in revoked)))
 
     def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.source.vouched(time.monotonic())  # a generation the broker just gave
         self.source.events.append(("assigned", sorted(tp.partition for tp in assigned)))
 
     def on_partitions_lost(self, lost: list[TopicPartition]) -> None:
@@ -120,6 +122,9 @@ class GroupSource:
         self._kinds = {cfg.predictions_topic: Kind.PREDICTION, cfg.labels_topic: Kind.LABEL}
         self._skips: list[Skip] = []  # read past by the library, not yet sorted by a poll
         self._skipped: list[Skip] = []  # of running tasks, for take_skips
+        # when the broker last vouched for this member (a heartbeat answered without
+        # error, sent then, or an assignment): None when kafka-python's clock is read
+        self.answered: float | None = None
         fetch = fetch_bytes(cfg.max_record_bytes)
         self._batch_limit = max(batch_guard.BATCH_LIMIT, 2 * fetch)
         self._poll_budget = max(batch_guard.POLL_BUDGET, fetch)
@@ -141,6 +146,7 @@ class GroupSource:
         if problem is not None:
             raise CoPartitionError(problem)
         self.partitions = counts[0]
+        self._watch_heartbeats()
         self.preds.subscribe([self.cfg.predictions_topic], listener=_Listener(self))
         return self.partitions
 
@@ -365,20 +371,47 @@ class GroupSource:
                                  "the group may have moved its partitions")
         return meta
 
+    def _watch_heartbeats(self) -> None:
+        """calmon's own clock of the broker vouching for this member (``answered``):
+        kafka-python counts a REBALANCE_IN_PROGRESS answer as a heartbeat (right for
+        staying in a rebalancing group) and restarts its clock on finding the
+        coordinator again, while Tansu answers a dropped member's stale generation with
+        REBALANCE_IN_PROGRESS, so by kafka-python's clock a resumed zombie looks alive.
+        Only a heartbeat answered without error counts here (kafka-python's
+        coordinator, private: without it, its own clock is read)."""
+        coordinator: Any = getattr(self.preds, "_coordinator", None)
+        handle = getattr(coordinator, "_handle_heartbeat_response", None)
+        if handle is None:
+            return
+
+        def observed(response: Any, send_time: float) -> Any:
+            if getattr(response, "error_code", None) == 0:
+                self.vouched(send_time)
+            return handle(response, send_time)
+
+        coordinator._handle_heartbeat_response = observed
+        self.answered = -math.inf
+
+    def vouched(self, at: float) -> None:
+        """The broker answered this member as one of its group, at ``at`` (monotonic)."""
+        if self.answered is not None and at > self.answered:
+            self.answered = at
+
     def _heartbeat_silence(self) -> float | None:
-        """Seconds since the coordinator last answered a heartbeat, when that is too
-        long to trust the generation: a member resumed after a pause past the session
-        timeout still holds its old generation until its consumer hears otherwise, and
-        a broker that does not check it (Tansu) would take its commit. A live member's
-        heartbeat thread is answered every ``heartbeat_interval_ms``; the bound leaves
-        one interval for the commit itself (kafka-python's ``Heartbeat``, private)."""
+        """Seconds since the broker last vouched for this member, when that is too long
+        to trust the generation: a member resumed after a pause past the session timeout
+        still holds its old generation until its consumer hears otherwise, and a broker
+        that does not check it (Tansu) would take its commit. A live member's heartbeat
+        thread is answered every ``heartbeat_interval_ms``; the bound leaves one
+        interval for the commit itself (kafka-python's ``Heartbeat``, private)."""
         beat = getattr(getattr(self.preds, "_coordinator", None), "heartbeat", None)
         if beat is None:
             return None
         try:
             session = beat.config["session_timeout_ms"] / 1000
             interval = beat.config["heartbeat_interval_ms"] / 1000
-            heard = max(beat.last_receive, beat.last_reset)
+            heard = (max(beat.last_receive, beat.last_reset) if self.answered is None
+                     else self.answered)
         except (AttributeError, KeyError, TypeError):
             return None
         return too_silent(heard, session, interval)
