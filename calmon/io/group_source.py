@@ -422,11 +422,14 @@ class GroupSource:
         return self.preds is not None and self.preds.group_metadata().generation_id >= 0
 
     def position(self, topic: str, partition: int) -> int | None:
-        """The next offset the consumer of ``topic`` reads on ``partition``."""
+        """The next offset the consumer of ``topic`` reads on ``partition``; None when
+        not known within a poll's worth (kafka-python first fetches the committed offset
+        of every assigned partition without a position, which the broker withholds while
+        a transaction holds it: unbounded, that wait stopped the loop's polls)."""
         consumer = self.preds if topic == self.cfg.predictions_topic else self.labels
         try:
-            return None if consumer is None else int(
-                consumer.position(TopicPartition(topic, partition)))
+            return None if consumer is None else int(consumer.position(
+                TopicPartition(topic, partition), timeout_ms=COMMITTED_TIMEOUT_MS))
         except (KafkaError, AssertionError, ValueError, TypeError):
             return None
 

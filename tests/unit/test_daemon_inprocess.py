@@ -3,7 +3,9 @@ restore, published positions. Milliseconds, no broker."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,7 +74,19 @@ class Running:
             out += (f"\ntasks {d.group.tasks.status()}\nrebalances "
                     f"{getattr(src, 'rebalances', None)}, unrestored "
                     f"{sorted(getattr(src, 'unrestored', ()))}, fenced {d.group.tasks.fenced}")
+            out += "\n" + self.stacks()
         return out
+
+    def stacks(self) -> str:
+        """Where the daemon's loop and the client library's threads are (a loop blocked
+        in a call shows here, where its state alone would show only a stalled group)."""
+        frames = sys._current_frames()
+        out = []
+        for t in threading.enumerate():
+            frame = frames.get(t.ident or -1)
+            if frame is not None and t is not threading.current_thread():
+                out.append(f"thread {t.name}:\n" + "".join(traceback.format_stack(frame)[-12:]))
+        return "\n".join(out)
 
     def __exit__(self, *exc: object) -> None:
         self.daemon.request_stop()
