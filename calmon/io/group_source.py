@@ -425,7 +425,7 @@ class GroupSource:
         """The next offset the consumer of ``topic`` reads on ``partition``; None when
         not known within a poll's worth (kafka-python first fetches the committed offset
         of every assigned partition without a position, which the broker withholds while
-        a transaction holds it: unbounded, that wait stopped the loop's polls)."""
+        a transaction holds it: unbounded, that wait would stop the loop's polls)."""
         consumer = self.preds if topic == self.cfg.predictions_topic else self.labels
         try:
             return None if consumer is None else int(consumer.position(
