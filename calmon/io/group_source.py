@@ -345,8 +345,7 @@ class GroupSource:
         paused, and a rebalance under way waits for the loop's next poll (pausing
         partitions for a poll that revoked them left a member out of the next
         rebalances)."""
-        coordinator = getattr(self.preds, "_coordinator", None)
-        beat = getattr(coordinator, "poll_heartbeat", None)
+        beat = getattr(self._coordinator(), "poll_heartbeat", None)
         if beat is None:
             return
         try:
@@ -371,6 +370,12 @@ class GroupSource:
                                  "the group may have moved its partitions")
         return meta
 
+    def _coordinator(self) -> Any:
+        """kafka-python's group coordinator of the predictions consumer (private: None
+        where a version has none), whose heartbeats the keepalive and the fencing check
+        use."""
+        return getattr(self.preds, "_coordinator", None)
+
     def _watch_heartbeats(self) -> None:
         """calmon's own clock of the broker vouching for this member (``answered``):
         kafka-python counts a REBALANCE_IN_PROGRESS answer as a heartbeat (right for
@@ -379,7 +384,7 @@ class GroupSource:
         REBALANCE_IN_PROGRESS, so by kafka-python's clock a resumed zombie looks alive.
         Only a heartbeat answered without error counts here (kafka-python's
         coordinator, private: without it, its own clock is read)."""
-        coordinator: Any = getattr(self.preds, "_coordinator", None)
+        coordinator = self._coordinator()
         handle = getattr(coordinator, "_handle_heartbeat_response", None)
         if handle is None:
             return
@@ -404,7 +409,7 @@ class GroupSource:
         that does not check it (Tansu) would take its commit. A live member's heartbeat
         thread is answered every ``heartbeat_interval_ms``; the bound leaves one
         interval for the commit itself (kafka-python's ``Heartbeat``, private)."""
-        beat = getattr(getattr(self.preds, "_coordinator", None), "heartbeat", None)
+        beat = getattr(self._coordinator(), "heartbeat", None)
         if beat is None:
             return None
         try:
