@@ -80,14 +80,24 @@ def test_kill_9_moves_partitions_with_their_state(
         wait_until(lambda: summed_samples(live) == pending or None, 120,
                    "the first half joined")
         # a rebalance may be under way (eager: a member that rejoins has its partitions
-        # revoked first): the victim is picked once every partition is owned again
-        wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
-                   or None, 120, "the group settled")
-        victim = next(d for d in live if owned(d))
-        # its state is in the changelog once a checkpoint after the records is written
-        wait_until(lambda: all(t["positions"] for t in victim.status()["group"]["tasks"])
-                   or None, 60, "the victim's checkpoint")
-        taken = owned(victim)
+        # revoked first): the victim is picked once every partition is owned again, from
+        # the same reading of each member (a second reading may fall in a rebalance)
+        def settled() -> CalmonDaemon | None:
+            held = [(d, owned(d)) for d in live]
+            if sorted(p for _, ps in held for p in ps) != list(range(PARTITIONS)):
+                return None
+            return next(d for d, ps in held if ps)
+
+        victim = wait_until(settled, 120, "the group settled")
+
+        # its state is in the changelog once a checkpoint after the records is written;
+        # what it runs then is what the others take
+        def checkpointed() -> list[int] | None:
+            tasks = victim.status()["group"]["tasks"]
+            running = [t["partition"] for t in tasks if t["state"] == "running"]
+            return running if running and all(t["positions"] for t in tasks) else None
+
+        taken = wait_until(checkpointed, 60, "the victim's checkpoint")
         victim.kill()
         live = [d for d in live if d is not victim]
         wait_until(lambda: sorted(p for d in live for p in owned(d)) == list(range(PARTITIONS))
