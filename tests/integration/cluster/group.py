@@ -114,22 +114,28 @@ def summed_samples(daemons: list[CalmonDaemon], window: str = "24h"
 
 
 def summed_sums(daemons: list[CalmonDaemon], window: str = "24h"
-                ) -> dict[tuple[str, str], dict[str, float]]:
-    """(model, segment) -> each of ``SUMMED`` times the series' samples (the window's
-    sum of confidences, hits, Brier and NLL terms), summed over the running members."""
+                ) -> tuple[Counter[tuple[str, str]], dict[tuple[str, str], dict[str, float]]]:
+    """(the samples of each (model, segment), as ``summed_samples`` reads them; each of
+    ``SUMMED`` times the series' samples: the window's sum of confidences, hits, Brier
+    and NLL terms), both summed over the running members from ONE scrape of each, so a
+    rebalance between two readings cannot pair one moment's counts with another's sums."""
+    counts: Counter[tuple[str, str]] = Counter()
     out: dict[tuple[str, str], dict[str, float]] = {}
     for d in daemons:
         if not d.running:
             continue
         text = scrape(d.port)
         n = series(text, "calmon_window_samples", "model", "segment", "window")
+        for (model, segment, w), v in n.items():
+            if w == window and v:
+                counts[(model, segment)] += int(v)
         for name in SUMMED:
             for (model, segment, w), v in series(text, f"calmon_{name}", "model", "segment",
                                                  "window").items():
                 if w == window and n.get((model, segment, w)):
                     sums = out.setdefault((model, segment), {})
                     sums[name] = sums.get(name, 0.0) + v * n[(model, segment, w)]
-    return out
+    return counts, out
 
 
 def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
