@@ -125,7 +125,7 @@ def test_kill_9_moves_partitions_with_their_state(
         # hold) are read at different moments: a rebalance still settling after the
         # fresh member joined can show the one before it and the other during it, so
         # both are waited for together. /status: every pair joined once over the members.
-        # The sums come from the same scrape as the counts they are checked with (a CI
+        # The sums come from the same scrape as the counts they are checked with (a suite
         # run read them in a second scrape, which missed one partition: a sixth of a
         # series' sums gone, with its counts whole a moment before)
         got = wait_until(lambda: ((r := summed_sums(live))[0] == want and joined() == N and r)
