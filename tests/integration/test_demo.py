@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import free_port, tansu_binary
 from tests.daemon_helpers import http_get, parse_metrics, series, subprocess_env, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each test over ~30 s on 2 cores
 
 MODELS = {"ctr", "fraud", "triage", "search"}
 JOINED_WITHIN_S = 30.0

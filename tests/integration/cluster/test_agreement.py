@@ -27,7 +27,7 @@ from tests.integration.cluster.fleet import (
 )
 from tests.recal_helpers import BASE_TS, Stream, binary_logit_stream
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each test over ~30 s on 2 cores
 
 PRE, POST, CHUNK = 3000, 3000, 300
 MIN_SAMPLES = 2000

@@ -18,7 +18,7 @@ from tests.daemon_helpers import Producer, wait_until
 from tests.integration.cluster.fleet import RECAL, fleet_topics, instances, owner_view, records_of
 from tests.recal_helpers import BASE_TS, binary_logit_stream
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each test over ~30 s on 2 cores
 
 N = 4000
 

@@ -25,7 +25,7 @@ from tests.integration.cluster.fleet import (
     owner_config,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each test over ~30 s on 2 cores
 
 
 def test_partitions_wait_paused_until_the_calibrators_topic_is_there(

@@ -29,7 +29,7 @@ from tests.daemon_helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each test over ~30 s on 2 cores
 
 T0 = 1_764_460_800.0  # a multiple of the check interval
 SECONDS, CHANGE_AT, RATE = 30, 12, 100  # event seconds, the change, predictions a second
