@@ -106,11 +106,17 @@ def summed_samples(daemons: list[CalmonDaemon], window: str = "24h"
     for d in daemons:
         if not d.running:
             continue
-        got = series(scrape(d.port), "calmon_window_samples", "model", "segment", "window")
-        for (model, segment, w), v in got.items():
-            if w == window and v:
-                out[(model, segment)] += int(v)
+        _add_counts(out, series(scrape(d.port), "calmon_window_samples", "model", "segment",
+                                "window"), window)
     return out
+
+
+def _add_counts(out: Counter[tuple[str, str]], n: dict[tuple[str, ...], float],
+                window: str) -> None:
+    """One member's calmon_window_samples{window} added into ``out``."""
+    for (model, segment, w), v in n.items():
+        if w == window and v:
+            out[(model, segment)] += int(v)
 
 
 def summed_sums(daemons: list[CalmonDaemon], window: str = "24h"
@@ -126,9 +132,7 @@ def summed_sums(daemons: list[CalmonDaemon], window: str = "24h"
             continue
         text = scrape(d.port)
         n = series(text, "calmon_window_samples", "model", "segment", "window")
-        for (model, segment, w), v in n.items():
-            if w == window and v:
-                counts[(model, segment)] += int(v)
+        _add_counts(counts, n, window)
         for name in SUMMED:
             for (model, segment, w), v in series(text, f"calmon_{name}", "model", "segment",
                                                  "window").items():
